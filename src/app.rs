@@ -1,0 +1,115 @@
+//! The state one Sluice instance owns and passes to every task: the current config,
+//! the pools, the cancel-key registry and the shutdown signal. Nothing is global, so
+//! several instances can run in one process (tests do).
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use tokio::sync::watch;
+
+use crate::config::Config;
+use crate::pool::Pools;
+use crate::session::cancel::CancelRegistry;
+
+/// How the process is shutting down, if it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Shutdown {
+    /// Running normally.
+    No,
+    /// SIGTERM / SHUTDOWN WAIT_FOR_CLIENTS: no new clients; exit when the last leaves.
+    WaitForClients,
+    /// SIGINT / SHUTDOWN WAIT_FOR_SERVERS: no new clients; exit once no server is lent.
+    WaitForServers,
+    /// SIGQUIT / SHUTDOWN: exit now.
+    Immediate,
+}
+
+/// Shared state of one running instance.
+#[derive(Debug)]
+pub struct App {
+    config: RwLock<Arc<Config>>,
+    pub pools: Pools,
+    pub cancels: CancelRegistry,
+    /// Connected clients (logged in or logging in), for `max_client_conn`.
+    pub clients: AtomicU32,
+    /// Client ids for logs.
+    pub client_ids: AtomicU64,
+    shutdown: watch::Sender<Shutdown>,
+}
+
+impl App {
+    pub fn new(config: Config) -> Arc<App> {
+        let (shutdown, _) = watch::channel(Shutdown::No);
+        Arc::new(App {
+            config: RwLock::new(Arc::new(config)),
+            pools: Pools::new(),
+            cancels: CancelRegistry::default(),
+            clients: AtomicU32::new(0),
+            client_ids: AtomicU64::new(1),
+            shutdown,
+        })
+    }
+
+    /// The current config snapshot; cheap (one read lock and an `Arc` clone).
+    pub fn config(&self) -> Arc<Config> {
+        match self.config.read() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// Swaps in a reloaded config and lets the pools adapt.
+    pub fn set_config(&self, config: Config) {
+        let config = Arc::new(config);
+        match self.config.write() {
+            Ok(mut g) => *g = config.clone(),
+            Err(p) => *p.into_inner() = config.clone(),
+        }
+        self.pools.reconfigure(&config);
+    }
+
+    /// Starts (or escalates) a shutdown; a milder mode never replaces a stricter one.
+    pub fn begin_shutdown(&self, mode: Shutdown) {
+        self.shutdown.send_if_modified(|cur| {
+            if mode > *cur {
+                *cur = mode;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// The current shutdown mode.
+    pub fn shutdown_mode(&self) -> Shutdown {
+        *self.shutdown.borrow()
+    }
+
+    /// A receiver to wait for shutdown changes.
+    pub fn shutdown_watch(&self) -> watch::Receiver<Shutdown> {
+        self.shutdown.subscribe()
+    }
+
+    /// Counts a client in; fails when `max_client_conn` is reached.
+    pub fn try_add_client(&self, max: u32) -> bool {
+        let mut cur = self.clients.load(Ordering::Relaxed);
+        loop {
+            if max != 0 && cur >= max {
+                return false;
+            }
+            match self.clients.compare_exchange_weak(
+                cur,
+                cur + 1,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    pub fn remove_client(&self) {
+        self.clients.fetch_sub(1, Ordering::AcqRel);
+    }
+}

@@ -1,0 +1,491 @@
+//! The `[pgbouncer]` section: PgBouncer 1.25 defaults and typed parsing of each key.
+//!
+//! Every setting PgBouncer knows is accepted so an existing `pgbouncer.ini` loads
+//! unchanged; the ones Sluice does not implement only produce a warning, and only when
+//! their value differs from PgBouncer's default (then the operator expects an effect
+//! Sluice will not have). Unknown names are errors: a typo must not pass silently.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::error::{warning_at, ConfigError};
+use super::known::Kind::*;
+use super::known::{KNOWN, NOT_LISTED};
+use super::types::{AuthType, PoolMode, Settings};
+use super::value::{
+    opt_str, parse_bool, parse_int, parse_list, parse_octal_mode, parse_pool_mode, parse_seconds,
+};
+
+impl Default for Settings {
+    /// PgBouncer 1.25's defaults; `raw` holds every listed setting's default text.
+    fn default() -> Self {
+        let raw = KNOWN
+            .iter()
+            .filter(|(n, _, _)| !NOT_LISTED.contains(n))
+            .map(|(n, d, _)| (n.to_string(), d.to_string()))
+            .collect();
+        Settings {
+            logfile: None,
+            pidfile: None,
+            listen_addr: Vec::new(),
+            listen_port: 6432,
+            unix_socket_dir: "/tmp".to_string(),
+            unix_socket_mode: 0o777,
+            unix_socket_group: None,
+            user: None,
+            auth_type: AuthType::Md5,
+            auth_file: None,
+            admin_users: Vec::new(),
+            stats_users: Vec::new(),
+            pool_mode: PoolMode::Session,
+            default_pool_size: 20,
+            min_pool_size: 0,
+            reserve_pool_size: 0,
+            reserve_pool_timeout: Duration::from_secs(5),
+            max_client_conn: 100,
+            max_db_connections: 0,
+            max_user_connections: 0,
+            max_db_client_connections: 0,
+            max_user_client_connections: 0,
+            server_reset_query: "DISCARD ALL".to_string(),
+            server_reset_query_always: false,
+            // PgBouncer's `<empty>`: check with an empty query.
+            server_check_query: String::new(),
+            server_check_disabled: false,
+            server_check_delay: Duration::from_secs(30),
+            server_fast_close: false,
+            server_round_robin: false,
+            server_lifetime: Duration::from_secs(3600),
+            server_idle_timeout: Duration::from_secs(600),
+            server_connect_timeout: Duration::from_secs(15),
+            server_login_retry: Duration::from_secs(15),
+            client_login_timeout: Duration::from_secs(60),
+            query_timeout: Duration::ZERO,
+            query_wait_timeout: Duration::from_secs(120),
+            client_idle_timeout: Duration::ZERO,
+            idle_transaction_timeout: Duration::ZERO,
+            transaction_timeout: Duration::ZERO,
+            cancel_wait_timeout: Duration::from_secs(10),
+            autodb_idle_timeout: Duration::from_secs(3600),
+            suspend_timeout: Duration::from_secs(10),
+            ignore_startup_parameters: Vec::new(),
+            track_extra_parameters: vec!["IntervalStyle".to_string()],
+            max_prepared_statements: 200,
+            application_name_add_host: false,
+            log_connections: true,
+            log_disconnections: true,
+            log_pooler_errors: true,
+            log_stats: true,
+            stats_period: Duration::from_secs(60),
+            verbose: 0,
+            max_packet_size: 2_147_483_647,
+            pkt_buf: 4096,
+            listen_backlog: 128,
+            tcp_keepalive: true,
+            scram_iterations: 4096,
+            raw,
+        }
+    }
+}
+
+/// Applies one `[pgbouncer]` line to `s`. Unknown names and malformed values are
+/// errors at `file:line`; accepted-but-unimplemented settings push a warning.
+pub(crate) fn apply_setting(
+    s: &mut Settings,
+    key: &str,
+    value: &str,
+    file: &Path,
+    line: usize,
+    warnings: &mut Vec<String>,
+) -> Result<(), ConfigError> {
+    let name = if key == "reserve_pool" {
+        "reserve_pool_size"
+    } else {
+        key
+    };
+    let Some(&(name, default, kind)) = KNOWN.iter().find(|(n, _, _)| *n == name) else {
+        return Err(ConfigError::at(
+            file,
+            line,
+            format!("unknown setting \"{key}\""),
+        ));
+    };
+    let bad = |expected: String| {
+        ConfigError::at(
+            file,
+            line,
+            format!("invalid value \"{value}\" for {key}: {expected}"),
+        )
+    };
+    if kind == Implemented {
+        if let Some(w) = set_implemented(s, name, value).map_err(bad)? {
+            warnings.push(warning_at(file, line, w));
+        }
+    } else {
+        let is_default = match kind {
+            Int => Some(parse_int::<i64>(value).map_err(bad)?) == parse_int::<i64>(default).ok(),
+            Bool => Some(parse_bool(value).map_err(bad)?) == parse_bool(default).ok(),
+            Time => Some(parse_seconds(value).map_err(bad)?) == parse_seconds(default).ok(),
+            SslMode => {
+                const MODES: &[&str] = &[
+                    "disable",
+                    "allow",
+                    "prefer",
+                    "require",
+                    "verify-ca",
+                    "verify-full",
+                ];
+                if !MODES.iter().any(|m| m.eq_ignore_ascii_case(value)) {
+                    return Err(bad(format!("expected one of {}", MODES.join(", "))));
+                }
+                value.eq_ignore_ascii_case(default)
+            }
+            Str | Implemented => value.eq_ignore_ascii_case(default),
+        };
+        if !is_default {
+            warnings.push(warning_at(
+                file,
+                line,
+                format!("setting \"{name}\" is not implemented by Sluice yet; ignored"),
+            ));
+        }
+    }
+    s.raw.insert(name.to_string(), value.to_string());
+    Ok(())
+}
+
+/// Sets one implemented field. `Err` is what was expected; `Ok(Some)` a warning.
+fn set_implemented(s: &mut Settings, name: &str, v: &str) -> Result<Option<String>, String> {
+    match name {
+        "admin_users" => s.admin_users = parse_list(v),
+        "application_name_add_host" => s.application_name_add_host = parse_bool(v)?,
+        "auth_file" => s.auth_file = opt_str(v).map(PathBuf::from),
+        "auth_type" => {
+            s.auth_type = parse_auth_type(v)?;
+            if let AuthType::Unsupported(t) = s.auth_type {
+                return Ok(Some(format!(
+                    "auth_type \"{t}\" is not implemented by Sluice yet"
+                )));
+            }
+        }
+        "autodb_idle_timeout" => s.autodb_idle_timeout = parse_seconds(v)?,
+        "cancel_wait_timeout" => s.cancel_wait_timeout = parse_seconds(v)?,
+        "client_idle_timeout" => s.client_idle_timeout = parse_seconds(v)?,
+        "client_login_timeout" => s.client_login_timeout = parse_seconds(v)?,
+        "default_pool_size" => s.default_pool_size = parse_int(v)?,
+        "idle_transaction_timeout" => s.idle_transaction_timeout = parse_seconds(v)?,
+        "ignore_startup_parameters" => s.ignore_startup_parameters = parse_list(v),
+        "listen_addr" => s.listen_addr = parse_list(v),
+        "listen_backlog" => s.listen_backlog = parse_int(v)?,
+        "listen_port" => s.listen_port = parse_int(v)?,
+        "log_connections" => s.log_connections = parse_bool(v)?,
+        "log_disconnections" => s.log_disconnections = parse_bool(v)?,
+        "log_pooler_errors" => s.log_pooler_errors = parse_bool(v)?,
+        "log_stats" => s.log_stats = parse_bool(v)?,
+        "logfile" => s.logfile = opt_str(v).map(PathBuf::from),
+        "max_client_conn" => s.max_client_conn = parse_int(v)?,
+        "max_db_client_connections" => s.max_db_client_connections = parse_int(v)?,
+        "max_db_connections" => s.max_db_connections = parse_int(v)?,
+        "max_packet_size" => s.max_packet_size = parse_int(v)?,
+        "max_prepared_statements" => s.max_prepared_statements = parse_int(v)?,
+        "max_user_client_connections" => s.max_user_client_connections = parse_int(v)?,
+        "max_user_connections" => s.max_user_connections = parse_int(v)?,
+        "min_pool_size" => s.min_pool_size = parse_int(v)?,
+        "pidfile" => s.pidfile = opt_str(v).map(PathBuf::from),
+        "pkt_buf" => s.pkt_buf = parse_int(v)?,
+        "pool_mode" => s.pool_mode = parse_pool_mode(v)?,
+        "query_timeout" => s.query_timeout = parse_seconds(v)?,
+        "query_wait_timeout" => s.query_wait_timeout = parse_seconds(v)?,
+        "reserve_pool_size" => s.reserve_pool_size = parse_int(v)?,
+        "reserve_pool_timeout" => s.reserve_pool_timeout = parse_seconds(v)?,
+        "scram_iterations" => s.scram_iterations = parse_int(v)?,
+        "server_check_delay" => s.server_check_delay = parse_seconds(v)?,
+        "server_check_query" => {
+            // PgBouncer: "<empty>" sends an empty query, "" disables the check.
+            s.server_check_disabled = v.is_empty();
+            s.server_check_query = if v == "<empty>" { "" } else { v }.to_string();
+        }
+        "server_connect_timeout" => s.server_connect_timeout = parse_seconds(v)?,
+        "server_fast_close" => s.server_fast_close = parse_bool(v)?,
+        "server_idle_timeout" => s.server_idle_timeout = parse_seconds(v)?,
+        "server_lifetime" => s.server_lifetime = parse_seconds(v)?,
+        "server_login_retry" => s.server_login_retry = parse_seconds(v)?,
+        "server_reset_query" => s.server_reset_query = v.to_string(),
+        "server_reset_query_always" => s.server_reset_query_always = parse_bool(v)?,
+        "server_round_robin" => s.server_round_robin = parse_bool(v)?,
+        "stats_period" => s.stats_period = parse_seconds(v)?,
+        "stats_users" => s.stats_users = parse_list(v),
+        "suspend_timeout" => s.suspend_timeout = parse_seconds(v)?,
+        "tcp_keepalive" => s.tcp_keepalive = parse_bool(v)?,
+        "track_extra_parameters" => s.track_extra_parameters = parse_list(v),
+        "transaction_timeout" => s.transaction_timeout = parse_seconds(v)?,
+        "unix_socket_dir" => s.unix_socket_dir = v.to_string(),
+        "unix_socket_group" => s.unix_socket_group = opt_str(v),
+        "unix_socket_mode" => s.unix_socket_mode = parse_octal_mode(v)?,
+        "user" => s.user = opt_str(v),
+        "verbose" => s.verbose = parse_int(v)?,
+        // Only reachable if KNOWN marks a name Implemented without a branch here.
+        _ => return Err("setting is not handled (internal error)".to_string()),
+    }
+    Ok(None)
+}
+
+fn parse_auth_type(v: &str) -> Result<AuthType, String> {
+    Ok(match v.to_ascii_lowercase().as_str() {
+        "any" => AuthType::Any,
+        "trust" => AuthType::Trust,
+        "plain" => AuthType::Plain,
+        "md5" => AuthType::Md5,
+        "scram-sha-256" => AuthType::ScramSha256,
+        // Accepted so the file loads; session code refuses logins it cannot check.
+        "cert" => AuthType::Unsupported("cert"),
+        "hba" => AuthType::Unsupported("hba"),
+        "ldap" => AuthType::Unsupported("ldap"),
+        "pam" => AuthType::Unsupported("pam"),
+        _ => {
+            return Err(
+                "expected one of any, trust, plain, md5, scram-sha-256, cert, hba, ldap, pam"
+                    .to_string(),
+            )
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const F: &str = "/etc/x.ini";
+
+    /// Applies `key = value` at line 3 of `F` to fresh defaults.
+    fn set(key: &str, value: &str) -> Result<(Settings, Vec<String>), String> {
+        let mut s = Settings::default();
+        let mut w = Vec::new();
+        apply_setting(&mut s, key, value, Path::new(F), 3, &mut w).map_err(|e| e.to_string())?;
+        Ok((s, w))
+    }
+
+    fn ok(key: &str, value: &str) -> Settings {
+        let (s, w) = set(key, value).unwrap();
+        assert!(w.is_empty(), "unexpected warnings {w:?}");
+        s
+    }
+
+    #[test]
+    fn defaults_are_pgbouncer_1_25() {
+        let s = Settings::default();
+        assert_eq!(s.listen_port, 6432);
+        assert!(s.listen_addr.is_empty());
+        assert_eq!(s.unix_socket_dir, "/tmp");
+        assert_eq!(s.unix_socket_mode, 0o777);
+        assert_eq!(s.auth_type, AuthType::Md5);
+        assert_eq!(s.pool_mode, PoolMode::Session);
+        assert_eq!(s.default_pool_size, 20);
+        assert_eq!(s.reserve_pool_timeout, Duration::from_secs(5));
+        assert_eq!(s.max_client_conn, 100);
+        assert_eq!(s.server_reset_query, "DISCARD ALL");
+        assert_eq!(s.server_check_query, "");
+        assert!(!s.server_check_disabled);
+        assert_eq!(s.server_check_delay, Duration::from_secs(30));
+        assert_eq!(s.server_lifetime, Duration::from_secs(3600));
+        assert_eq!(s.server_idle_timeout, Duration::from_secs(600));
+        assert_eq!(s.server_connect_timeout, Duration::from_secs(15));
+        assert_eq!(s.server_login_retry, Duration::from_secs(15));
+        assert_eq!(s.client_login_timeout, Duration::from_secs(60));
+        assert_eq!(s.query_wait_timeout, Duration::from_secs(120));
+        assert_eq!(s.cancel_wait_timeout, Duration::from_secs(10));
+        assert_eq!(s.autodb_idle_timeout, Duration::from_secs(3600));
+        assert_eq!(s.suspend_timeout, Duration::from_secs(10));
+        assert_eq!(s.track_extra_parameters, vec!["IntervalStyle"]);
+        assert_eq!(s.max_prepared_statements, 200);
+        assert!(s.log_connections && s.log_disconnections && s.log_pooler_errors && s.log_stats);
+        assert_eq!(s.stats_period, Duration::from_secs(60));
+        assert_eq!(s.max_packet_size, 2_147_483_647);
+        assert_eq!(s.pkt_buf, 4096);
+        assert_eq!(s.listen_backlog, 128);
+        assert!(s.tcp_keepalive);
+        assert_eq!(s.scram_iterations, 4096);
+        assert_eq!(s.query_timeout, Duration::ZERO);
+        assert_eq!(s.auth_file, None);
+    }
+
+    #[test]
+    fn raw_is_prefilled_with_listed_defaults() {
+        let raw = Settings::default().raw;
+        // 99 PgBouncer 1.25 settings minus the Windows-only service_name.
+        assert_eq!(raw.len(), 98);
+        assert_eq!(raw["server_check_query"], "<empty>");
+        assert_eq!(raw["server_tls_sslmode"], "prefer");
+        assert_eq!(raw["listen_port"], "6432");
+        assert!(!raw.contains_key("service_name"));
+        assert!(!raw.contains_key("pool_idle_timeout"));
+    }
+
+    #[test]
+    fn applying_every_default_changes_nothing() {
+        let mut s = Settings::default();
+        let mut w = Vec::new();
+        for (name, default, _) in KNOWN {
+            apply_setting(&mut s, name, default, Path::new(F), 1, &mut w).unwrap();
+        }
+        assert!(w.is_empty(), "{w:?}");
+        let mut expected = Settings::default();
+        for name in NOT_LISTED {
+            expected.raw.insert(name.to_string(), s.raw[*name].clone());
+        }
+        assert_eq!(format!("{s:?}"), format!("{expected:?}"));
+    }
+
+    #[test]
+    fn typed_values() {
+        assert_eq!(ok("listen_port", "7000").listen_port, 7000);
+        assert_eq!(ok("reserve_pool", "3").reserve_pool_size, 3);
+        assert_eq!(ok("reserve_pool", "3").raw["reserve_pool_size"], "3");
+        assert!(!ok("log_connections", "off").log_connections);
+        assert!(ok("server_round_robin", "Yes").server_round_robin);
+        assert_eq!(
+            ok("query_timeout", "0.5").query_timeout,
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            ok("stats_period", "10").stats_period,
+            Duration::from_secs(10)
+        );
+        assert_eq!(ok("unix_socket_mode", "0750").unix_socket_mode, 0o750);
+        assert_eq!(
+            ok("pool_mode", "Transaction").pool_mode,
+            PoolMode::Transaction
+        );
+        assert_eq!(
+            ok("auth_type", "SCRAM-SHA-256").auth_type,
+            AuthType::ScramSha256
+        );
+        assert_eq!(ok("auth_type", "trust").auth_type, AuthType::Trust);
+        assert_eq!(ok("auth_type", "any").auth_type, AuthType::Any);
+        assert_eq!(ok("auth_type", "plain").auth_type, AuthType::Plain);
+        assert_eq!(
+            ok("admin_users", "a, b ,c").admin_users,
+            vec!["a", "b", "c"]
+        );
+        assert_eq!(ok("listen_addr", "*").listen_addr, vec!["*"]);
+        assert_eq!(
+            ok(
+                "ignore_startup_parameters",
+                "extra_float_digits, search_path"
+            )
+            .ignore_startup_parameters,
+            vec!["extra_float_digits", "search_path"]
+        );
+        assert_eq!(
+            ok("auth_file", "/etc/userlist.txt").auth_file,
+            Some(PathBuf::from("/etc/userlist.txt"))
+        );
+        assert_eq!(ok("logfile", "").logfile, None);
+        assert_eq!(ok("user", "postgres").user.as_deref(), Some("postgres"));
+        assert_eq!(ok("verbose", "2").verbose, 2);
+        assert_eq!(ok("pkt_buf", "8192").pkt_buf, 8192);
+        let s = ok("server_reset_query", "RESET ALL");
+        assert_eq!(s.server_reset_query, "RESET ALL");
+        assert_eq!(s.raw["server_reset_query"], "RESET ALL");
+    }
+
+    #[test]
+    fn server_check_query_sentinels() {
+        let s = ok("server_check_query", "<empty>");
+        assert_eq!(
+            (s.server_check_query.as_str(), s.server_check_disabled),
+            ("", false)
+        );
+        let s = ok("server_check_query", "");
+        assert_eq!(
+            (s.server_check_query.as_str(), s.server_check_disabled),
+            ("", true)
+        );
+        let s = ok("server_check_query", "SELECT 1");
+        assert_eq!(s.server_check_query, "SELECT 1");
+        assert!(!s.server_check_disabled);
+    }
+
+    #[test]
+    fn errors_name_file_line_key_and_value() {
+        let bool_err = "expected a boolean (0/1, yes/no, on/off, true/false)";
+        let ssl_err = "expected one of disable, allow, prefer, require, verify-ca, verify-full";
+        for (k, v, why) in [
+            ("listen_port", "abc", "expected an integer"),
+            ("listen_port", "70000", "integer out of range"),
+            ("tcp_keepalive", "maybe", bool_err),
+            ("server_lifetime", "1h", "expected a number of seconds"),
+            (
+                "pool_mode",
+                "txn",
+                "expected session, transaction or statement",
+            ),
+            (
+                "unix_socket_mode",
+                "rw",
+                "expected an octal file mode such as 0777",
+            ),
+            // Unimplemented settings are still validated.
+            ("so_reuseport", "perhaps", bool_err),
+            ("dns_max_ttl", "x", "expected a number of seconds"),
+            ("peer_id", "x", "expected an integer"),
+            ("server_tls_sslmode", "sometimes", ssl_err),
+        ] {
+            let want = format!("/etc/x.ini:3: invalid value \"{v}\" for {k}: {why}");
+            assert_eq!(set(k, v).unwrap_err(), want);
+        }
+        assert_eq!(
+            set("lsten_port", "1").unwrap_err(),
+            "/etc/x.ini:3: unknown setting \"lsten_port\""
+        );
+        assert!(set("auth_type", "password").unwrap_err().starts_with(
+            "/etc/x.ini:3: invalid value \"password\" for auth_type: expected one of any,"
+        ));
+    }
+
+    #[test]
+    fn unimplemented_settings_warn_unless_default() {
+        let (s, w) = set("so_reuseport", "1").unwrap();
+        assert_eq!(
+            w,
+            vec![
+                "/etc/x.ini:3: setting \"so_reuseport\" is not implemented by Sluice yet; ignored"
+            ]
+        );
+        assert_eq!(s.raw["so_reuseport"], "1");
+        for (k, v) in [
+            ("client_tls_sslmode", "disable"),
+            ("client_tls_sslmode", "DISABLE"),
+            ("so_reuseport", "no"),
+            ("dns_max_ttl", "15.0"),
+            ("tcp_keepcnt", "0"),
+            ("syslog_ident", "pgbouncer"),
+        ] {
+            assert!(set(k, v).unwrap().1.is_empty(), "{k} = {v}");
+        }
+        for (k, v) in [
+            ("client_tls_sslmode", "require"),
+            ("auth_user", "pgb"),
+            ("pool_idle_timeout", "30"),
+            ("login_notify_message", "hi"),
+            ("tcp_keepidle", "60"),
+        ] {
+            assert_eq!(set(k, v).unwrap().1.len(), 1, "{k} = {v}");
+        }
+    }
+
+    #[test]
+    fn unsupported_auth_types_warn() {
+        for t in ["cert", "HBA", "ldap", "pam"] {
+            let (s, w) = set("auth_type", t).unwrap();
+            let lower = t.to_ascii_lowercase();
+            assert!(matches!(s.auth_type, AuthType::Unsupported(x) if x == lower));
+            assert_eq!(
+                w,
+                vec![format!(
+                    "/etc/x.ini:3: auth_type \"{lower}\" is not implemented by Sluice yet"
+                )]
+            );
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! The typed configuration: one immutable value per load of `pgbouncer.ini`.
+//!
+//! Defaults follow PgBouncer 1.25. Durations of zero mean "disabled", as in PgBouncer.
+//! A reload builds a whole new [`Config`]; nothing here is mutated after loading.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How long a client keeps its server connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolMode {
+    /// For the whole client session.
+    Session,
+    /// Until the transaction ends (ReadyForQuery idle).
+    Transaction,
+    /// Until the statement ends.
+    Statement,
+}
+
+impl PoolMode {
+    /// The name PgBouncer uses in its config and console.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolMode::Session => "session",
+            PoolMode::Transaction => "transaction",
+            PoolMode::Statement => "statement",
+        }
+    }
+}
+
+/// How clients prove who they are (`auth_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthType {
+    /// No check at all; the user name is ignored in favour of the database's forced user.
+    Any,
+    /// No password, but the user must be in the auth file.
+    Trust,
+    /// Cleartext password.
+    Plain,
+    /// MD5, switching to SCRAM when the stored secret is SCRAM.
+    Md5,
+    /// SCRAM-SHA-256.
+    ScramSha256,
+    /// Accepted by the parser but not implemented (cert, hba, ldap, pam).
+    Unsupported(&'static str),
+}
+
+/// Global settings: the `[pgbouncer]` section.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub logfile: Option<PathBuf>,
+    pub pidfile: Option<PathBuf>,
+    /// Addresses to listen on; `*` means all. Empty: UNIX socket only.
+    pub listen_addr: Vec<String>,
+    pub listen_port: u16,
+    /// Directory for `.s.PGSQL.<port>`; empty disables the UNIX socket.
+    pub unix_socket_dir: String,
+    pub unix_socket_mode: u32,
+    pub unix_socket_group: Option<String>,
+    pub user: Option<String>,
+    pub auth_type: AuthType,
+    pub auth_file: Option<PathBuf>,
+    pub admin_users: Vec<String>,
+    pub stats_users: Vec<String>,
+    pub pool_mode: PoolMode,
+    /// 0 means unlimited (PgBouncer 1.24+).
+    pub default_pool_size: u32,
+    pub min_pool_size: u32,
+    pub reserve_pool_size: u32,
+    pub reserve_pool_timeout: Duration,
+    pub max_client_conn: u32,
+    pub max_db_connections: u32,
+    pub max_user_connections: u32,
+    pub max_db_client_connections: u32,
+    pub max_user_client_connections: u32,
+    pub server_reset_query: String,
+    pub server_reset_query_always: bool,
+    /// Query sent to check an idle server before reuse. PgBouncer's default is the
+    /// special value `<empty>`, meaning "send an empty query"; Sluice stores that as `""`.
+    /// (An explicitly empty value in the ini means "no check": see `server_check_disabled`.)
+    pub server_check_query: String,
+    /// True when the ini sets `server_check_query` to an empty string, which PgBouncer
+    /// treats as "never check servers" (distinct from the default `<empty>`).
+    pub server_check_disabled: bool,
+    pub server_check_delay: Duration,
+    pub server_fast_close: bool,
+    pub server_round_robin: bool,
+    pub server_lifetime: Duration,
+    pub server_idle_timeout: Duration,
+    pub server_connect_timeout: Duration,
+    pub server_login_retry: Duration,
+    pub client_login_timeout: Duration,
+    pub query_timeout: Duration,
+    pub query_wait_timeout: Duration,
+    pub client_idle_timeout: Duration,
+    pub idle_transaction_timeout: Duration,
+    pub transaction_timeout: Duration,
+    pub cancel_wait_timeout: Duration,
+    pub autodb_idle_timeout: Duration,
+    pub suspend_timeout: Duration,
+    pub ignore_startup_parameters: Vec<String>,
+    pub track_extra_parameters: Vec<String>,
+    pub max_prepared_statements: u32,
+    pub application_name_add_host: bool,
+    pub log_connections: bool,
+    pub log_disconnections: bool,
+    pub log_pooler_errors: bool,
+    pub log_stats: bool,
+    pub stats_period: Duration,
+    pub verbose: u8,
+    pub max_packet_size: u32,
+    pub pkt_buf: usize,
+    pub listen_backlog: u32,
+    pub tcp_keepalive: bool,
+    pub scram_iterations: u32,
+    /// Every key as written in the file (after defaults), for SHOW CONFIG.
+    pub raw: BTreeMap<String, String>,
+}
+
+/// One `[databases]` entry.
+#[derive(Debug, Clone, Default)]
+pub struct DatabaseEntry {
+    /// The name clients connect to (`*` for the fallback entry).
+    pub name: String,
+    /// Host name, IP, or a socket directory (starts with `/`). None: UNIX socket in `unix_socket_dir`.
+    pub host: Option<String>,
+    pub port: u16,
+    /// The server-side database; None: same as the client's.
+    pub dbname: Option<String>,
+    /// Forced server user.
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub pool_size: Option<u32>,
+    pub min_pool_size: Option<u32>,
+    pub reserve_pool_size: Option<u32>,
+    pub pool_mode: Option<PoolMode>,
+    pub connect_query: Option<String>,
+    pub client_encoding: Option<String>,
+    pub datestyle: Option<String>,
+    pub timezone: Option<String>,
+    pub application_name: Option<String>,
+    pub max_db_connections: Option<u32>,
+    pub max_db_client_connections: Option<u32>,
+    pub server_lifetime: Option<Duration>,
+    pub auth_user: Option<String>,
+    pub auth_query: Option<String>,
+    pub auth_dbname: Option<String>,
+    /// The connection string as written, for SHOW DATABASES and change detection on reload.
+    pub connstr: String,
+}
+
+/// One `[users]` entry.
+#[derive(Debug, Clone, Default)]
+pub struct UserEntry {
+    pub name: String,
+    pub pool_mode: Option<PoolMode>,
+    pub pool_size: Option<u32>,
+    pub reserve_pool_size: Option<u32>,
+    pub max_user_connections: Option<u32>,
+    pub max_user_client_connections: Option<u32>,
+    pub query_timeout: Option<Duration>,
+    pub idle_transaction_timeout: Option<Duration>,
+    pub transaction_timeout: Option<Duration>,
+    pub client_idle_timeout: Option<Duration>,
+}
+
+/// The whole configuration as loaded from the ini, its includes and the auth file.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The main ini file, as given on the command line.
+    pub path: PathBuf,
+    pub settings: Settings,
+    /// Named `[databases]` entries (not `*`).
+    pub databases: HashMap<String, DatabaseEntry>,
+    /// The `*` fallback entry, if any.
+    pub fallback_database: Option<DatabaseEntry>,
+    pub users: HashMap<String, UserEntry>,
+    /// `auth_file` contents: user name to secret (plaintext, `md5...` or `SCRAM-SHA-256$...`).
+    pub userlist: HashMap<String, String>,
+    /// Accepted-but-unimplemented settings and similar: logged as warnings at load.
+    pub warnings: Vec<String>,
+}

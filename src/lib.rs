@@ -1,0 +1,14 @@
+//! Sluice: a PgBouncer-compatible PostgreSQL connection pooler.
+//!
+//! Data flow: `net` accepts sockets, `session` logs the client in (with `auth` against
+//! the `config` userlist) and relays its traffic through a server connection that
+//! `pool` lends out; `lifecycle` owns the process (signals, reload, shutdown).
+
+pub mod app;
+pub mod auth;
+pub mod config;
+pub mod lifecycle;
+pub mod net;
+pub mod pool;
+pub mod protocol;
+pub mod session;

@@ -1,0 +1,197 @@
+//! Log output in PgBouncer's shape: `2026-01-02 03:04:05.678 UTC [pid] LOG message`, to
+//! stderr (unless `-q`/`-d`) and to `logfile`, which SIGHUP reopens.
+
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, MakeWriter};
+use tracing_subscriber::registry::LookupSpan;
+
+/// Where log lines go. Shared by the subscriber and the reload path.
+#[derive(Debug)]
+pub struct LogSink {
+    stderr: bool,
+    file: Mutex<Option<(PathBuf, File)>>,
+}
+
+impl LogSink {
+    /// Opens `logfile` (if any) for appending.
+    pub fn new(stderr: bool, logfile: Option<PathBuf>) -> io::Result<Arc<LogSink>> {
+        let file = match logfile {
+            Some(p) => Some((p.clone(), open(&p)?)),
+            None => None,
+        };
+        Ok(Arc::new(LogSink {
+            stderr,
+            file: Mutex::new(file),
+        }))
+    }
+
+    /// Reopens the log file (after rotation), possibly at a new path.
+    pub fn reopen(&self, logfile: Option<PathBuf>) -> io::Result<()> {
+        let mut g = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        *g = match logfile {
+            Some(p) => Some((p.clone(), open(&p)?)),
+            None => None,
+        };
+        Ok(())
+    }
+
+    fn write_line(&self, line: &[u8]) {
+        if self.stderr {
+            let _ = io::stderr().write_all(line);
+        }
+        let mut g = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, f)) = g.as_mut() {
+            let _ = f.write_all(line);
+        }
+    }
+}
+
+fn open(p: &PathBuf) -> io::Result<File> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(p)
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot open logfile {}: {e}", p.display()),
+            )
+        })
+}
+
+/// A writer for one formatted event: collects it and writes it whole on drop.
+pub struct LineWriter {
+    sink: Arc<LogSink>,
+    buf: Vec<u8>,
+}
+
+impl Write for LineWriter {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for LineWriter {
+    fn drop(&mut self) {
+        self.sink.write_line(&self.buf);
+    }
+}
+
+/// Makes a [`LineWriter`] per event.
+#[derive(Clone)]
+pub struct SinkWriter(pub Arc<LogSink>);
+
+impl<'a> MakeWriter<'a> for SinkWriter {
+    type Writer = LineWriter;
+    fn make_writer(&'a self) -> LineWriter {
+        LineWriter {
+            sink: self.0.clone(),
+            buf: Vec::with_capacity(160),
+        }
+    }
+}
+
+/// PgBouncer's line format.
+pub struct PgFormat {
+    pid: u32,
+}
+
+impl<S, N> FormatEvent<S, N> for PgFormat
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut w: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let level = match *event.metadata().level() {
+            Level::ERROR => "ERROR",
+            Level::WARN => "WARNING",
+            Level::INFO => "LOG",
+            Level::DEBUG => "DEBUG",
+            Level::TRACE => "NOISE",
+        };
+        write!(
+            w,
+            "{} [{}] {} ",
+            timestamp(SystemTime::now()),
+            self.pid,
+            level
+        )?;
+        ctx.field_format().format_fields(w.by_ref(), event)?;
+        writeln!(w)
+    }
+}
+
+/// Installs the global subscriber. `verbose` 0 logs LOG and above, 1 DEBUG, 2+ NOISE.
+pub fn init(sink: Arc<LogSink>, verbose: u8) {
+    let level = match verbose {
+        0 => Level::INFO,
+        1 => Level::DEBUG,
+        _ => Level::TRACE,
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .event_format(PgFormat {
+            pid: std::process::id(),
+        })
+        .with_writer(SinkWriter(sink))
+        .try_init();
+}
+
+/// `YYYY-MM-DD HH:MM:SS.mmm UTC`.
+pub fn timestamp(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    let (y, m, day) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{day:02} {:02}:{:02}:{:02}.{:03} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_millis()
+    )
+}
+
+/// Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn formats_known_instants() {
+        assert_eq!(timestamp(UNIX_EPOCH), "1970-01-01 00:00:00.000 UTC");
+        let t = UNIX_EPOCH + Duration::from_millis(1_709_210_096_789); // 2024-02-29 12:34:56.789
+        assert_eq!(timestamp(t), "2024-02-29 12:34:56.789 UTC");
+    }
+}

@@ -1,0 +1,80 @@
+//! Process-level operations: daemonizing, switching user, the pid file.
+
+use std::ffi::CString;
+use std::io;
+use std::path::Path;
+
+/// Forks into the background: the parent exits, the child gets a new session and
+/// /dev/null for stdio. Must be called before any thread is started.
+pub fn daemonize() -> io::Result<()> {
+    // SAFETY: called from main before the tokio runtime or any other thread exists,
+    // so the child inherits a consistent single-threaded process.
+    match unsafe { libc::fork() } {
+        -1 => return Err(io::Error::last_os_error()),
+        0 => {}
+        _ => std::process::exit(0),
+    }
+    // SAFETY: setsid has no memory-safety preconditions.
+    if unsafe { libc::setsid() } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
+    use std::os::unix::io::AsRawFd;
+    for fd in 0..=2 {
+        // SAFETY: both descriptors are valid: `null` is open and 0..=2 are the standard
+        // descriptors, which dup2 atomically replaces.
+        if unsafe { libc::dup2(null.as_raw_fd(), fd) } == -1 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Switches the process to `user` (its uid and primary gid).
+pub fn switch_user(user: &str) -> io::Result<()> {
+    let name = CString::new(user)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "bad user name"))?;
+    // SAFETY: `name` is a valid NUL-terminated string; getpwnam returns NULL or a
+    // pointer to static storage that we read at once, before any other getpw* call.
+    let pw = unsafe { libc::getpwnam(name.as_ptr()) };
+    if pw.is_null() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("unknown user: {user}"),
+        ));
+    }
+    // SAFETY: `pw` is non-null and points to a valid passwd record (see above).
+    let (uid, gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
+    // SAFETY: plain syscalls with integer arguments; groups first while still root.
+    unsafe {
+        if libc::setgroups(0, std::ptr::null()) != 0 && libc::geteuid() == 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if libc::setgid(gid) != 0 || libc::setuid(uid) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Writes our pid to `path`, refusing if a live process already owns it.
+pub fn write_pidfile(path: &Path) -> io::Result<()> {
+    if let Ok(old) = std::fs::read_to_string(path) {
+        if let Ok(pid) = old.trim().parse::<i32>() {
+            // SAFETY: kill with signal 0 only checks for existence.
+            if pid > 0 && unsafe { libc::kill(pid, 0) } == 0 && pid as u32 != std::process::id() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!(
+                        "pidfile {} exists and process {pid} is running",
+                        path.display()
+                    ),
+                ));
+            }
+        }
+    }
+    std::fs::write(path, format!("{}\n", std::process::id()))
+}

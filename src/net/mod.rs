@@ -1,0 +1,8 @@
+//! Sockets: the listeners (TCP and UNIX) and a [`Stream`] that is either.
+
+pub mod framed;
+pub mod listener;
+pub mod stream;
+
+pub use listener::{bind_listeners, Listeners};
+pub use stream::{PeerAddr, Stream};

@@ -1,0 +1,121 @@
+//! A connected socket, TCP or UNIX, used through readiness + non-blocking calls.
+//!
+//! The relay works on `&Stream` with `readable()`/`try_read_buf()` and
+//! `writable()`/`try_write()`, so one task can wait on both of its sockets at once
+//! without splitting them, and owns buffers only while bytes are in flight.
+
+use std::io;
+use std::net::SocketAddr;
+
+use bytes::BytesMut;
+use tokio::net::{TcpStream, UnixStream};
+
+/// Where a connection came from or goes to, for logs and the console.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerAddr {
+    Tcp(SocketAddr),
+    Unix,
+}
+
+impl std::fmt::Display for PeerAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PeerAddr::Tcp(a) => write!(f, "{}:{}", a.ip(), a.port()),
+            PeerAddr::Unix => f.write_str("unix"),
+        }
+    }
+}
+
+/// A plain TCP or UNIX-domain socket.
+#[derive(Debug)]
+pub enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    /// Waits until the socket is readable (or closed, or in error).
+    pub async fn readable(&self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.readable().await,
+            Stream::Unix(s) => s.readable().await,
+        }
+    }
+
+    /// Waits until the socket is writable.
+    pub async fn writable(&self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.writable().await,
+            Stream::Unix(s) => s.writable().await,
+        }
+    }
+
+    /// Non-blocking read appending to `buf`; `Ok(0)` is end of stream.
+    pub fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.try_read_buf(buf),
+            Stream::Unix(s) => s.try_read_buf(buf),
+        }
+    }
+
+    /// Non-blocking write.
+    pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.try_write(buf),
+            Stream::Unix(s) => s.try_write(buf),
+        }
+    }
+
+    /// Whether the peer has closed, failed, or sent bytes while nobody was reading:
+    /// checked on idle server connections before reuse. Never blocks. A connection for
+    /// which this returns true is discarded, so consuming a stray byte is harmless.
+    pub fn is_dead_or_chatty(&self) -> bool {
+        let mut probe = [0u8; 1];
+        let r = match self {
+            Stream::Tcp(s) => s.try_read(&mut probe),
+            Stream::Unix(s) => s.try_read(&mut probe),
+        };
+        !matches!(r, Err(ref e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    /// Reads at least one byte more into `buf`, waiting as needed. `Ok(0)` is EOF.
+    pub async fn read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        loop {
+            self.readable().await?;
+            match self.try_read_buf(buf) {
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Writes all of `data`, waiting as needed.
+    pub async fn write_all(&self, mut data: &[u8]) -> io::Result<()> {
+        while !data.is_empty() {
+            match self.try_write(data) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => data = &data[n..],
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.writable().await?,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> PeerAddr {
+        match self {
+            Stream::Tcp(s) => s.peer_addr().map(PeerAddr::Tcp).unwrap_or(PeerAddr::Unix),
+            Stream::Unix(_) => PeerAddr::Unix,
+        }
+    }
+
+    /// The OS uid of a UNIX-socket peer (for the admin console's same-user rule).
+    pub fn peer_uid(&self) -> Option<u32> {
+        match self {
+            Stream::Unix(s) => s.peer_cred().ok().map(|c| c.uid()),
+            Stream::Tcp(_) => None,
+        }
+    }
+}

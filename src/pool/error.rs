@@ -1,0 +1,49 @@
+//! Why a pool could not lend a server connection.
+
+use crate::protocol::backend::ErrorFields;
+use crate::protocol::sqlstate;
+
+/// A failure to get or use a server connection.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PoolError {
+    /// The socket could not be opened.
+    #[error("server connection failed: {0}")]
+    Connect(String),
+    /// An I/O error on an open server socket.
+    #[error("server I/O error: {0}")]
+    Io(String),
+    /// The server closed the connection.
+    #[error("server closed the connection unexpectedly")]
+    Closed,
+    /// The server answered with an ErrorResponse (login failure, failed reset ...).
+    #[error("{}", .0.message)]
+    Server(ErrorFields),
+    /// Sluice cannot log in with what it has.
+    #[error("{0}")]
+    Auth(&'static str),
+    /// The server broke the protocol.
+    #[error("server protocol error: {0}")]
+    Protocol(&'static str),
+    /// A wait ran out.
+    #[error("{0}")]
+    Timeout(&'static str),
+    /// The pool is closing (shutdown, database removed).
+    #[error("pool is closed")]
+    PoolClosed,
+}
+
+impl PoolError {
+    pub(crate) fn io(e: std::io::Error) -> PoolError {
+        PoolError::Io(e.to_string())
+    }
+
+    /// SQLSTATE and message to show the client.
+    pub fn client_error(&self) -> (String, String) {
+        match self {
+            PoolError::Server(f) => (f.code.clone(), f.message.clone()),
+            PoolError::Timeout(m) => (sqlstate::QUERY_CANCELED.into(), (*m).into()),
+            PoolError::Auth(m) => (sqlstate::INVALID_AUTHORIZATION.into(), (*m).into()),
+            other => (sqlstate::CONNECTION_FAILURE.into(), other.to_string()),
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! Server connection pools, one per (database, user).
+//!
+//! A pool holds idle server connections (reused LIFO) and a FIFO of waiting clients.
+//! A released connection goes straight to the oldest waiter. The count of connections,
+//! idle, lent out or connecting, is exact across threads: see [`slot`].
+
+pub mod error;
+pub mod registry;
+pub mod server;
+mod slot;
+pub mod target;
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+pub use error::PoolError;
+pub use registry::{PoolKey, Pools};
+pub use server::{ScramKeys, ServerConn};
+pub use target::{PoolConfig, ServerAddr};
+
+use crate::protocol::backend::ErrorFields;
+use slot::SlotToken;
+
+/// What a waiting client is given.
+#[derive(Debug)]
+enum Grant {
+    /// An idle connection, ready to use.
+    Server(ServerConn),
+    /// A free slot: the waiter opens a new connection itself.
+    Slot(SlotToken),
+}
+
+/// The mutable part of a pool, behind one short-held mutex.
+#[derive(Debug, Default)]
+pub(crate) struct PoolState {
+    /// Idle connections; the last one pushed is reused first.
+    idle: Vec<ServerConn>,
+    /// Clients waiting for a connection, oldest first.
+    waiters: VecDeque<oneshot::Sender<Grant>>,
+    /// Connections counted against `pool_size`: idle + lent out + connecting.
+    total: u32,
+    /// Connections currently lent to clients.
+    active: u32,
+    /// The last login failure, to fail fast until `server_login_retry` passes.
+    last_login_error: Option<(Instant, PoolError)>,
+    /// Bumped to retire existing connections (reload with a new target, RECONNECT).
+    generation: u64,
+    /// ParameterStatus values from the first login, shown to clients at their login.
+    welcome: Option<Arc<Vec<(String, String)>>>,
+    /// Keys from a client's SCRAM login, for pass-through to the server.
+    scram_keys: Option<ScramKeys>,
+    closed: bool,
+}
+
+/// A snapshot of a pool's counters, for the console and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolCounts {
+    pub total: u32,
+    pub idle: u32,
+    pub active: u32,
+    pub waiting: u32,
+}
+
+/// One pool of server connections for a (database, user) pair.
+#[derive(Debug)]
+pub struct Pool {
+    pub key: PoolKey,
+    cfg: RwLock<Arc<PoolConfig>>,
+    state: Mutex<PoolState>,
+    ids: Arc<AtomicU64>,
+}
+
+impl Pool {
+    pub(crate) fn new(key: PoolKey, cfg: PoolConfig, ids: Arc<AtomicU64>) -> Pool {
+        Pool {
+            key,
+            cfg: RwLock::new(Arc::new(cfg)),
+            state: Mutex::new(PoolState::default()),
+            ids,
+        }
+    }
+
+    /// The pool's current settings.
+    pub fn config(&self) -> Arc<PoolConfig> {
+        match self.cfg.read() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    pub(crate) fn lock_state(&self) -> MutexGuard<'_, PoolState> {
+        // A panic while holding this lock cannot leave the counters half-updated in a
+        // way worse than stopping, so poisoning is ignored.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Replaces the settings; retires existing connections if the server side changed.
+    pub fn reconfigure(&self, new: PoolConfig) {
+        let old = self.config();
+        let retire = old.needs_reconnect(&new);
+        if let Ok(mut g) = self.cfg.write() {
+            *g = Arc::new(new);
+        }
+        let doomed = {
+            let mut st = self.lock_state();
+            st.last_login_error = None;
+            if retire {
+                st.generation += 1;
+                st.welcome = None;
+                std::mem::take(&mut st.idle)
+            } else {
+                Vec::new()
+            }
+        };
+        drop(doomed);
+    }
+
+    /// Counters for SHOW POOLS and tests.
+    pub fn counts(&self) -> PoolCounts {
+        let st = self.lock_state();
+        PoolCounts {
+            total: st.total,
+            idle: st.idle.len() as u32,
+            active: st.active,
+            waiting: st.waiters.len() as u32,
+        }
+    }
+
+    /// The parameters a client sees at login, if a server has logged in yet.
+    pub fn welcome(&self) -> Option<Arc<Vec<(String, String)>>> {
+        self.lock_state().welcome.clone()
+    }
+
+    /// Remembers a client's SCRAM keys for logging in to the server without a password.
+    pub fn set_scram_keys(&self, keys: ScramKeys) {
+        self.lock_state().scram_keys = Some(keys);
+    }
+
+    /// Gets a server connection: an idle one, a new one within `pool_size`, or one
+    /// released by another client after waiting in line (bounded by
+    /// `query_wait_timeout`).
+    ///
+    /// # Cancel safety
+    /// Dropping the future loses nothing: a slot or connection granted to a dropped
+    /// waiter goes on to the next waiter or back to the pool.
+    pub async fn acquire(self: &Arc<Self>) -> Result<ServerConn, PoolError> {
+        let cfg = self.config();
+        // Declared before the guard so that stale connections close after unlocking.
+        let mut doomed = Vec::new();
+        let rx = {
+            let mut st = self.lock_state();
+            if st.closed {
+                return Err(PoolError::PoolClosed);
+            }
+            if let Some(conn) = Self::pop_idle(&mut st, &cfg, &mut doomed) {
+                st.active += 1;
+                return Ok(conn);
+            }
+            if cfg.pool_size == 0 || st.total < cfg.pool_size {
+                st.total += 1;
+                None
+            } else {
+                let (tx, rx) = oneshot::channel();
+                st.waiters.push_back(tx);
+                Some(rx)
+            }
+        };
+        let slot = match rx {
+            None => SlotToken::counted(self.clone()),
+            Some(rx) => {
+                let grant = if cfg.query_wait_timeout.is_zero() {
+                    rx.await.map_err(|_| PoolError::PoolClosed)?
+                } else {
+                    match tokio::time::timeout(cfg.query_wait_timeout, rx).await {
+                        Ok(g) => g.map_err(|_| PoolError::PoolClosed)?,
+                        Err(_) => return Err(PoolError::Timeout("query_wait_timeout")),
+                    }
+                };
+                match grant {
+                    Grant::Server(conn) => {
+                        self.lock_state().active += 1;
+                        return Ok(conn);
+                    }
+                    Grant::Slot(slot) => slot,
+                }
+            }
+        };
+        self.connect_new(&cfg, slot).await
+    }
+
+    /// Takes the most recently used idle connection that is still good.
+    /// Stale ones found on the way go to `doomed`, to be dropped after unlocking (a
+    /// connection's slot takes the lock when dropped).
+    fn pop_idle(
+        st: &mut PoolState,
+        cfg: &PoolConfig,
+        doomed: &mut Vec<ServerConn>,
+    ) -> Option<ServerConn> {
+        let now = Instant::now();
+        while let Some(conn) = if cfg.server_round_robin && !st.idle.is_empty() {
+            Some(st.idle.remove(0))
+        } else {
+            st.idle.pop()
+        } {
+            if conn.generation == st.generation
+                && !conn.expired(cfg, now)
+                && !conn.stream.is_dead_or_chatty()
+            {
+                return Some(conn);
+            }
+            doomed.push(conn);
+        }
+        None
+    }
+
+    async fn connect_new(
+        self: &Arc<Self>,
+        cfg: &PoolConfig,
+        slot: SlotToken,
+    ) -> Result<ServerConn, PoolError> {
+        let (generation, keys) = {
+            let st = self.lock_state();
+            if let Some((at, err)) = &st.last_login_error {
+                if at.elapsed() < cfg.server_login_retry {
+                    return Err(err.clone());
+                }
+            }
+            (st.generation, st.scram_keys)
+        };
+        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        match server::connect(cfg, keys, id, generation, slot).await {
+            Ok(conn) => {
+                let mut st = self.lock_state();
+                st.last_login_error = None;
+                if st.welcome.is_none() {
+                    st.welcome = Some(Arc::new(conn.params.clone()));
+                }
+                st.active += 1;
+                Ok(conn)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "S-{id}: {}/{}@{} {}",
+                    self.key.database,
+                    self.key.user,
+                    cfg.addr,
+                    e
+                );
+                self.lock_state().last_login_error = Some((Instant::now(), e.clone()));
+                Err(e)
+            }
+        }
+    }
+
+    /// Returns a lent connection. A clean one goes to the oldest waiter or the idle
+    /// list; anything else is closed (its slot then goes to a waiter).
+    pub fn release(&self, mut conn: ServerConn, clean: bool) {
+        let cfg = self.config();
+        conn.last_used = Instant::now();
+        let mut st = self.lock_state();
+        st.active = st.active.saturating_sub(1);
+        let reusable = clean
+            && !conn.close_needed
+            && !st.closed
+            && conn.generation == st.generation
+            && (cfg.server_lifetime.is_zero() || conn.created.elapsed() < cfg.server_lifetime);
+        if !reusable {
+            drop(st);
+            drop(conn);
+            return;
+        }
+        let mut conn = conn;
+        loop {
+            match st.waiters.pop_front() {
+                None => {
+                    st.idle.push(conn);
+                    return;
+                }
+                Some(tx) => {
+                    drop(st);
+                    match tx.send(Grant::Server(conn)) {
+                        Ok(()) => return,
+                        Err(Grant::Server(back)) => conn = back,
+                        Err(Grant::Slot(_)) => return,
+                    }
+                    st = self.lock_state();
+                }
+            }
+        }
+    }
+
+    /// Closes idle connections past their lifetime or idle timeout.
+    pub fn close_expired_idle(&self) {
+        let cfg = self.config();
+        let now = Instant::now();
+        let doomed: Vec<ServerConn> = {
+            let mut st = self.lock_state();
+            let generation = st.generation;
+            let (keep, doomed) = std::mem::take(&mut st.idle)
+                .into_iter()
+                .partition(|c| c.generation == generation && !c.expired(&cfg, now));
+            st.idle = keep;
+            doomed
+        };
+        drop(doomed);
+    }
+
+    /// Retires every connection: idle ones close now, lent ones at release.
+    pub fn reconnect_all(&self) {
+        let doomed = {
+            let mut st = self.lock_state();
+            st.generation += 1;
+            std::mem::take(&mut st.idle)
+        };
+        drop(doomed);
+    }
+
+    /// Closes the pool: idle connections now, waiters get an error, no new lending.
+    pub fn close(&self) {
+        let (idle, waiters) = {
+            let mut st = self.lock_state();
+            st.closed = true;
+            (
+                std::mem::take(&mut st.idle),
+                std::mem::take(&mut st.waiters),
+            )
+        };
+        drop(idle);
+        drop(waiters);
+    }
+
+    /// How long the oldest waiter has waited is not tracked yet; zero.
+    pub fn max_wait(&self) -> Duration {
+        Duration::ZERO
+    }
+
+    /// Records a failed login to be reported to clients until the retry delay passes.
+    pub fn last_login_error(&self) -> Option<ErrorFields> {
+        match &self.lock_state().last_login_error {
+            Some((_, PoolError::Server(f))) => Some(f.clone()),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,351 @@
+//! One server connection: connect, log in to PostgreSQL, and the state the pool and the
+//! relay keep about it.
+
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, BytesMut};
+use tokio::net::{TcpStream, UnixStream};
+
+use super::error::PoolError;
+use super::slot::SlotToken;
+use super::target::{PoolConfig, ServerAddr};
+use crate::auth::{md5_response, ScramClient, ScramCredential, Secret};
+use crate::net::framed::{read_message, ReadError};
+use crate::net::Stream;
+use crate::protocol::backend::{parse_error_fields, parse_parameter_status, ErrorFields};
+use crate::protocol::{frontend, header};
+
+/// Largest message accepted from a server during login.
+const LOGIN_MAX_LEN: u32 = 1 << 20;
+
+/// Credentials recovered from a client's SCRAM login, for pass-through to the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScramKeys {
+    pub client_key: [u8; 32],
+    pub server_key: [u8; 32],
+}
+
+/// A logged-in server connection, owned by the pool while idle and by one client
+/// session while linked. Dropping it closes the socket and frees its pool slot.
+#[derive(Debug)]
+pub struct ServerConn {
+    pub stream: Stream,
+    /// Monotonic id for logs and the console.
+    pub id: u64,
+    /// The backend's cancel key, for forwarding CancelRequests.
+    pub backend_pid: u32,
+    pub backend_key: u32,
+    /// Where it is connected, for CancelRequests.
+    pub addr: ServerAddr,
+    /// Every ParameterStatus the server reported, kept current by the relay.
+    pub params: Vec<(String, String)>,
+    pub created: Instant,
+    /// When it last went idle.
+    pub last_used: Instant,
+    /// The pool generation it was made in; older ones are closed on release (reload,
+    /// RECONNECT).
+    pub generation: u64,
+    /// Set when the connection must not be reused (protocol desync, close request).
+    pub close_needed: bool,
+    pub(crate) _slot: SlotToken,
+}
+
+impl ServerConn {
+    /// The current value of a reported parameter.
+    pub fn param(&self, name: &str) -> Option<&str> {
+        self.params
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Records a ParameterStatus.
+    pub fn set_param(&mut self, name: &str, value: &str) {
+        match self
+            .params
+            .iter_mut()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        {
+            Some((_, v)) => {
+                v.clear();
+                v.push_str(value);
+            }
+            None => self.params.push((name.to_owned(), value.to_owned())),
+        }
+    }
+
+    /// Whether its age or idle time passed the pool's limits.
+    pub fn expired(&self, cfg: &PoolConfig, now: Instant) -> bool {
+        (!cfg.server_lifetime.is_zero() && now.duration_since(self.created) >= cfg.server_lifetime)
+            || (!cfg.server_idle_timeout.is_zero()
+                && now.duration_since(self.last_used) >= cfg.server_idle_timeout)
+    }
+
+    /// Runs a simple query whose output is not wanted (reset query, SETs), keeping
+    /// ParameterStatus current. Fails on an ErrorResponse or a broken connection.
+    pub async fn run_internal(&mut self, sql: &str, timeout: Duration) -> Result<(), PoolError> {
+        let fut = async {
+            let mut out = BytesMut::with_capacity(sql.len() + 6);
+            frontend::query(&mut out, sql);
+            self.stream.write_all(&out).await.map_err(PoolError::io)?;
+            let mut buf = BytesMut::with_capacity(512);
+            let mut failed = None;
+            loop {
+                let (tag, body) = read_message(&self.stream, &mut buf, LOGIN_MAX_LEN)
+                    .await
+                    .map_err(read_err)?;
+                match tag {
+                    header::TAG_READY_FOR_QUERY => break,
+                    header::TAG_ERROR_RESPONSE => failed = parse_error_fields(&body).ok(),
+                    header::TAG_PARAMETER_STATUS => {
+                        if let Ok((k, v)) = parse_parameter_status(&body) {
+                            let (k, v) = (k.to_owned(), v.to_owned());
+                            self.set_param(&k, &v);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if !buf.is_empty() {
+                return Err(PoolError::Protocol("unexpected bytes after ReadyForQuery"));
+            }
+            match failed {
+                Some(e) => Err(PoolError::Server(e)),
+                None => Ok(()),
+            }
+        };
+        match tokio::time::timeout(timeout, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(PoolError::Timeout("internal query timed out")),
+        }
+    }
+}
+
+fn read_err(e: ReadError) -> PoolError {
+    match e {
+        ReadError::Io(e) => PoolError::io(e),
+        ReadError::Eof => PoolError::Closed,
+        ReadError::Protocol(_) => PoolError::Protocol("malformed message from server"),
+    }
+}
+
+/// Opens a socket to the server with `server_connect_timeout`.
+async fn open(addr: &ServerAddr, timeout: Duration) -> Result<Stream, PoolError> {
+    let fut = async {
+        match addr {
+            ServerAddr::Tcp(host, port) => {
+                let s = TcpStream::connect((host.as_str(), *port)).await?;
+                s.set_nodelay(true)?;
+                Ok::<_, std::io::Error>(Stream::Tcp(s))
+            }
+            ServerAddr::Unix(dir, port) => {
+                let path = crate::net::listener::unix_socket_path(dir, *port);
+                Ok(Stream::Unix(UnixStream::connect(path).await?))
+            }
+        }
+    };
+    let limit = if timeout.is_zero() {
+        Duration::from_secs(3600)
+    } else {
+        timeout
+    };
+    match tokio::time::timeout(limit, fut).await {
+        Ok(Ok(s)) => Ok(s),
+        Ok(Err(e)) => Err(PoolError::Connect(format!("{addr}: {e}"))),
+        Err(_) => Err(PoolError::Connect(format!("{addr}: connect timed out"))),
+    }
+}
+
+/// Connects and logs in a new server connection.
+pub(crate) async fn connect(
+    cfg: &PoolConfig,
+    scram_keys: Option<ScramKeys>,
+    id: u64,
+    generation: u64,
+    slot: SlotToken,
+) -> Result<ServerConn, PoolError> {
+    let stream = open(&cfg.addr, cfg.server_connect_timeout).await?;
+    let mut out = BytesMut::with_capacity(256);
+    let mut params: Vec<(&str, &str)> = vec![("user", &cfg.user), ("database", &cfg.dbname)];
+    for (k, v) in &cfg.startup {
+        params.push((k, v));
+    }
+    frontend::startup_message(&mut out, &params);
+    stream.write_all(&out).await.map_err(PoolError::io)?;
+
+    let login = LoginState {
+        cfg,
+        scram_keys,
+        scram: None,
+    };
+    let limit = if cfg.server_connect_timeout.is_zero() {
+        Duration::from_secs(3600)
+    } else {
+        cfg.server_connect_timeout
+    };
+    let (pid, key, server_params) = match tokio::time::timeout(limit, login.run(&stream)).await {
+        Ok(r) => r?,
+        Err(_) => return Err(PoolError::Connect(format!("{}: login timed out", cfg.addr))),
+    };
+    let now = Instant::now();
+    let mut conn = ServerConn {
+        stream,
+        id,
+        backend_pid: pid,
+        backend_key: key,
+        addr: cfg.addr.clone(),
+        params: server_params,
+        created: now,
+        last_used: now,
+        generation,
+        close_needed: false,
+        _slot: slot,
+    };
+    if let Some(q) = &cfg.connect_query {
+        conn.run_internal(q, limit).await?;
+    }
+    Ok(conn)
+}
+
+struct LoginState<'a> {
+    cfg: &'a PoolConfig,
+    scram_keys: Option<ScramKeys>,
+    scram: Option<ScramClient>,
+}
+
+impl LoginState<'_> {
+    async fn run(
+        mut self,
+        stream: &Stream,
+    ) -> Result<(u32, u32, Vec<(String, String)>), PoolError> {
+        let mut buf = BytesMut::with_capacity(1024);
+        let mut out = BytesMut::with_capacity(256);
+        let (mut pid, mut key) = (0, 0);
+        let mut params = Vec::new();
+        loop {
+            let (tag, mut body) = read_message(stream, &mut buf, LOGIN_MAX_LEN)
+                .await
+                .map_err(read_err)?;
+            match tag {
+                header::TAG_AUTHENTICATION => {
+                    if body.len() < 4 {
+                        return Err(PoolError::Protocol("short authentication message"));
+                    }
+                    let code = body.get_u32();
+                    out.clear();
+                    self.answer_auth(code, &body, &mut out)?;
+                    if !out.is_empty() {
+                        stream.write_all(&out).await.map_err(PoolError::io)?;
+                    }
+                }
+                header::TAG_ERROR_RESPONSE => {
+                    let e = parse_error_fields(&body).unwrap_or_else(|_| ErrorFields {
+                        severity: "FATAL".into(),
+                        code: "08P01".into(),
+                        message: "malformed error from server".into(),
+                    });
+                    return Err(PoolError::Server(e));
+                }
+                header::TAG_PARAMETER_STATUS => {
+                    let (k, v) = parse_parameter_status(&body)
+                        .map_err(|_| PoolError::Protocol("malformed ParameterStatus"))?;
+                    params.push((k.to_owned(), v.to_owned()));
+                }
+                header::TAG_BACKEND_KEY_DATA => {
+                    if body.len() < 8 {
+                        return Err(PoolError::Protocol("short BackendKeyData"));
+                    }
+                    pid = body.get_u32();
+                    key = body.get_u32();
+                }
+                header::TAG_READY_FOR_QUERY => {
+                    if !buf.is_empty() {
+                        return Err(PoolError::Protocol("unexpected bytes after ReadyForQuery"));
+                    }
+                    return Ok((pid, key, params));
+                }
+                header::TAG_NOTICE_RESPONSE | header::TAG_NEGOTIATE_PROTOCOL_VERSION => {}
+                _ => {
+                    return Err(PoolError::Protocol(
+                        "unexpected message during server login",
+                    ))
+                }
+            }
+        }
+    }
+
+    /// Answers one authentication request into `out` (left empty for AuthenticationOk).
+    fn answer_auth(&mut self, code: u32, body: &[u8], out: &mut BytesMut) -> Result<(), PoolError> {
+        let cfg = self.cfg;
+        match code {
+            0 => Ok(()),
+            3 => match &cfg.secret {
+                Some(Secret::Plain(p)) => {
+                    frontend::password_message(out, p);
+                    Ok(())
+                }
+                _ => Err(PoolError::Auth(
+                    "server asked for a cleartext password but none is configured",
+                )),
+            },
+            5 => {
+                if body.len() < 4 {
+                    return Err(PoolError::Protocol("short md5 salt"));
+                }
+                let salt = [body[0], body[1], body[2], body[3]];
+                let resp = cfg
+                    .secret
+                    .as_ref()
+                    .and_then(|s| md5_response(&cfg.user, s, salt))
+                    .ok_or(PoolError::Auth(
+                        "server asked for md5 but no usable password is configured",
+                    ))?;
+                frontend::password_message(out, &resp);
+                Ok(())
+            }
+            10 => {
+                let offers_scram = body.split(|&b| b == 0).any(|m| m == b"SCRAM-SHA-256");
+                if !offers_scram {
+                    return Err(PoolError::Auth("server offers no supported SASL mechanism"));
+                }
+                let cred = match (&cfg.secret, self.scram_keys) {
+                    (Some(Secret::Plain(p)), _) => ScramCredential::Password(p.clone()),
+                    (_, Some(k)) => ScramCredential::Keys { client_key: k.client_key, server_key: k.server_key },
+                    (Some(Secret::Scram(_)), None) => {
+                        return Err(PoolError::Auth(
+                            "cannot do SCRAM authentication: password is SCRAM secret but client authentication did not provide SCRAM keys",
+                        ))
+                    }
+                    _ => return Err(PoolError::Auth("server asked for SCRAM but no usable password is configured")),
+                };
+                let client = ScramClient::new(cred);
+                frontend::sasl_initial_response(out, "SCRAM-SHA-256", &client.client_first());
+                self.scram = Some(client);
+                Ok(())
+            }
+            11 => {
+                let scram = self
+                    .scram
+                    .as_mut()
+                    .ok_or(PoolError::Protocol("SASLContinue without SASL"))?;
+                let msg = scram
+                    .handle_server_first(body)
+                    .map_err(|_| PoolError::Auth("SCRAM exchange with the server failed"))?;
+                frontend::sasl_response(out, &msg);
+                Ok(())
+            }
+            12 => {
+                let scram = self
+                    .scram
+                    .as_ref()
+                    .ok_or(PoolError::Protocol("SASLFinal without SASL"))?;
+                scram
+                    .verify_server_final(body)
+                    .map_err(|_| PoolError::Auth("server's SCRAM signature is invalid"))
+            }
+            _ => Err(PoolError::Auth(
+                "server asked for an unsupported authentication method",
+            )),
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! A pool slot: the right to hold one server connection.
+//!
+//! Every server connection, and every connection attempt in progress, owns exactly one
+//! [`SlotToken`]. Dropping the token frees the slot, and a freed slot goes straight to
+//! the oldest waiter, so the pool's count can never leak, whatever path drops a
+//! connection (error, client vanishing mid-connect, shutdown).
+
+use std::sync::Arc;
+
+use super::{Grant, Pool};
+
+/// Ownership of one counted slot in a pool.
+#[derive(Debug)]
+pub(crate) struct SlotToken {
+    pool: Option<Arc<Pool>>,
+}
+
+impl SlotToken {
+    /// A token for a slot already counted in `pool`'s total.
+    pub(crate) fn counted(pool: Arc<Pool>) -> SlotToken {
+        SlotToken { pool: Some(pool) }
+    }
+
+    /// Takes the slot out without freeing it (it is being handed over).
+    fn take(&mut self) -> Option<Arc<Pool>> {
+        self.pool.take()
+    }
+}
+
+impl Drop for SlotToken {
+    fn drop(&mut self) {
+        let Some(pool) = self.take() else { return };
+        // Hand the slot to the oldest live waiter; only when none is left does the
+        // count go down.
+        loop {
+            let waiter = {
+                let mut st = pool.lock_state();
+                match st.waiters.pop_front() {
+                    Some(w) => w,
+                    None => {
+                        st.total = st.total.saturating_sub(1);
+                        return;
+                    }
+                }
+            };
+            match waiter.send(Grant::Slot(SlotToken::counted(pool.clone()))) {
+                Ok(()) => return,
+                Err(Grant::Slot(mut tok)) => {
+                    // That waiter gave up; the slot is still ours to place.
+                    tok.take();
+                }
+                Err(Grant::Server(_)) => return,
+            }
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! Where a pool's server connections go and how they log in, derived from the config.
+
+use std::time::Duration;
+
+use crate::auth::Secret;
+use crate::config::{Config, DatabaseEntry, PoolMode};
+
+/// How to reach the PostgreSQL server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerAddr {
+    /// Host name or IP, and port.
+    Tcp(String, u16),
+    /// A socket directory and port (`<dir>/.s.PGSQL.<port>`).
+    Unix(String, u16),
+}
+
+impl std::fmt::Display for ServerAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ServerAddr::Tcp(h, p) => write!(f, "{h}:{p}"),
+            ServerAddr::Unix(d, p) => write!(f, "unix:{d}/.s.PGSQL.{p}"),
+        }
+    }
+}
+
+/// Everything a pool needs to open and manage its server connections. One immutable
+/// snapshot per pool, replaced on reload.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    pub addr: ServerAddr,
+    /// Server-side database name.
+    pub dbname: String,
+    /// Server-side user name.
+    pub user: String,
+    /// The secret to log in with: the database entry's password, else the userlist's.
+    pub secret: Option<Secret>,
+    /// Extra startup parameters from the database entry (client_encoding, datestyle ...).
+    pub startup: Vec<(String, String)>,
+    pub connect_query: Option<String>,
+    pub pool_mode: PoolMode,
+    /// 0 = unlimited.
+    pub pool_size: u32,
+    pub server_reset_query: String,
+    pub server_reset_query_always: bool,
+    pub server_lifetime: Duration,
+    pub server_idle_timeout: Duration,
+    pub server_connect_timeout: Duration,
+    pub server_login_retry: Duration,
+    pub query_wait_timeout: Duration,
+    pub server_round_robin: bool,
+}
+
+impl PoolConfig {
+    /// Builds the pool settings for `db` (already resolved, fallback included) and the
+    /// client's `user`.
+    pub fn new(cfg: &Config, db: &DatabaseEntry, client_db: &str, user: &str) -> PoolConfig {
+        let s = &cfg.settings;
+        let user_entry = cfg.users.get(user);
+        let server_user = db.user.clone().unwrap_or_else(|| user.to_owned());
+        let secret = match (&db.user, &db.password) {
+            (Some(_), Some(p)) => Some(Secret::parse(p)),
+            _ => cfg.userlist.get(&server_user).map(|p| Secret::parse(p)),
+        };
+        let port = db.port;
+        let addr = match db
+            .host
+            .as_deref()
+            .map(|h| h.split(',').next().unwrap_or("").trim())
+        {
+            Some(h) if !h.is_empty() && !h.starts_with('/') => ServerAddr::Tcp(h.to_owned(), port),
+            Some(dir) if !dir.is_empty() => ServerAddr::Unix(dir.to_owned(), port),
+            _ => ServerAddr::Unix(default_socket_dir(&s.unix_socket_dir), port),
+        };
+        let mut startup = Vec::new();
+        for (k, v) in [
+            ("client_encoding", &db.client_encoding),
+            ("datestyle", &db.datestyle),
+            ("timezone", &db.timezone),
+            ("application_name", &db.application_name),
+        ] {
+            if let Some(v) = v {
+                startup.push((k.to_owned(), v.clone()));
+            }
+        }
+        PoolConfig {
+            addr,
+            dbname: db.dbname.clone().unwrap_or_else(|| client_db.to_owned()),
+            user: server_user,
+            secret,
+            startup,
+            connect_query: db.connect_query.clone(),
+            pool_mode: user_entry
+                .and_then(|u| u.pool_mode)
+                .or(db.pool_mode)
+                .unwrap_or(s.pool_mode),
+            pool_size: user_entry
+                .and_then(|u| u.pool_size)
+                .or(db.pool_size)
+                .unwrap_or(s.default_pool_size),
+            server_reset_query: s.server_reset_query.clone(),
+            server_reset_query_always: s.server_reset_query_always,
+            server_lifetime: db.server_lifetime.unwrap_or(s.server_lifetime),
+            server_idle_timeout: s.server_idle_timeout,
+            server_connect_timeout: s.server_connect_timeout,
+            server_login_retry: s.server_login_retry,
+            query_wait_timeout: s.query_wait_timeout,
+            server_round_robin: s.server_round_robin,
+        }
+    }
+
+    /// Whether a change from `self` to `new` makes existing server connections unusable.
+    pub fn needs_reconnect(&self, new: &PoolConfig) -> bool {
+        self.addr != new.addr
+            || self.dbname != new.dbname
+            || self.user != new.user
+            || self.secret != new.secret
+            || self.startup != new.startup
+            || self.connect_query != new.connect_query
+    }
+}
+
+/// PgBouncer uses its own `unix_socket_dir` for servers without a host; with that
+/// disabled, fall back to libpq's usual directory.
+fn default_socket_dir(dir: &str) -> String {
+    if dir.is_empty() {
+        "/var/run/postgresql".to_owned()
+    } else {
+        dir.to_owned()
+    }
+}

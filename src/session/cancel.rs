@@ -1,0 +1,117 @@
+//! Cancel keys: each client gets its own (pid, key) at login; a CancelRequest carrying
+//! it is forwarded to the backend currently serving that client, and ignored otherwise.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::net::{TcpStream, UnixStream};
+
+use crate::net::listener::unix_socket_path;
+use crate::net::Stream;
+use crate::pool::ServerAddr;
+use crate::protocol::startup::cancel_request;
+
+/// The backend a client is linked to right now, if any.
+#[derive(Debug, Default)]
+pub struct CancelTarget {
+    linked: Mutex<Option<(ServerAddr, u32, u32)>>,
+}
+
+impl CancelTarget {
+    /// Records the server the client now uses (None when unlinked).
+    pub fn set(&self, target: Option<(ServerAddr, u32, u32)>) {
+        *self.linked.lock().unwrap_or_else(|p| p.into_inner()) = target;
+    }
+
+    fn get(&self) -> Option<(ServerAddr, u32, u32)> {
+        self.linked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// All live client cancel keys.
+#[derive(Debug, Default)]
+pub struct CancelRegistry {
+    map: Mutex<HashMap<(u32, u32), Arc<CancelTarget>>>,
+}
+
+/// Removes a client's key from the registry when the client goes away.
+#[derive(Debug)]
+pub struct CancelKeyGuard<'a> {
+    registry: &'a CancelRegistry,
+    pub pid: u32,
+    pub key: u32,
+    pub target: Arc<CancelTarget>,
+}
+
+impl Drop for CancelKeyGuard<'_> {
+    fn drop(&mut self) {
+        self.registry.lock().remove(&(self.pid, self.key));
+    }
+}
+
+impl CancelRegistry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(u32, u32), Arc<CancelTarget>>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Issues a fresh random key for a new client.
+    pub fn register(&self) -> CancelKeyGuard<'_> {
+        let target = Arc::new(CancelTarget::default());
+        let mut map = self.lock();
+        loop {
+            let (pid, key) = (rand::random::<u32>() & 0x7fff_ffff, rand::random::<u32>());
+            if let std::collections::hash_map::Entry::Vacant(e) = map.entry((pid, key)) {
+                e.insert(target.clone());
+                return CancelKeyGuard {
+                    registry: self,
+                    pid,
+                    key,
+                    target,
+                };
+            }
+        }
+    }
+
+    /// Forwards a cancel for (pid, key) if it names a client that holds a server.
+    /// Returns whether a cancel was sent.
+    pub async fn cancel(&self, pid: u32, key: u32, connect_timeout: Duration) -> bool {
+        let target = self.lock().get(&(pid, key)).cloned();
+        let Some((addr, spid, skey)) = target.and_then(|t| t.get()) else {
+            return false;
+        };
+        let send = async {
+            let stream = match &addr {
+                ServerAddr::Tcp(h, p) => Stream::Tcp(TcpStream::connect((h.as_str(), *p)).await?),
+                ServerAddr::Unix(d, p) => {
+                    Stream::Unix(UnixStream::connect(unix_socket_path(d, *p)).await?)
+                }
+            };
+            stream.write_all(&cancel_request(spid, skey)).await?;
+            // PostgreSQL closes after reading the request; wait for that so the
+            // cancel is delivered before we report success.
+            let mut buf = bytes::BytesMut::with_capacity(16);
+            let _ = stream.read_buf(&mut buf).await;
+            Ok::<_, std::io::Error>(())
+        };
+        let limit = if connect_timeout.is_zero() {
+            Duration::from_secs(15)
+        } else {
+            connect_timeout
+        };
+        match tokio::time::timeout(limit, send).await {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                tracing::warn!("cancel request to {addr} failed: {e}");
+                false
+            }
+            Err(_) => {
+                tracing::warn!("cancel request to {addr} timed out");
+                false
+            }
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! Follows message boundaries in a relayed byte stream that arrives in arbitrary chunks,
+//! looking only at headers, without copying bodies (except the few it must read).
+//!
+//! The relay forwards each chunk as it came; the framer only reports where messages
+//! start and, for messages it asked to capture, their bodies.
+
+use crate::protocol::header::HEADER_LEN;
+use crate::protocol::ProtocolError;
+
+/// What to do with a message's body, decided when its header is seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Body {
+    /// Let it stream past.
+    Skip,
+    /// Deliver the whole body in [`Event::Complete`] (small messages only).
+    Capture,
+}
+
+/// Something the framer saw.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// A message header. `at` is the header's offset in this chunk, or `None` when the
+    /// header began in an earlier chunk.
+    Start {
+        tag: u8,
+        len: usize,
+        at: Option<usize>,
+    },
+    /// The body of a captured message.
+    Complete { tag: u8, body: &'a [u8] },
+}
+
+/// Largest body the framer will capture; bigger captured messages are skipped.
+const MAX_CAPTURE: usize = 64 * 1024;
+
+/// Per-direction framing state. Cheap: a few words plus a capture buffer that is
+/// allocated only when a captured message spans chunks.
+#[derive(Debug, Default)]
+pub struct Framer {
+    header: [u8; HEADER_LEN],
+    header_len: usize,
+    /// Body bytes still to come for the current message.
+    remaining: usize,
+    tag: u8,
+    capturing: bool,
+    capture: Vec<u8>,
+}
+
+impl Framer {
+    /// Whether the stream is at a message boundary.
+    pub fn at_boundary(&self) -> bool {
+        self.header_len == 0 && self.remaining == 0
+    }
+
+    /// Feeds one chunk. `on` is called for each event and returns the body treatment
+    /// for `Start` events (ignored for others). `max_len` bounds the length field.
+    pub fn feed<F>(&mut self, data: &[u8], max_len: u32, mut on: F) -> Result<(), ProtocolError>
+    where
+        F: FnMut(Event<'_>) -> Body,
+    {
+        let mut pos = 0;
+        while pos < data.len() {
+            if self.remaining > 0 {
+                let take = self.remaining.min(data.len() - pos);
+                if self.capturing {
+                    self.capture.extend_from_slice(&data[pos..pos + take]);
+                }
+                self.remaining -= take;
+                pos += take;
+                if self.remaining == 0 && self.capturing {
+                    self.capturing = false;
+                    let body = std::mem::take(&mut self.capture);
+                    on(Event::Complete {
+                        tag: self.tag,
+                        body: &body,
+                    });
+                    self.capture = body;
+                    self.capture.clear();
+                }
+                continue;
+            }
+            // At a header: fast path when the whole header is in this chunk.
+            let start = pos;
+            let (tag, len, at) = if self.header_len == 0 && data.len() - pos >= HEADER_LEN {
+                let h = &data[pos..pos + HEADER_LEN];
+                pos += HEADER_LEN;
+                (
+                    h[0],
+                    u32::from_be_bytes([h[1], h[2], h[3], h[4]]),
+                    Some(start),
+                )
+            } else {
+                let take = (HEADER_LEN - self.header_len).min(data.len() - pos);
+                self.header[self.header_len..self.header_len + take]
+                    .copy_from_slice(&data[pos..pos + take]);
+                let began_here = self.header_len == 0;
+                self.header_len += take;
+                pos += take;
+                if self.header_len < HEADER_LEN {
+                    continue;
+                }
+                self.header_len = 0;
+                let h = self.header;
+                (
+                    h[0],
+                    u32::from_be_bytes([h[1], h[2], h[3], h[4]]),
+                    began_here.then_some(start),
+                )
+            };
+            if len < 4 || len > max_len {
+                return Err(ProtocolError::BadLength(len as usize));
+            }
+            let body_len = len as usize - 4;
+            self.tag = tag;
+            let want = on(Event::Start {
+                tag,
+                len: body_len,
+                at,
+            });
+            if want == Body::Capture && body_len <= MAX_CAPTURE {
+                if data.len() - pos >= body_len {
+                    on(Event::Complete {
+                        tag,
+                        body: &data[pos..pos + body_len],
+                    });
+                    pos += body_len;
+                    continue;
+                }
+                self.capturing = true;
+                self.capture.clear();
+                self.capture.reserve(body_len);
+            }
+            self.remaining = body_len;
+            if body_len == 0 && self.capturing {
+                self.capturing = false;
+                on(Event::Complete { tag, body: &[] });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut v = vec![tag];
+        v.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+        v.extend_from_slice(body);
+        v
+    }
+
+    /// Feeds `stream` split at `cut` and records (tag, captured body) pairs.
+    fn run(stream: &[u8], cuts: &[usize]) -> Vec<(u8, Option<Vec<u8>>)> {
+        let mut f = Framer::default();
+        let mut seen = Vec::new();
+        let mut last = 0;
+        for &c in cuts.iter().chain(std::iter::once(&stream.len())) {
+            f.feed(&stream[last..c], 1 << 20, |e| match e {
+                Event::Start { tag, .. } => {
+                    seen.push((tag, None));
+                    if tag == b'Z' || tag == b'S' {
+                        Body::Capture
+                    } else {
+                        Body::Skip
+                    }
+                }
+                Event::Complete { body, .. } => {
+                    if let Some(last) = seen.last_mut() {
+                        last.1 = Some(body.to_vec());
+                    }
+                    Body::Skip
+                }
+            })
+            .unwrap();
+            last = c;
+        }
+        assert!(f.at_boundary());
+        seen
+    }
+
+    #[test]
+    fn same_events_at_every_split_point() {
+        let mut s = msg(b'D', b"row data here");
+        s.extend(msg(b'S', b"TimeZone\0UTC\0"));
+        s.extend(msg(b'C', b"SELECT 1\0"));
+        s.extend(msg(b'Z', b"I"));
+        s.extend(msg(b'I', b""));
+        let whole = run(&s, &[]);
+        assert_eq!(whole.len(), 5);
+        assert_eq!(whole[1].1.as_deref(), Some(&b"TimeZone\0UTC\0"[..]));
+        assert_eq!(whole[3].1.as_deref(), Some(&b"I"[..]));
+        for a in 0..s.len() {
+            assert_eq!(run(&s, &[a]), whole, "split at {a}");
+            for b in a..s.len() {
+                assert_eq!(run(&s, &[a, b]), whole, "split at {a},{b}");
+            }
+        }
+    }
+
+    #[test]
+    fn reports_header_offsets() {
+        let mut s = msg(b'Q', b"x\0");
+        s.extend(msg(b'X', b""));
+        let mut f = Framer::default();
+        let mut ats = Vec::new();
+        f.feed(&s, 100, |e| {
+            if let Event::Start { at, .. } = e {
+                ats.push(at);
+            }
+            Body::Skip
+        })
+        .unwrap();
+        assert_eq!(ats, vec![Some(0), Some(7)]);
+    }
+
+    #[test]
+    fn rejects_bad_lengths() {
+        let mut f = Framer::default();
+        assert!(f.feed(b"Q\0\0\0\x02", 100, |_| Body::Skip).is_err());
+        let mut f = Framer::default();
+        assert!(f.feed(b"Q\0\0\x10\0", 100, |_| Body::Skip).is_err());
+    }
+}

@@ -1,0 +1,368 @@
+//! Client login: the startup packet (with SSL/GSS refusals and CancelRequest), startup
+//! parameters, database lookup, and authentication by `auth_type`.
+
+use std::sync::Arc;
+
+use bytes::{Buf, BytesMut};
+
+use super::params::ClientParams;
+use super::ClientError;
+use crate::app::App;
+use crate::auth::{verify_md5, ScramServer, Secret};
+use crate::config::{AuthType, Config, DatabaseEntry};
+use crate::net::framed::{read_message, ReadError};
+use crate::net::Stream;
+use crate::pool::{Pool, PoolConfig, PoolKey, ScramKeys};
+use crate::protocol::backend::{
+    self, authentication, AUTH_CLEARTEXT, AUTH_MD5, AUTH_SASL_CONTINUE, AUTH_SASL_FINAL,
+};
+use crate::protocol::header::TAG_PASSWORD;
+use crate::protocol::sqlstate::*;
+use crate::protocol::startup::{self, StartupPacket};
+
+/// Largest password or SASL message accepted from a client before it is logged in.
+const AUTH_MAX_LEN: u32 = 65_536;
+
+/// A logged-in client's identity.
+#[derive(Debug)]
+pub struct LoggedIn {
+    pub user: String,
+    pub database: String,
+    pub pool: Arc<Pool>,
+    pub params: ClientParams,
+}
+
+/// What the startup phase produced.
+pub enum Startup {
+    /// A client that wants a session.
+    Login {
+        minor: u16,
+        params: Vec<(String, String)>,
+    },
+    /// A cancel request, already handled; close the socket.
+    Cancel,
+}
+
+/// Reads startup-family packets until a StartupMessage or CancelRequest arrives,
+/// refusing SSL and GSS encryption.
+pub async fn read_startup(
+    app: &App,
+    stream: &Stream,
+    buf: &mut BytesMut,
+) -> Result<Startup, ClientError> {
+    loop {
+        let len = loop {
+            match startup::packet_len(buf) {
+                Ok(Some(len)) if buf.len() >= len => break len,
+                Ok(Some(len)) => buf.reserve(len - buf.len()),
+                Ok(None) => buf.reserve(64),
+                Err(e) => {
+                    return Err(ClientError::fatal(
+                        PROTOCOL_VIOLATION,
+                        format!("bad startup packet: {e}"),
+                    ))
+                }
+            }
+            if stream.read_buf(buf).await.map_err(ClientError::Io)? == 0 {
+                return Err(ClientError::Gone);
+            }
+        };
+        let packet = buf.split_to(len);
+        match startup::parse(&packet) {
+            Ok(StartupPacket::Ssl) | Ok(StartupPacket::GssEnc) => {
+                if !buf.is_empty() {
+                    // Bytes after an encryption request would be read as plaintext.
+                    return Err(ClientError::fatal(
+                        PROTOCOL_VIOLATION,
+                        "unexpected data after encryption request".into(),
+                    ));
+                }
+                stream.write_all(b"N").await.map_err(ClientError::Io)?;
+            }
+            Ok(StartupPacket::Cancel { pid, key }) => {
+                let timeout = app.config().settings.server_connect_timeout;
+                app.cancels.cancel(pid, key, timeout).await;
+                return Ok(Startup::Cancel);
+            }
+            Ok(StartupPacket::Startup { minor, params }) => {
+                return Ok(Startup::Login { minor, params })
+            }
+            Err(e) => {
+                return Err(ClientError::fatal(
+                    PROTOCOL_VIOLATION,
+                    format!("bad startup packet: {e}"),
+                ))
+            }
+        }
+    }
+}
+
+/// Checks the startup parameters, finds the database, authenticates the client and
+/// returns its pool. Writes NegotiateProtocolVersion and AuthenticationOk to `out`
+/// (flushed along the way).
+pub async fn login(
+    app: &App,
+    stream: &Stream,
+    buf: &mut BytesMut,
+    minor: u16,
+    startup_params: Vec<(String, String)>,
+) -> Result<LoggedIn, ClientError> {
+    let cfg = app.config();
+    let s = &cfg.settings;
+    let mut out = BytesMut::with_capacity(256);
+
+    let mut user = None;
+    let mut database = None;
+    let mut params = ClientParams::new(&s.track_extra_parameters);
+    let mut protocol_options = Vec::new();
+    for (k, v) in &startup_params {
+        match k.as_str() {
+            "user" => user = Some(v.clone()),
+            "database" => database = Some(v.clone()),
+            k if k.starts_with("_pq_.") => protocol_options.push(k.to_owned()),
+            k if params.tracked_name(k).is_some() => params.set(k, v),
+            k if s
+                .ignore_startup_parameters
+                .iter()
+                .any(|i| i.eq_ignore_ascii_case(k)) => {}
+            // libpq sends an empty `options` only when set; an empty one is harmless.
+            "options" if v.trim().is_empty() => {}
+            k => {
+                return Err(ClientError::fatal(
+                    PROTOCOL_VIOLATION,
+                    format!("unsupported startup parameter: {k}"),
+                ));
+            }
+        }
+    }
+    if minor > 0 || !protocol_options.is_empty() {
+        let opts: Vec<&str> = protocol_options.iter().map(String::as_str).collect();
+        backend::negotiate_protocol_version(&mut out, 0, &opts);
+    }
+    let user = match user {
+        Some(u) if !u.is_empty() => u,
+        _ => {
+            return Err(ClientError::fatal(
+                PROTOCOL_VIOLATION,
+                "no username supplied".into(),
+            ))
+        }
+    };
+    let database = database
+        .filter(|d| !d.is_empty())
+        .unwrap_or_else(|| user.clone());
+    if database == "pgbouncer" {
+        return Err(ClientError::fatal(
+            FEATURE_NOT_SUPPORTED,
+            "the admin console is not available in this version of Sluice".into(),
+        ));
+    }
+    let db = cfg
+        .databases
+        .get(&database)
+        .or(cfg.fallback_database.as_ref())
+        .ok_or_else(|| {
+            ClientError::fatal(
+                INVALID_CATALOG_NAME,
+                format!("no such database: {database}"),
+            )
+        })?
+        .clone();
+
+    let keys = authenticate(&cfg, &db, stream, buf, &mut out, &user).await?;
+
+    let pool_user = match s.auth_type {
+        AuthType::Any => db.user.clone().unwrap_or_else(|| user.clone()),
+        _ => user.clone(),
+    };
+    let key = PoolKey {
+        database: database.clone(),
+        user: pool_user.clone(),
+    };
+    let pool = app
+        .pools
+        .get_or_create(&key, || PoolConfig::new(&cfg, &db, &database, &pool_user));
+    if let Some(k) = keys {
+        pool.set_scram_keys(k);
+    }
+    backend::authentication(&mut out, backend::AUTH_OK, &[]);
+    stream.write_all(&out).await.map_err(ClientError::Io)?;
+    Ok(LoggedIn {
+        user,
+        database,
+        pool,
+        params,
+    })
+}
+
+/// Runs the `auth_type` exchange. Returns SCRAM keys when the client proved itself with
+/// SCRAM against a stored SCRAM secret (usable for logging in to the server).
+async fn authenticate(
+    cfg: &Config,
+    db: &DatabaseEntry,
+    stream: &Stream,
+    buf: &mut BytesMut,
+    out: &mut BytesMut,
+    user: &str,
+) -> Result<Option<ScramKeys>, ClientError> {
+    let s = &cfg.settings;
+    let secret = cfg.userlist.get(user).map(|p| Secret::parse(p));
+    let failed = || ClientError::fatal(INVALID_PASSWORD, "password authentication failed".into());
+    match s.auth_type {
+        AuthType::Any => {
+            if db.user.is_none() {
+                tracing::warn!("auth_type=any needs a forced user= on database {}", db.name);
+            }
+            Ok(None)
+        }
+        AuthType::Trust => secret.map(|_| None).ok_or_else(failed),
+        AuthType::Plain => {
+            authentication(out, AUTH_CLEARTEXT, &[]);
+            let password = read_password(stream, buf, out).await?;
+            let Some(secret) = secret else {
+                return Err(failed());
+            };
+            if check_plain(user, &secret, &password).await {
+                Ok(None)
+            } else {
+                Err(failed())
+            }
+        }
+        AuthType::Md5 if !matches!(secret, Some(Secret::Scram(_))) => {
+            let salt: [u8; 4] = rand::random();
+            authentication(out, AUTH_MD5, &salt);
+            let response = read_password(stream, buf, out).await?;
+            match secret {
+                Some(secret) if verify_md5(user, &secret, salt, &response) => Ok(None),
+                _ => Err(failed()),
+            }
+        }
+        AuthType::Md5 | AuthType::ScramSha256 => {
+            scram(stream, buf, out, user, secret, s.scram_iterations).await
+        }
+        AuthType::Unsupported(name) => Err(ClientError::fatal(
+            FEATURE_NOT_SUPPORTED,
+            format!("auth_type {name} is not supported by Sluice"),
+        )),
+    }
+}
+
+/// Compares a cleartext password with any kind of stored secret.
+async fn check_plain(user: &str, secret: &Secret, password: &str) -> bool {
+    match secret {
+        Secret::Plain(p) => crate::auth::ct_eq(p.as_bytes(), password.as_bytes()),
+        Secret::Md5(m) => crate::auth::md5_secret(user, password) == *m,
+        Secret::Scram(sc) => {
+            let (sc, password) = (sc.clone(), password.to_owned());
+            // PBKDF2 is slow on purpose: keep it off the async workers.
+            tokio::task::spawn_blocking(move || {
+                let derived =
+                    crate::auth::scram_secret_from_password(&password, &sc.salt, sc.iterations);
+                matches!(Secret::parse(&derived), Secret::Scram(d) if d == sc)
+            })
+            .await
+            .unwrap_or(false)
+        }
+    }
+}
+
+/// Sends `out` and reads one PasswordMessage, returning its NUL-terminated string.
+async fn read_password(
+    stream: &Stream,
+    buf: &mut BytesMut,
+    out: &mut BytesMut,
+) -> Result<String, ClientError> {
+    let body = exchange(stream, buf, out).await?;
+    let end = body.iter().position(|&b| b == 0).unwrap_or(body.len());
+    String::from_utf8(body[..end].to_vec())
+        .map_err(|_| ClientError::fatal(PROTOCOL_VIOLATION, "invalid password packet".into()))
+}
+
+/// Flushes `out`, then reads the client's next PasswordMessage body.
+async fn exchange(
+    stream: &Stream,
+    buf: &mut BytesMut,
+    out: &mut BytesMut,
+) -> Result<BytesMut, ClientError> {
+    stream.write_all(out).await.map_err(ClientError::Io)?;
+    out.clear();
+    match read_message(stream, buf, AUTH_MAX_LEN).await {
+        Ok((TAG_PASSWORD, body)) => Ok(body),
+        Ok(_) => Err(ClientError::fatal(
+            PROTOCOL_VIOLATION,
+            "expected password response".into(),
+        )),
+        Err(ReadError::Eof) => Err(ClientError::Gone),
+        Err(ReadError::Io(e)) => Err(ClientError::Io(e)),
+        Err(ReadError::Protocol(e)) => Err(ClientError::fatal(
+            PROTOCOL_VIOLATION,
+            format!("bad password packet: {e}"),
+        )),
+    }
+}
+
+/// The SCRAM-SHA-256 exchange. Unknown users and md5 secrets get a mock exchange that
+/// fails at the end, so a client cannot tell them from a wrong password.
+async fn scram(
+    stream: &Stream,
+    buf: &mut BytesMut,
+    out: &mut BytesMut,
+    user: &str,
+    secret: Option<Secret>,
+    iterations: u32,
+) -> Result<Option<ScramKeys>, ClientError> {
+    let failed = || ClientError::fatal(INVALID_PASSWORD, "SASL authentication failed".into());
+    // Only a stored SCRAM secret yields keys PostgreSQL accepts (same salt and iterations).
+    let stored_scram = matches!(secret, Some(Secret::Scram(_)));
+    let server = match secret {
+        Some(secret @ Secret::Plain(_)) => {
+            tokio::task::spawn_blocking(move || ScramServer::new(&secret, iterations))
+                .await
+                .ok()
+                .flatten()
+        }
+        Some(secret) => ScramServer::new(&secret, iterations),
+        None => None,
+    };
+    let mut server = server.unwrap_or_else(|| ScramServer::mock(user, iterations));
+
+    backend::auth_sasl_scram(out);
+    let mut body = exchange(stream, buf, out).await?;
+    let mechanism = take_cstr(&mut body).ok_or_else(failed)?;
+    if mechanism != "SCRAM-SHA-256" {
+        return Err(ClientError::fatal(
+            PROTOCOL_VIOLATION,
+            format!("unsupported SASL mechanism: {mechanism}"),
+        ));
+    }
+    if body.len() < 4 {
+        return Err(failed());
+    }
+    let n = body.get_i32();
+    if n < 0 || n as usize != body.len() {
+        return Err(ClientError::fatal(
+            PROTOCOL_VIOLATION,
+            "bad SASLInitialResponse length".into(),
+        ));
+    }
+    let first = server.handle_client_first(&body).map_err(|_| failed())?;
+    authentication(out, AUTH_SASL_CONTINUE, &first);
+    let body = exchange(stream, buf, out).await?;
+    let last = server.handle_client_final(&body).map_err(|_| failed())?;
+    authentication(out, AUTH_SASL_FINAL, &last);
+    let keys = match (stored_scram, server.client_key()) {
+        (true, Some(client_key)) => Some(ScramKeys {
+            client_key,
+            server_key: server.server_key(),
+        }),
+        _ => None,
+    };
+    Ok(keys)
+}
+
+fn take_cstr(body: &mut BytesMut) -> Option<String> {
+    let end = body.iter().position(|&b| b == 0)?;
+    let s = String::from_utf8(body[..end].to_vec()).ok()?;
+    body.advance(end + 1);
+    Some(s)
+}

@@ -1,0 +1,343 @@
+//! A client's life: login, then the relay through server connections lent by its pool,
+//! until the client leaves; then the server goes back (reset) or is closed.
+
+pub mod cancel;
+pub mod framer;
+pub mod login;
+pub mod params;
+pub mod relay;
+
+use std::io;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::BytesMut;
+
+use crate::app::{App, Shutdown};
+use crate::config::PoolMode;
+use crate::net::{PeerAddr, Stream};
+use crate::pool::{Pool, PoolError, ServerConn};
+use crate::protocol::backend;
+use crate::protocol::sqlstate::*;
+use login::{LoggedIn, Startup};
+use relay::{Outcome, Relay, ReleaseAt};
+
+/// Why a client is being turned away or disconnected.
+#[derive(Debug)]
+pub enum ClientError {
+    /// Send this FATAL error to the client, then close.
+    Fatal { code: &'static str, message: String },
+    /// The socket failed; nothing can be sent.
+    Io(io::Error),
+    /// The client closed its socket.
+    Gone,
+}
+
+impl ClientError {
+    pub fn fatal(code: &'static str, message: String) -> ClientError {
+        ClientError::Fatal { code, message }
+    }
+}
+
+/// Counts a client out of `max_client_conn` when its task ends, however it ends.
+struct ClientSlot<'a>(&'a App);
+
+impl Drop for ClientSlot<'_> {
+    fn drop(&mut self) {
+        self.0.remove_client();
+    }
+}
+
+/// Serves one accepted client connection to the end.
+pub async fn serve_client(app: Arc<App>, stream: Stream) {
+    let id = app
+        .client_ids
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let cfg = app.config();
+    let peer = stream.peer_addr();
+    if !app.try_add_client(cfg.settings.max_client_conn) {
+        tracing::warn!("C-{id}: (nodb)/(nouser)@{peer} closing because: no more connections allowed (max_client_conn)");
+        send_fatal(
+            &stream,
+            TOO_MANY_CONNECTIONS,
+            "no more connections allowed (max_client_conn)",
+        )
+        .await;
+        return;
+    }
+    let _slot = ClientSlot(&app);
+    let started = Instant::now();
+    let mut buf = BytesMut::new();
+
+    let login = async {
+        match login::read_startup(&app, &stream, &mut buf).await? {
+            Startup::Cancel => Ok(None),
+            Startup::Login { minor, params } => {
+                if cfg.settings.log_connections {
+                    let user = param(&params, "user");
+                    let db = params
+                        .iter()
+                        .find(|(k, _)| k == "database")
+                        .map(|(_, v)| v.as_str())
+                        .unwrap_or(user);
+                    tracing::info!(
+                        "C-{id}: {db}/{user}@{peer} login attempt: db={db} user={user} tls=no"
+                    );
+                }
+                login::login(&app, &stream, &mut buf, minor, params)
+                    .await
+                    .map(Some)
+            }
+        }
+    };
+    let limit = cfg.settings.client_login_timeout;
+    let result = if limit.is_zero() {
+        login.await
+    } else {
+        match tokio::time::timeout(limit, login).await {
+            Ok(r) => r,
+            Err(_) => Err(ClientError::fatal(
+                PROTOCOL_VIOLATION,
+                "client_login_timeout".into(),
+            )),
+        }
+    };
+    let who = match result {
+        Ok(Some(who)) => who,
+        Ok(None) => return,
+        Err(e) => {
+            report_login_failure(id, &peer, &stream, e).await;
+            return;
+        }
+    };
+    let tag = format!("C-{id}: {}/{}@{peer}", who.database, who.user);
+    let reason = run_session(&app, &stream, who, buf, &tag).await;
+    if cfg.settings.log_disconnections {
+        tracing::info!(
+            "{tag} closing because: {reason} (age={}s)",
+            started.elapsed().as_secs()
+        );
+    }
+}
+
+fn param<'a>(params: &'a [(String, String)], name: &str) -> &'a str {
+    params
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+        .unwrap_or("")
+}
+
+async fn report_login_failure(id: u64, peer: &PeerAddr, stream: &Stream, e: ClientError) {
+    match e {
+        ClientError::Fatal { code, message } => {
+            tracing::warn!("C-{id}: (nodb)/(nouser)@{peer} closing because: {message}");
+            tracing::warn!("C-{id}: (nodb)/(nouser)@{peer} pooler error: {message}");
+            send_fatal(stream, code, &message).await;
+        }
+        ClientError::Io(e) => {
+            tracing::info!("C-{id}: (nodb)/(nouser)@{peer} closing because: client I/O error: {e}")
+        }
+        ClientError::Gone => {
+            tracing::debug!("C-{id}: (nodb)/(nouser)@{peer} closing because: client unexpected eof")
+        }
+    }
+}
+
+/// Best-effort FATAL error to a client that is about to be closed.
+async fn send_fatal(stream: &Stream, code: &str, message: &str) {
+    let mut out = BytesMut::with_capacity(64 + message.len());
+    backend::error_response(&mut out, "FATAL", code, message);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), stream.write_all(&out)).await;
+}
+
+/// After login: welcome, then relay until the client leaves. Returns the reason the
+/// session ended, for the log.
+async fn run_session(
+    app: &App,
+    stream: &Stream,
+    who: LoggedIn,
+    leftover: BytesMut,
+    tag: &str,
+) -> String {
+    let LoggedIn {
+        pool, mut params, ..
+    } = who;
+    let cfg = app.config();
+    let cancel_key = app.cancels.register();
+
+    // The welcome needs the server's parameters; the first client of a pool waits for
+    // a server login to learn them.
+    let welcome = match pool.welcome() {
+        Some(w) => w,
+        None => match pool.acquire().await {
+            Ok(server) => {
+                pool.release(server, true);
+                match pool.welcome() {
+                    Some(w) => w,
+                    None => Arc::new(Vec::new()),
+                }
+            }
+            Err(e) => return fail_client(stream, tag, &e).await,
+        },
+    };
+    let mut out = BytesMut::with_capacity(512);
+    for (k, v) in params.overlay(&welcome) {
+        backend::parameter_status(&mut out, &k, &v);
+    }
+    backend::backend_key_data(&mut out, cancel_key.pid, cancel_key.key);
+    backend::ready_for_query(&mut out, b'I');
+    if let Err(e) = stream.write_all(&out).await {
+        return format!("client I/O error: {e}");
+    }
+    drop(out);
+
+    let mode = pool.config().pool_mode;
+    let release_at = match mode {
+        PoolMode::Session => ReleaseAt::SessionEnd,
+        PoolMode::Transaction | PoolMode::Statement => ReleaseAt::TransactionEnd,
+    };
+    let mut relay = Relay::new(cfg.settings.max_packet_size);
+    if !leftover.is_empty() {
+        if let Err(e) = relay.preload(&leftover) {
+            return protocol_failure(stream, &mut relay, tag, &e.to_string()).await;
+        }
+    }
+    let mut server: Option<ServerConn> = None;
+    let mut shutdown = app.shutdown_watch();
+    let reason = loop {
+        let Some(srv) = server.as_mut() else {
+            if relay.c2s.is_empty() {
+                match relay.read_client_unlinked(stream).await {
+                    Ok(true) => {}
+                    Ok(false) => break "client close request".to_owned(),
+                    Err(Outcome::ClientProtocol(e)) => {
+                        return protocol_failure(stream, &mut relay, tag, &e.to_string()).await
+                    }
+                    Err(_) => break "client unexpected eof".to_owned(),
+                }
+            }
+            // A paused or stopping pooler lends no more servers; the client waits.
+            while *shutdown.borrow() >= Shutdown::WaitForServers {
+                if shutdown.changed().await.is_err() {
+                    break;
+                }
+            }
+            match acquire_linked(&pool, &mut params).await {
+                Ok(s) => {
+                    cancel_key
+                        .target
+                        .set(Some((s.addr.clone(), s.backend_pid, s.backend_key)));
+                    server = Some(s);
+                }
+                Err(e) => return fail_client(stream, tag, &e).await,
+            }
+            continue;
+        };
+        match relay.run(stream, srv, &mut params, release_at).await {
+            Outcome::ReleasePoint => {
+                cancel_key.target.set(None);
+                if let Some(s) = server.take() {
+                    pool.release(s, true);
+                }
+                relay.shrink_idle();
+            }
+            Outcome::ClientClosed => {
+                break if relay.terminated() {
+                    "client close request"
+                } else {
+                    "client unexpected eof"
+                }
+                .to_owned()
+            }
+            Outcome::ClientFailed(e) => break format!("client I/O error: {e}"),
+            Outcome::ClientProtocol(e) => {
+                cancel_key.target.set(None);
+                drop(server.take());
+                return protocol_failure(stream, &mut relay, tag, &e.to_string()).await;
+            }
+            Outcome::ServerClosed(_) | Outcome::ServerProtocol(_) => {
+                cancel_key.target.set(None);
+                drop(server.take());
+                let msg = "server conn crashed?";
+                let mut out = BytesMut::new();
+                backend::error_response(&mut out, "FATAL", CONNECTION_FAILURE, msg);
+                let _ = relay.send_to_client(stream, &out).await;
+                break msg.to_owned();
+            }
+        }
+    };
+    cancel_key.target.set(None);
+    if let Some(s) = server.take() {
+        finish_server(&pool, s, relay.server_clean(), mode).await;
+    }
+    reason
+}
+
+/// Gets a server and makes its session parameters match the client's.
+async fn acquire_linked(
+    pool: &Arc<Pool>,
+    params: &mut params::ClientParams,
+) -> Result<ServerConn, PoolError> {
+    let mut server = pool.acquire().await?;
+    if let Some(sql) = params.sync_sql(&server) {
+        let timeout = pool.config().server_connect_timeout;
+        if let Err(e) = server.run_internal(&sql, timeout).await {
+            // The server is fine but the client's value was refused; closing it keeps
+            // the pool clean, and the client learns why.
+            pool.release(server, false);
+            return Err(e);
+        }
+    }
+    Ok(server)
+}
+
+/// Returns a server at the end of a client's session: reset and pooled when clean,
+/// closed otherwise.
+async fn finish_server(pool: &Arc<Pool>, mut server: ServerConn, clean: bool, mode: PoolMode) {
+    if !clean {
+        pool.release(server, false);
+        return;
+    }
+    let cfg = pool.config();
+    let reset = mode == PoolMode::Session || cfg.server_reset_query_always;
+    if reset && !cfg.server_reset_query.trim().is_empty() {
+        let timeout = if cfg.server_connect_timeout.is_zero() {
+            std::time::Duration::from_secs(15)
+        } else {
+            cfg.server_connect_timeout
+        };
+        if server
+            .run_internal(&cfg.server_reset_query, timeout)
+            .await
+            .is_err()
+        {
+            pool.release(server, false);
+            return;
+        }
+    }
+    pool.release(server, true);
+}
+
+/// Tells the client why it cannot get a server, and closes it.
+async fn fail_client(stream: &Stream, tag: &str, e: &PoolError) -> String {
+    let (code, message) = e.client_error();
+    tracing::warn!("{tag} pooler error: {message}");
+    let mut out = BytesMut::with_capacity(64 + message.len());
+    backend::error_response(&mut out, "FATAL", &code, &message);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), stream.write_all(&out)).await;
+    message
+}
+
+async fn protocol_failure(stream: &Stream, relay: &mut Relay, tag: &str, what: &str) -> String {
+    let message = format!("client protocol error: {what}");
+    tracing::warn!("{tag} pooler error: {message}");
+    let mut out = BytesMut::with_capacity(64 + message.len());
+    backend::error_response(&mut out, "FATAL", PROTOCOL_VIOLATION, &message);
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(1),
+        relay.send_to_client(stream, &out),
+    )
+    .await;
+    message
+}

@@ -1,0 +1,348 @@
+//! The relay: client ⇄ server, both directions at once, forwarding bytes in bulk while
+//! following message headers to know when the server is idle and clean.
+//!
+//! Each direction reads only when its buffer is empty and writes what it read before
+//! reading again, so a slow reader on one side never blocks the other direction (no
+//! deadlock when a pipelining client and a busy server both write). Bodies are never
+//! copied except ReadyForQuery's status byte and ParameterStatus.
+
+use std::io;
+
+use bytes::{Buf, BytesMut};
+
+use super::framer::{Body, Event, Framer};
+use super::params::ClientParams;
+use crate::net::Stream;
+use crate::pool::ServerConn;
+use crate::protocol::backend::parse_parameter_status;
+use crate::protocol::header::*;
+use crate::protocol::ProtocolError;
+
+/// Bytes read per wake-up and direction.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// Why the relay stopped.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The client sent Terminate or closed its socket.
+    ClientClosed,
+    /// Transaction/statement mode: the server is idle and clean, and may go back.
+    ReleasePoint,
+    /// The server closed or failed.
+    ServerClosed(io::Error),
+    /// The client failed at the socket level.
+    ClientFailed(io::Error),
+    /// The client sent bytes that break the protocol.
+    ClientProtocol(ProtocolError),
+    /// The server sent bytes that break the protocol.
+    ServerProtocol(ProtocolError),
+}
+
+/// When the relay should hand the server back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseAt {
+    /// Never (session mode).
+    SessionEnd,
+    /// When the server is idle outside a transaction.
+    TransactionEnd,
+}
+
+/// Relay state for one client: buffers (allocated on first use) and protocol tracking.
+#[derive(Debug)]
+pub struct Relay {
+    /// Client bytes not yet written to the server.
+    pub c2s: BytesMut,
+    /// Server bytes not yet written to the client.
+    s2c: BytesMut,
+    client_framer: Framer,
+    server_framer: Framer,
+    /// ReadyForQuery messages the server still owes (one per Query, Sync, FunctionCall).
+    pending: u32,
+    /// Extended-protocol messages sent since the last Sync.
+    unsynced: bool,
+    /// The status byte of the last ReadyForQuery.
+    status: u8,
+    /// The client sent Terminate; nothing more is read from it.
+    terminated: bool,
+    /// A message header straddled the Terminate cut, so the server saw part of it.
+    desync: bool,
+    max_packet: u32,
+}
+
+impl Relay {
+    pub fn new(max_packet: u32) -> Relay {
+        Relay {
+            c2s: BytesMut::new(),
+            s2c: BytesMut::new(),
+            client_framer: Framer::default(),
+            server_framer: Framer::default(),
+            pending: 0,
+            unsynced: false,
+            status: b'I',
+            terminated: false,
+            desync: false,
+            max_packet,
+        }
+    }
+
+    /// Whether the client has asked to end the session.
+    pub fn terminated(&self) -> bool {
+        self.terminated
+    }
+
+    /// Whether the server can be reused by another client right now.
+    pub fn server_clean(&self) -> bool {
+        self.pending == 0
+            && !self.unsynced
+            && self.status == b'I'
+            && !self.desync
+            && self.c2s.is_empty()
+            && self.s2c.is_empty()
+            && self.client_framer.at_boundary()
+            && self.server_framer.at_boundary()
+    }
+
+    /// Drops the buffers' memory while no server is linked (idle clients cost little).
+    pub fn shrink_idle(&mut self) {
+        if self.c2s.is_empty() {
+            self.c2s = BytesMut::new();
+        }
+        if self.s2c.is_empty() {
+            self.s2c = BytesMut::new();
+        }
+    }
+
+    /// Waits for client bytes while no server is linked. Returns false when the client
+    /// is gone or terminated (nothing to do), true when bytes for a server are pending.
+    pub async fn read_client_unlinked(&mut self, client: &Stream) -> Result<bool, Outcome> {
+        loop {
+            client.readable().await.map_err(Outcome::ClientFailed)?;
+            match self.read_client(client) {
+                Ok(true) => {}
+                Ok(false) => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                    return Err(Outcome::ClientProtocol(ProtocolError::Malformed(
+                        "invalid message length",
+                    )));
+                }
+                Err(e) => return Err(Outcome::ClientFailed(e)),
+            }
+            if self.terminated && self.c2s.is_empty() {
+                return Ok(false);
+            }
+            if !self.c2s.is_empty() {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// Relays until the session ends, the server fails, or (by `release`) the server
+    /// is idle and clean.
+    pub async fn run(
+        &mut self,
+        client: &Stream,
+        server: &mut ServerConn,
+        params: &mut ClientParams,
+        release: ReleaseAt,
+    ) -> Outcome {
+        loop {
+            if self.terminated && self.c2s.is_empty() && self.s2c.is_empty() {
+                return Outcome::ClientClosed;
+            }
+            if release == ReleaseAt::TransactionEnd && self.server_clean() {
+                return Outcome::ReleasePoint;
+            }
+            tokio::select! {
+                biased;
+                r = server.stream.readable(), if self.s2c.is_empty() => {
+                    if let Err(e) = r {
+                        return Outcome::ServerClosed(e);
+                    }
+                    match self.read_server(server, params) {
+                        Ok(()) => {}
+                        Err(ServerRead::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                        Err(ServerRead::Io(e)) => return Outcome::ServerClosed(e),
+                        Err(ServerRead::Protocol(e)) => return Outcome::ServerProtocol(e),
+                    }
+                    if let Err(e) = flush(client, &mut self.s2c) {
+                        return Outcome::ClientFailed(e);
+                    }
+                }
+                r = client.writable(), if !self.s2c.is_empty() => {
+                    if let Err(e) = r.and_then(|_| flush(client, &mut self.s2c)) {
+                        return Outcome::ClientFailed(e);
+                    }
+                }
+                r = client.readable(), if self.c2s.is_empty() && !self.terminated => {
+                    if let Err(e) = r {
+                        return Outcome::ClientFailed(e);
+                    }
+                    match self.read_client(client) {
+                        Ok(true) => {}
+                        Ok(false) => return Outcome::ClientClosed,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                        Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                            return Outcome::ClientProtocol(ProtocolError::Malformed("invalid message length"));
+                        }
+                        Err(e) => return Outcome::ClientFailed(e),
+                    }
+                    if let Err(e) = flush(&server.stream, &mut self.c2s) {
+                        return Outcome::ServerClosed(e);
+                    }
+                }
+                r = server.stream.writable(), if !self.c2s.is_empty() => {
+                    if let Err(e) = r.and_then(|_| flush(&server.stream, &mut self.c2s)) {
+                        return Outcome::ServerClosed(e);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes client bytes that arrived with the login packets.
+    pub fn preload(&mut self, bytes: &[u8]) -> Result<(), ProtocolError> {
+        let start = self.c2s.len();
+        self.c2s.extend_from_slice(bytes);
+        self.scan_client(start)
+    }
+
+    /// Reads from the client into `c2s` and follows its messages. `Ok(false)`: EOF.
+    /// A protocol violation is reported as `InvalidData`.
+    fn read_client(&mut self, client: &Stream) -> io::Result<bool> {
+        self.c2s.reserve(READ_CHUNK);
+        let start = self.c2s.len();
+        let n = client.try_read_buf(&mut self.c2s)?;
+        if n == 0 {
+            return Ok(false);
+        }
+        self.scan_client(start)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        Ok(true)
+    }
+
+    /// Follows the client messages in `c2s[start..]`: counts what the server owes and
+    /// cuts Terminate off.
+    fn scan_client(&mut self, start: usize) -> Result<(), ProtocolError> {
+        let mut cut = None;
+        let (pending, unsynced, terminated) =
+            (&mut self.pending, &mut self.unsynced, &mut self.terminated);
+        let mut desync = false;
+        let r = self
+            .client_framer
+            .feed(&self.c2s[start..], self.max_packet, |e| {
+                if let Event::Start { tag, at, .. } = e {
+                    if *terminated {
+                        return Body::Skip;
+                    }
+                    match tag {
+                        TAG_QUERY | TAG_FUNCTION_CALL => *pending += 1,
+                        TAG_SYNC => {
+                            *pending += 1;
+                            *unsynced = false;
+                        }
+                        TAG_PARSE | TAG_BIND | TAG_EXECUTE | TAG_DESCRIBE | TAG_CLOSE
+                        | TAG_FLUSH => *unsynced = true,
+                        TAG_TERMINATE => {
+                            *terminated = true;
+                            match at {
+                                Some(at) => cut = Some(start + at),
+                                None => desync = true,
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                Body::Skip
+            });
+        self.desync |= desync;
+        if let Some(cut) = cut {
+            // Terminate is the pooler's business, not the server's.
+            self.c2s.truncate(cut);
+        }
+        r
+    }
+
+    /// Reads from the server into `s2c` and follows its messages.
+    fn read_server(
+        &mut self,
+        server: &mut ServerConn,
+        params: &mut ClientParams,
+    ) -> Result<(), ServerRead> {
+        self.s2c.reserve(READ_CHUNK);
+        let start = self.s2c.len();
+        let n = server
+            .stream
+            .try_read_buf(&mut self.s2c)
+            .map_err(ServerRead::Io)?;
+        if n == 0 {
+            return Err(ServerRead::Io(io::ErrorKind::UnexpectedEof.into()));
+        }
+        let (pending, status) = (&mut self.pending, &mut self.status);
+        let mut bad_param = false;
+        self.server_framer
+            .feed(&self.s2c[start..], u32::MAX, |e| match e {
+                Event::Start { tag, .. } => match tag {
+                    TAG_READY_FOR_QUERY | TAG_PARAMETER_STATUS => Body::Capture,
+                    _ => Body::Skip,
+                },
+                Event::Complete {
+                    tag: TAG_READY_FOR_QUERY,
+                    body,
+                } => {
+                    *pending = pending.saturating_sub(1);
+                    *status = body.first().copied().unwrap_or(b'I');
+                    Body::Skip
+                }
+                Event::Complete {
+                    tag: TAG_PARAMETER_STATUS,
+                    body,
+                } => {
+                    match parse_parameter_status(body) {
+                        Ok((k, v)) => {
+                            server.set_param(k, v);
+                            params.set(k, v);
+                        }
+                        Err(_) => bad_param = true,
+                    }
+                    Body::Skip
+                }
+                Event::Complete { .. } => Body::Skip,
+            })
+            .map_err(ServerRead::Protocol)?;
+        if bad_param {
+            return Err(ServerRead::Protocol(ProtocolError::Malformed(
+                "ParameterStatus",
+            )));
+        }
+        Ok(())
+    }
+
+    /// Writes a message the pooler made (an error, say) to the client, after anything
+    /// still pending for it.
+    pub async fn send_to_client(&mut self, client: &Stream, msg: &[u8]) -> io::Result<()> {
+        self.s2c.extend_from_slice(msg);
+        let r = client.write_all(&self.s2c).await;
+        self.s2c.clear();
+        r
+    }
+}
+
+enum ServerRead {
+    Io(io::Error),
+    Protocol(ProtocolError),
+}
+
+/// Writes as much of `buf` as the socket takes now.
+fn flush(to: &Stream, buf: &mut BytesMut) -> io::Result<()> {
+    while !buf.is_empty() {
+        match to.try_write(buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) if n == buf.len() => buf.clear(),
+            Ok(n) => buf.advance(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
