@@ -156,8 +156,6 @@ fn harness_helpers() {
     }
 }
 
-// enabled once the core relay lands
-#[ignore]
 #[tokio::test]
 async fn sluice_starts_and_serves_select_1() {
     let sluice = SluiceBuilder::new()
