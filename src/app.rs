@@ -2,8 +2,9 @@
 //! the pools, the cancel-key registry and the shutdown signal. Nothing is global, so
 //! several instances can run in one process (tests do).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::watch;
 
@@ -35,6 +36,34 @@ pub struct App {
     /// Client ids for logs.
     pub client_ids: AtomicU64,
     shutdown: watch::Sender<Shutdown>,
+    /// Logged-in clients per database (`d:` prefix) and per user (`u:` prefix), for
+    /// `max_db_client_connections` and `max_user_client_connections`.
+    client_counts: Mutex<HashMap<String, u32>>,
+}
+
+/// Counts a logged-in client against its database and user until dropped.
+#[derive(Debug)]
+pub struct ClientCount<'a> {
+    app: &'a App,
+    keys: [String; 2],
+}
+
+impl Drop for ClientCount<'_> {
+    fn drop(&mut self) {
+        let mut m = self
+            .app
+            .client_counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for k in &self.keys {
+            if let Some(c) = m.get_mut(k) {
+                *c = c.saturating_sub(1);
+                if *c == 0 {
+                    m.remove(k);
+                }
+            }
+        }
+    }
 }
 
 impl App {
@@ -47,6 +76,7 @@ impl App {
             clients: AtomicU32::new(0),
             client_ids: AtomicU64::new(1),
             shutdown,
+            client_counts: Mutex::new(HashMap::new()),
         })
     }
 
@@ -107,6 +137,36 @@ impl App {
                 Err(now) => cur = now,
             }
         }
+    }
+
+    /// Counts a logged-in client against its database and user limits (0 means
+    /// unlimited). Returns the name of the setting that refuses it, if one does.
+    pub fn count_client(
+        &self,
+        db: &str,
+        db_max: u32,
+        user: &str,
+        user_max: u32,
+    ) -> Result<ClientCount<'_>, &'static str> {
+        let keys = [format!("d:{db}"), format!("u:{user}")];
+        let mut m = self.client_counts.lock().unwrap_or_else(|p| p.into_inner());
+        if db_max != 0 && m.get(&keys[0]).copied().unwrap_or(0) >= db_max {
+            return Err("max_db_client_connections");
+        }
+        if user_max != 0 && m.get(&keys[1]).copied().unwrap_or(0) >= user_max {
+            return Err("max_user_client_connections");
+        }
+        for k in &keys {
+            *m.entry(k.clone()).or_insert(0) += 1;
+        }
+        drop(m);
+        Ok(ClientCount { app: self, keys })
+    }
+
+    /// Logged-in clients of a database.
+    pub fn db_clients(&self, db: &str) -> u32 {
+        let m = self.client_counts.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(&format!("d:{db}")).copied().unwrap_or(0)
     }
 
     pub fn remove_client(&self) {

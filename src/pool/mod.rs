@@ -4,14 +4,16 @@
 //! A released connection goes straight to the oldest waiter. The count of connections,
 //! idle, lent out or connecting, is exact across threads: see [`slot`].
 
+mod acquire;
 pub mod error;
+pub mod limits;
 pub mod registry;
 pub mod server;
 mod slot;
 pub mod target;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
@@ -23,6 +25,7 @@ pub use server::{ScramKeys, ServerConn};
 pub use target::{PoolConfig, ServerAddr};
 
 use crate::protocol::backend::ErrorFields;
+use limits::PoolLimits;
 use slot::SlotToken;
 
 /// What a waiting client is given.
@@ -34,13 +37,23 @@ enum Grant {
     Slot(SlotToken),
 }
 
+/// A client waiting in line.
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    since: Instant,
+    tx: oneshot::Sender<Grant>,
+}
+
 /// The mutable part of a pool, behind one short-held mutex.
 #[derive(Debug, Default)]
 pub(crate) struct PoolState {
     /// Idle connections; the last one pushed is reused first.
     idle: Vec<ServerConn>,
-    /// Clients waiting for a connection, oldest first.
-    waiters: VecDeque<oneshot::Sender<Grant>>,
+    /// Clients waiting for a connection, oldest first, with ids so that a waiter can
+    /// leave the line (to take a reserve slot).
+    waiters: VecDeque<Waiter>,
+    next_waiter: u64,
     /// Connections counted against `pool_size`: idle + lent out + connecting.
     total: u32,
     /// Connections currently lent to clients.
@@ -72,16 +85,29 @@ pub struct Pool {
     cfg: RwLock<Arc<PoolConfig>>,
     state: Mutex<PoolState>,
     ids: Arc<AtomicU64>,
+    /// The database- and user-wide connection limits this pool counts against.
+    limits: PoolLimits,
 }
 
 impl Pool {
-    pub(crate) fn new(key: PoolKey, cfg: PoolConfig, ids: Arc<AtomicU64>) -> Pool {
+    pub(crate) fn new(
+        key: PoolKey,
+        cfg: PoolConfig,
+        ids: Arc<AtomicU64>,
+        limits: PoolLimits,
+    ) -> Pool {
         Pool {
             key,
             cfg: RwLock::new(Arc::new(cfg)),
             state: Mutex::new(PoolState::default()),
             ids,
+            limits,
         }
+    }
+
+    /// The shared limits this pool counts against.
+    pub fn limits(&self) -> &PoolLimits {
+        &self.limits
     }
 
     /// The pool's current settings.
@@ -140,122 +166,6 @@ impl Pool {
         self.lock_state().scram_keys = Some(keys);
     }
 
-    /// Gets a server connection: an idle one, a new one within `pool_size`, or one
-    /// released by another client after waiting in line (bounded by
-    /// `query_wait_timeout`).
-    ///
-    /// # Cancel safety
-    /// Dropping the future loses nothing: a slot or connection granted to a dropped
-    /// waiter goes on to the next waiter or back to the pool.
-    pub async fn acquire(self: &Arc<Self>) -> Result<ServerConn, PoolError> {
-        let cfg = self.config();
-        // Declared before the guard so that stale connections close after unlocking.
-        let mut doomed = Vec::new();
-        let rx = {
-            let mut st = self.lock_state();
-            if st.closed {
-                return Err(PoolError::PoolClosed);
-            }
-            if let Some(conn) = Self::pop_idle(&mut st, &cfg, &mut doomed) {
-                st.active += 1;
-                return Ok(conn);
-            }
-            if cfg.pool_size == 0 || st.total < cfg.pool_size {
-                st.total += 1;
-                None
-            } else {
-                let (tx, rx) = oneshot::channel();
-                st.waiters.push_back(tx);
-                Some(rx)
-            }
-        };
-        let slot = match rx {
-            None => SlotToken::counted(self.clone()),
-            Some(rx) => {
-                let grant = if cfg.query_wait_timeout.is_zero() {
-                    rx.await.map_err(|_| PoolError::PoolClosed)?
-                } else {
-                    match tokio::time::timeout(cfg.query_wait_timeout, rx).await {
-                        Ok(g) => g.map_err(|_| PoolError::PoolClosed)?,
-                        Err(_) => return Err(PoolError::Timeout("query_wait_timeout")),
-                    }
-                };
-                match grant {
-                    Grant::Server(conn) => {
-                        self.lock_state().active += 1;
-                        return Ok(conn);
-                    }
-                    Grant::Slot(slot) => slot,
-                }
-            }
-        };
-        self.connect_new(&cfg, slot).await
-    }
-
-    /// Takes the most recently used idle connection that is still good.
-    /// Stale ones found on the way go to `doomed`, to be dropped after unlocking (a
-    /// connection's slot takes the lock when dropped).
-    fn pop_idle(
-        st: &mut PoolState,
-        cfg: &PoolConfig,
-        doomed: &mut Vec<ServerConn>,
-    ) -> Option<ServerConn> {
-        let now = Instant::now();
-        while let Some(conn) = if cfg.server_round_robin && !st.idle.is_empty() {
-            Some(st.idle.remove(0))
-        } else {
-            st.idle.pop()
-        } {
-            if conn.generation == st.generation
-                && !conn.expired(cfg, now)
-                && !conn.stream.is_dead_or_chatty()
-            {
-                return Some(conn);
-            }
-            doomed.push(conn);
-        }
-        None
-    }
-
-    async fn connect_new(
-        self: &Arc<Self>,
-        cfg: &PoolConfig,
-        slot: SlotToken,
-    ) -> Result<ServerConn, PoolError> {
-        let (generation, keys) = {
-            let st = self.lock_state();
-            if let Some((at, err)) = &st.last_login_error {
-                if at.elapsed() < cfg.server_login_retry {
-                    return Err(err.clone());
-                }
-            }
-            (st.generation, st.scram_keys)
-        };
-        let id = self.ids.fetch_add(1, Ordering::Relaxed);
-        match server::connect(cfg, keys, id, generation, slot).await {
-            Ok(conn) => {
-                let mut st = self.lock_state();
-                st.last_login_error = None;
-                if st.welcome.is_none() {
-                    st.welcome = Some(Arc::new(conn.params.clone()));
-                }
-                st.active += 1;
-                Ok(conn)
-            }
-            Err(e) => {
-                tracing::warn!(
-                    "S-{id}: {}/{}@{} {}",
-                    self.key.database,
-                    self.key.user,
-                    cfg.addr,
-                    e
-                );
-                self.lock_state().last_login_error = Some((Instant::now(), e.clone()));
-                Err(e)
-            }
-        }
-    }
-
     /// Returns a lent connection. A clean one goes to the oldest waiter or the idle
     /// list; anything else is closed (its slot then goes to a waiter).
     pub fn release(&self, mut conn: ServerConn, clean: bool) {
@@ -280,7 +190,7 @@ impl Pool {
                     st.idle.push(conn);
                     return;
                 }
-                Some(tx) => {
+                Some(Waiter { tx, .. }) => {
                     drop(st);
                     match tx.send(Grant::Server(conn)) {
                         Ok(()) => return,
@@ -333,9 +243,24 @@ impl Pool {
         drop(waiters);
     }
 
-    /// How long the oldest waiter has waited is not tracked yet; zero.
+    /// How long the oldest waiting client has waited (SHOW POOLS `maxwait`).
     pub fn max_wait(&self) -> Duration {
-        Duration::ZERO
+        let st = self.lock_state();
+        st.waiters
+            .front()
+            .map(|w| w.since.elapsed())
+            .unwrap_or_default()
+    }
+
+    /// Takes the least recently used idle connection, for closing it to make room
+    /// under a shared limit.
+    pub(crate) fn evict_idle(&self) -> Option<ServerConn> {
+        let mut st = self.lock_state();
+        if st.idle.is_empty() {
+            None
+        } else {
+            Some(st.idle.remove(0))
+        }
     }
 
     /// Records a failed login to be reported to clients until the retry delay passes.

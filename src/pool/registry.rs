@@ -4,7 +4,14 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
+use super::limits::{ConnLimit, PoolLimits};
 use super::{Pool, PoolConfig};
+
+/// The shared limit for `name`, created on first use.
+fn limit_for(map: &Mutex<HashMap<String, Arc<ConnLimit>>>, name: &str) -> Arc<ConnLimit> {
+    let mut m = map.lock().unwrap_or_else(|p| p.into_inner());
+    m.entry(name.to_owned()).or_default().clone()
+}
 use crate::config::Config;
 
 /// A pool's identity: the client-side database and user names.
@@ -20,6 +27,10 @@ pub struct Pools {
     map: Mutex<HashMap<PoolKey, Arc<Pool>>>,
     /// Server connection ids, shared by all pools.
     ids: Arc<AtomicU64>,
+    /// `max_db_connections` counters by database name.
+    db_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
+    /// `max_user_connections` counters by user name.
+    user_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
 }
 
 impl Pools {
@@ -27,6 +38,8 @@ impl Pools {
         Pools {
             map: Mutex::new(HashMap::new()),
             ids: Arc::new(AtomicU64::new(1)),
+            db_limits: Mutex::new(HashMap::new()),
+            user_limits: Mutex::new(HashMap::new()),
         }
     }
 
@@ -40,7 +53,18 @@ impl Pools {
         if let Some(p) = map.get(key) {
             return p.clone();
         }
-        let pool = Arc::new(Pool::new(key.clone(), make(), self.ids.clone()));
+        let limits = PoolLimits {
+            db: limit_for(&self.db_limits, &key.database),
+            user: limit_for(&self.user_limits, &key.user),
+        };
+        let pool = Arc::new(Pool::new(
+            key.clone(),
+            make(),
+            self.ids.clone(),
+            limits.clone(),
+        ));
+        limits.db.add_member(&pool);
+        limits.user.add_member(&pool);
         map.insert(key.clone(), pool.clone());
         pool
     }
@@ -78,11 +102,19 @@ impl Pools {
         }
     }
 
-    /// Periodic upkeep: closes idle connections past their limits.
+    /// Periodic upkeep: closes idle connections past their limits and keeps
+    /// `min_pool_size` warm.
     pub fn maintain(&self) {
         for p in self.all() {
             p.close_expired_idle();
+            p.fill_min();
         }
+    }
+
+    /// Server connections open to a database (all its pools), for limits and SHOW.
+    pub fn db_connections(&self, database: &str) -> u32 {
+        let m = self.db_limits.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(database).map_or(0, |l| l.count())
     }
 
     /// Total connections lent to clients across all pools.

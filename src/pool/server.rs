@@ -7,6 +7,7 @@ use bytes::{Buf, BytesMut};
 use tokio::net::{TcpStream, UnixStream};
 
 use super::error::PoolError;
+use super::limits::LimitToken;
 use super::slot::SlotToken;
 use super::target::{PoolConfig, ServerAddr};
 use crate::auth::{md5_response, ScramClient, ScramCredential, Secret};
@@ -48,6 +49,8 @@ pub struct ServerConn {
     /// Set when the connection must not be reused (protocol desync, close request).
     pub close_needed: bool,
     pub(crate) _slot: SlotToken,
+    /// Units of the database and user limits, returned when the connection closes.
+    pub(crate) limit_tokens: Option<(LimitToken, LimitToken)>,
 }
 
 impl ServerConn {
@@ -200,6 +203,7 @@ pub(crate) async fn connect(
         generation,
         close_needed: false,
         _slot: slot,
+        limit_tokens: None,
     };
     if let Some(q) = &cfg.connect_query {
         conn.run_internal(q, limit).await?;

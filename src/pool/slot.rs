@@ -36,7 +36,7 @@ impl Drop for SlotToken {
             let waiter = {
                 let mut st = pool.lock_state();
                 match st.waiters.pop_front() {
-                    Some(w) => w,
+                    Some(w) => w.tx,
                     None => {
                         st.total = st.total.saturating_sub(1);
                         return;

@@ -48,6 +48,16 @@ pub struct PoolConfig {
     pub server_login_retry: Duration,
     pub query_wait_timeout: Duration,
     pub server_round_robin: bool,
+    pub min_pool_size: u32,
+    pub reserve_pool_size: u32,
+    pub reserve_pool_timeout: Duration,
+    /// 0 = unlimited.
+    pub max_db_connections: u32,
+    /// 0 = unlimited.
+    pub max_user_connections: u32,
+    /// Query run on a connection idle longer than `server_check_delay`; None: no check.
+    pub server_check_query: Option<String>,
+    pub server_check_delay: Duration,
 }
 
 impl PoolConfig {
@@ -105,6 +115,18 @@ impl PoolConfig {
             server_login_retry: s.server_login_retry,
             query_wait_timeout: s.query_wait_timeout,
             server_round_robin: s.server_round_robin,
+            min_pool_size: db.min_pool_size.unwrap_or(s.min_pool_size),
+            reserve_pool_size: user_entry
+                .and_then(|u| u.reserve_pool_size)
+                .or(db.reserve_pool_size)
+                .unwrap_or(s.reserve_pool_size),
+            reserve_pool_timeout: s.reserve_pool_timeout,
+            max_db_connections: db.max_db_connections.unwrap_or(s.max_db_connections),
+            max_user_connections: user_entry
+                .and_then(|u| u.max_user_connections)
+                .unwrap_or(s.max_user_connections),
+            server_check_query: (!s.server_check_disabled).then(|| s.server_check_query.clone()),
+            server_check_delay: s.server_check_delay,
         }
     }
 

@@ -20,7 +20,7 @@ use crate::pool::{Pool, PoolError, ServerConn};
 use crate::protocol::backend;
 use crate::protocol::sqlstate::*;
 use login::{LoggedIn, Startup};
-use relay::{Outcome, Relay, ReleaseAt};
+use relay::{Outcome, Relay, ReleaseAt, Timeouts};
 
 /// Why a client is being turned away or disconnected.
 #[derive(Debug)]
@@ -111,6 +111,27 @@ pub async fn serve_client(app: Arc<App>, stream: Stream) {
         }
     };
     let tag = format!("C-{id}: {}/{}@{peer}", who.database, who.user);
+    let s = &cfg.settings;
+    let db_max = cfg
+        .databases
+        .get(&who.database)
+        .or(cfg.fallback_database.as_ref())
+        .and_then(|d| d.max_db_client_connections)
+        .unwrap_or(s.max_db_client_connections);
+    let user_max = cfg
+        .users
+        .get(&who.user)
+        .and_then(|u| u.max_user_client_connections)
+        .unwrap_or(s.max_user_client_connections);
+    let _counted = match app.count_client(&who.database, db_max, &who.user, user_max) {
+        Ok(c) => c,
+        Err(setting) => {
+            let message = format!("no more connections allowed ({setting})");
+            tracing::warn!("{tag} closing because: {message}");
+            send_fatal(&stream, TOO_MANY_CONNECTIONS, &message).await;
+            return;
+        }
+    };
     let reason = run_session(&app, &stream, who, buf, &tag).await;
     if cfg.settings.log_disconnections {
         tracing::info!(
@@ -161,7 +182,10 @@ async fn run_session(
     tag: &str,
 ) -> String {
     let LoggedIn {
-        pool, mut params, ..
+        pool,
+        mut params,
+        user,
+        ..
     } = who;
     let cfg = app.config();
     let cancel_key = app.cancels.register();
@@ -181,6 +205,7 @@ async fn run_session(
             Err(e) => return fail_client(stream, tag, &e).await,
         },
     };
+    params.fill_unset(&welcome);
     let mut out = BytesMut::with_capacity(512);
     for (k, v) in params.overlay(&welcome) {
         backend::parameter_status(&mut out, &k, &v);
@@ -195,9 +220,11 @@ async fn run_session(
     let mode = pool.config().pool_mode;
     let release_at = match mode {
         PoolMode::Session => ReleaseAt::SessionEnd,
-        PoolMode::Transaction | PoolMode::Statement => ReleaseAt::TransactionEnd,
+        PoolMode::Transaction => ReleaseAt::TransactionEnd,
+        PoolMode::Statement => ReleaseAt::StatementEnd,
     };
     let mut relay = Relay::new(cfg.settings.max_packet_size);
+    relay.set_timeouts(timeouts(&cfg, &user));
     if !leftover.is_empty() {
         if let Err(e) = relay.preload(&leftover) {
             return protocol_failure(stream, &mut relay, tag, &e.to_string()).await;
@@ -213,6 +240,9 @@ async fn run_session(
                     Ok(false) => break "client close request".to_owned(),
                     Err(Outcome::ClientProtocol(e)) => {
                         return protocol_failure(stream, &mut relay, tag, &e.to_string()).await
+                    }
+                    Err(Outcome::Timeout(why)) => {
+                        return fail_with(stream, &mut relay, tag, PROTOCOL_VIOLATION, why).await
                     }
                     Err(_) => break "client unexpected eof".to_owned(),
                 }
@@ -255,6 +285,28 @@ async fn run_session(
                 cancel_key.target.set(None);
                 drop(server.take());
                 return protocol_failure(stream, &mut relay, tag, &e.to_string()).await;
+            }
+            Outcome::Timeout(why) => {
+                cancel_key.target.set(None);
+                drop(server.take());
+                let code = if why == "query_timeout" {
+                    QUERY_CANCELED
+                } else {
+                    PROTOCOL_VIOLATION
+                };
+                return fail_with(stream, &mut relay, tag, code, why).await;
+            }
+            Outcome::LongTransaction => {
+                cancel_key.target.set(None);
+                drop(server.take());
+                return fail_with(
+                    stream,
+                    &mut relay,
+                    tag,
+                    PROTOCOL_VIOLATION,
+                    "Long transactions not allowed",
+                )
+                .await;
             }
             Outcome::ServerClosed(_) | Outcome::ServerProtocol(_) => {
                 cancel_key.target.set(None);
@@ -331,13 +383,39 @@ async fn fail_client(stream: &Stream, tag: &str, e: &PoolError) -> String {
 
 async fn protocol_failure(stream: &Stream, relay: &mut Relay, tag: &str, what: &str) -> String {
     let message = format!("client protocol error: {what}");
+    fail_with(stream, relay, tag, PROTOCOL_VIOLATION, &message).await
+}
+
+/// Sends a FATAL error after whatever the client is still owed, and ends the session.
+async fn fail_with(
+    stream: &Stream,
+    relay: &mut Relay,
+    tag: &str,
+    code: &str,
+    message: &str,
+) -> String {
     tracing::warn!("{tag} pooler error: {message}");
     let mut out = BytesMut::with_capacity(64 + message.len());
-    backend::error_response(&mut out, "FATAL", PROTOCOL_VIOLATION, &message);
-    let _ = tokio::time::timeout(
-        std::time::Duration::from_secs(1),
-        relay.send_to_client(stream, &out),
-    )
-    .await;
-    message
+    backend::error_response(&mut out, "FATAL", code, message);
+    let send = relay.send_to_client(stream, &out);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), send).await;
+    message.to_owned()
+}
+
+/// The client timeouts for `user`: `[users]` overrides, else the global settings.
+fn timeouts(cfg: &crate::config::Config, user: &str) -> Timeouts {
+    let s = &cfg.settings;
+    let u = cfg.users.get(user);
+    Timeouts {
+        query: u.and_then(|u| u.query_timeout).unwrap_or(s.query_timeout),
+        idle_transaction: u
+            .and_then(|u| u.idle_transaction_timeout)
+            .unwrap_or(s.idle_transaction_timeout),
+        transaction: u
+            .and_then(|u| u.transaction_timeout)
+            .unwrap_or(s.transaction_timeout),
+        client_idle: u
+            .and_then(|u| u.client_idle_timeout)
+            .unwrap_or(s.client_idle_timeout),
+    }
 }

@@ -55,6 +55,18 @@ impl ClientParams {
         }
     }
 
+    /// Fills the tracked parameters the client did not set from the server's initial
+    /// values, so a server another client changed is set back (PgBouncer does the same).
+    pub fn fill_unset(&mut self, welcome: &[(String, String)]) {
+        for (k, v) in welcome {
+            if let Some(name) = self.tracked_name(k) {
+                if !self.values.iter().any(|(n, _)| *n == name) {
+                    self.values.push((name, v.clone()));
+                }
+            }
+        }
+    }
+
     /// The SET statements that make `server` match this client, or None if it does.
     pub fn sync_sql(&self, server: &ServerConn) -> Option<String> {
         let mut sql = String::new();

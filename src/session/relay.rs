@@ -7,6 +7,7 @@
 //! copied except ReadyForQuery's status byte and ParameterStatus.
 
 use std::io;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 
@@ -36,6 +37,28 @@ pub enum Outcome {
     ClientProtocol(ProtocolError),
     /// The server sent bytes that break the protocol.
     ServerProtocol(ProtocolError),
+    /// A timeout ran out; the text is PgBouncer's reason.
+    Timeout(&'static str),
+    /// Statement mode: the server entered a transaction block.
+    LongTransaction,
+}
+
+/// Client-facing timeouts; zero disables each, as in PgBouncer.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Timeouts {
+    pub query: Duration,
+    pub idle_transaction: Duration,
+    pub transaction: Duration,
+    pub client_idle: Duration,
+}
+
+impl Timeouts {
+    fn any(&self) -> bool {
+        !(self.query.is_zero()
+            && self.idle_transaction.is_zero()
+            && self.transaction.is_zero()
+            && self.client_idle.is_zero())
+    }
 }
 
 /// When the relay should hand the server back.
@@ -45,6 +68,8 @@ pub enum ReleaseAt {
     SessionEnd,
     /// When the server is idle outside a transaction.
     TransactionEnd,
+    /// After every statement; a transaction block is refused.
+    StatementEnd,
 }
 
 /// Relay state for one client: buffers (allocated on first use) and protocol tracking.
@@ -67,6 +92,13 @@ pub struct Relay {
     /// A message header straddled the Terminate cut, so the server saw part of it.
     desync: bool,
     max_packet: u32,
+    /// A ReadyForQuery arrived in the last server read.
+    saw_ready: bool,
+    /// Timestamps for the timeouts, kept only when some timeout is set.
+    timeouts: Timeouts,
+    request_started: Option<Instant>,
+    transaction_started: Option<Instant>,
+    last_activity: Instant,
 }
 
 impl Relay {
@@ -82,6 +114,73 @@ impl Relay {
             terminated: false,
             desync: false,
             max_packet,
+            saw_ready: false,
+            timeouts: Timeouts::default(),
+            request_started: None,
+            transaction_started: None,
+            last_activity: Instant::now(),
+        }
+    }
+
+    /// Sets the timeouts to enforce from now on.
+    pub fn set_timeouts(&mut self, t: Timeouts) {
+        self.timeouts = t;
+    }
+
+    /// The earliest moment a timeout could fire, and the reason it would give.
+    fn deadline(&self, linked: bool) -> Option<(Instant, &'static str)> {
+        let t = &self.timeouts;
+        let mut best: Option<(Instant, &'static str)> = None;
+        let mut consider = |at: Instant, why: &'static str| {
+            if best.is_none_or(|(b, _)| at < b) {
+                best = Some((at, why));
+            }
+        };
+        if let (false, Some(at)) = (t.query.is_zero(), self.request_started) {
+            consider(at + t.query, "query_timeout");
+        }
+        if let (false, Some(at)) = (t.transaction.is_zero(), self.transaction_started) {
+            consider(at + t.transaction, "transaction timeout");
+        }
+        let idle_in_tx = linked && self.pending == 0 && self.status != b'I';
+        if !t.idle_transaction.is_zero() && idle_in_tx {
+            consider(
+                self.last_activity + t.idle_transaction,
+                "idle transaction timeout",
+            );
+        }
+        if !t.client_idle.is_zero() && self.pending == 0 && self.status == b'I' {
+            consider(self.last_activity + t.client_idle, "client_idle_timeout");
+        }
+        best
+    }
+
+    /// Updates the timestamps after client bytes.
+    fn note_client_activity(&mut self, pending_before: u32) {
+        if !self.timeouts.any() {
+            return;
+        }
+        let now = Instant::now();
+        self.last_activity = now;
+        if pending_before == 0 && self.pending > 0 {
+            self.request_started = Some(now);
+        }
+    }
+
+    /// Updates the timestamps after server bytes.
+    fn note_server_activity(&mut self) {
+        if !self.timeouts.any() {
+            return;
+        }
+        let now = Instant::now();
+        self.last_activity = now;
+        if self.saw_ready {
+            self.request_started = (self.pending > 0).then_some(now);
+            match (self.status, self.transaction_started) {
+                (b'I', _) => self.transaction_started = None,
+                (_, None) => self.transaction_started = Some(now),
+                _ => {}
+            }
         }
     }
 
@@ -116,9 +215,19 @@ impl Relay {
     /// is gone or terminated (nothing to do), true when bytes for a server are pending.
     pub async fn read_client_unlinked(&mut self, client: &Stream) -> Result<bool, Outcome> {
         loop {
-            client.readable().await.map_err(Outcome::ClientFailed)?;
+            let deadline = self.deadline(false);
+            tokio::select! {
+                r = client.readable() => r.map_err(Outcome::ClientFailed)?,
+                _ = sleep_until(deadline), if deadline.is_some() => {
+                    match self.deadline(false) {
+                        Some((at, why)) if at <= Instant::now() => return Err(Outcome::Timeout(why)),
+                        _ => continue,
+                    }
+                }
+            }
+            let pending_before = self.pending;
             match self.read_client(client) {
-                Ok(true) => {}
+                Ok(true) => self.note_client_activity(pending_before),
                 Ok(false) => return Ok(false),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) if e.kind() == io::ErrorKind::InvalidData => {
@@ -150,9 +259,10 @@ impl Relay {
             if self.terminated && self.c2s.is_empty() && self.s2c.is_empty() {
                 return Outcome::ClientClosed;
             }
-            if release == ReleaseAt::TransactionEnd && self.server_clean() {
+            if release != ReleaseAt::SessionEnd && self.server_clean() {
                 return Outcome::ReleasePoint;
             }
+            let deadline = self.deadline(true);
             tokio::select! {
                 biased;
                 r = server.stream.readable(), if self.s2c.is_empty() => {
@@ -165,8 +275,19 @@ impl Relay {
                         Err(ServerRead::Io(e)) => return Outcome::ServerClosed(e),
                         Err(ServerRead::Protocol(e)) => return Outcome::ServerProtocol(e),
                     }
+                    if self.saw_ready && release == ReleaseAt::StatementEnd && self.status != b'I' {
+                        return Outcome::LongTransaction;
+                    }
+                    self.note_server_activity();
                     if let Err(e) = flush(client, &mut self.s2c) {
                         return Outcome::ClientFailed(e);
+                    }
+                }
+                _ = sleep_until(deadline), if deadline.is_some() => {
+                    if let Some((at, why)) = self.deadline(true) {
+                        if at <= Instant::now() {
+                            return Outcome::Timeout(why);
+                        }
                     }
                 }
                 r = client.writable(), if !self.s2c.is_empty() => {
@@ -178,8 +299,9 @@ impl Relay {
                     if let Err(e) = r {
                         return Outcome::ClientFailed(e);
                     }
+                    let pending_before = self.pending;
                     match self.read_client(client) {
-                        Ok(true) => {}
+                        Ok(true) => self.note_client_activity(pending_before),
                         Ok(false) => return Outcome::ClientClosed,
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                         Err(e) if e.kind() == io::ErrorKind::InvalidData => {
@@ -278,7 +400,9 @@ impl Relay {
         if n == 0 {
             return Err(ServerRead::Io(io::ErrorKind::UnexpectedEof.into()));
         }
-        let (pending, status) = (&mut self.pending, &mut self.status);
+        let (pending, status, saw_ready) =
+            (&mut self.pending, &mut self.status, &mut self.saw_ready);
+        *saw_ready = false;
         let mut bad_param = false;
         self.server_framer
             .feed(&self.s2c[start..], u32::MAX, |e| match e {
@@ -292,6 +416,7 @@ impl Relay {
                 } => {
                     *pending = pending.saturating_sub(1);
                     *status = body.first().copied().unwrap_or(b'I');
+                    *saw_ready = true;
                     Body::Skip
                 }
                 Event::Complete {
@@ -325,6 +450,14 @@ impl Relay {
         let r = client.write_all(&self.s2c).await;
         self.s2c.clear();
         r
+    }
+}
+
+/// Sleeps until the deadline; never completes without one (the select arm is off then).
+async fn sleep_until(deadline: Option<(Instant, &'static str)>) {
+    match deadline {
+        Some((at, _)) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }
 

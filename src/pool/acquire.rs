@@ -1,0 +1,282 @@
+//! Lending: how a client gets a server connection from its pool.
+//!
+//! Order of preference: a recently used idle connection (checked if it sat idle past
+//! `server_check_delay`), a new connection within `pool_size` and the shared limits, or
+//! a place in line (FIFO), from which a reserve slot may be taken after
+//! `reserve_pool_timeout`. Every wait is bounded by `query_wait_timeout`.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use super::limits::{ConnLimit, LimitToken};
+use super::slot::SlotToken;
+use super::{server, Grant, Pool, PoolConfig, PoolError, PoolState, ServerConn, Waiter};
+
+/// Where an acquire stands after looking at the pool under its lock.
+enum Step {
+    Idle(ServerConn),
+    Connect,
+    Wait(u64, oneshot::Receiver<Grant>),
+}
+
+impl Pool {
+    /// Gets a server connection for a client.
+    ///
+    /// # Cancel safety
+    /// Dropping the future loses nothing: a slot or connection granted to a dropped
+    /// waiter goes on to the next waiter or back to the pool.
+    pub async fn acquire(self: &Arc<Self>) -> Result<ServerConn, PoolError> {
+        let cfg = self.config();
+        let deadline =
+            (!cfg.query_wait_timeout.is_zero()).then(|| Instant::now() + cfg.query_wait_timeout);
+        loop {
+            let mut doomed = Vec::new();
+            let step = {
+                let mut st = self.lock_state();
+                if st.closed {
+                    return Err(PoolError::PoolClosed);
+                }
+                if let Some(conn) = pop_idle(&mut st, &cfg, &mut doomed) {
+                    st.active += 1;
+                    Step::Idle(conn)
+                } else if cfg.pool_size == 0 || st.total < cfg.pool_size {
+                    st.total += 1;
+                    Step::Connect
+                } else {
+                    let (tx, rx) = oneshot::channel();
+                    let id = st.next_waiter;
+                    st.next_waiter += 1;
+                    st.waiters.push_back(Waiter {
+                        id,
+                        since: Instant::now(),
+                        tx,
+                    });
+                    Step::Wait(id, rx)
+                }
+            };
+            drop(doomed);
+            let slot = match step {
+                Step::Idle(conn) => match self.check_idle(conn, &cfg).await {
+                    Some(conn) => return Ok(conn),
+                    None => continue,
+                },
+                Step::Connect => SlotToken::counted(self.clone()),
+                Step::Wait(id, rx) => match self.wait_in_line(id, rx, &cfg, deadline).await? {
+                    Grant::Server(conn) => {
+                        self.lock_state().active += 1;
+                        return Ok(conn);
+                    }
+                    Grant::Slot(slot) => slot,
+                },
+            };
+            return self.connect_new(&cfg, slot, deadline).await;
+        }
+    }
+
+    /// Runs `server_check_query` on a connection that sat idle past
+    /// `server_check_delay`. Returns it if healthy; a failed one is closed.
+    async fn check_idle(&self, mut conn: ServerConn, cfg: &PoolConfig) -> Option<ServerConn> {
+        let Some(query) = &cfg.server_check_query else {
+            return Some(conn);
+        };
+        if conn.last_used.elapsed() < cfg.server_check_delay {
+            return Some(conn);
+        }
+        match conn
+            .run_internal(
+                query,
+                cfg.server_connect_timeout.max(Duration::from_secs(1)),
+            )
+            .await
+        {
+            Ok(()) => Some(conn),
+            Err(e) => {
+                tracing::info!("S-{}: server check failed, closing: {e}", conn.id);
+                let mut st = self.lock_state();
+                st.active = st.active.saturating_sub(1);
+                drop(st);
+                drop(conn);
+                None
+            }
+        }
+    }
+
+    /// Waits for a grant; after `reserve_pool_timeout` a waiter may leave the line
+    /// and take a reserve slot if the pool has one.
+    async fn wait_in_line(
+        self: &Arc<Self>,
+        id: u64,
+        mut rx: oneshot::Receiver<Grant>,
+        cfg: &PoolConfig,
+        deadline: Option<Instant>,
+    ) -> Result<Grant, PoolError> {
+        if cfg.reserve_pool_size > 0 {
+            let reserve_at = Instant::now() + cfg.reserve_pool_timeout;
+            let first = deadline.map_or(reserve_at, |d| d.min(reserve_at));
+            match tokio::time::timeout_at(first.into(), &mut rx).await {
+                Ok(g) => return g.map_err(|_| PoolError::PoolClosed),
+                Err(_) => {
+                    let mut st = self.lock_state();
+                    let limit = cfg.pool_size + cfg.reserve_pool_size;
+                    if let Some(pos) = st.waiters.iter().position(|w| w.id == id) {
+                        if st.total < limit {
+                            st.waiters.remove(pos);
+                            st.total += 1;
+                            tracing::info!(
+                                "{}/{}: taking connection from reserve_pool",
+                                self.key.database,
+                                self.key.user
+                            );
+                            return Ok(Grant::Slot(SlotToken::counted(self.clone())));
+                        }
+                    }
+                }
+            }
+        }
+        match deadline {
+            None => rx.await.map_err(|_| PoolError::PoolClosed),
+            Some(d) => match tokio::time::timeout_at(d.into(), rx).await {
+                Ok(g) => g.map_err(|_| PoolError::PoolClosed),
+                // The dropped receiver hands any late grant to the next waiter.
+                Err(_) => Err(PoolError::Timeout("query_wait_timeout")),
+            },
+        }
+    }
+
+    /// Opens a new connection in `slot`, within the database and user limits.
+    pub(crate) async fn connect_new(
+        self: &Arc<Self>,
+        cfg: &PoolConfig,
+        slot: SlotToken,
+        deadline: Option<Instant>,
+    ) -> Result<ServerConn, PoolError> {
+        let (generation, keys) = {
+            let st = self.lock_state();
+            if let Some((at, err)) = &st.last_login_error {
+                if at.elapsed() < cfg.server_login_retry {
+                    return Err(err.clone());
+                }
+            }
+            (st.generation, st.scram_keys)
+        };
+        let db_token = self
+            .take_limit(&self.limits.db, cfg.max_db_connections, deadline)
+            .await?;
+        let user_token = self
+            .take_limit(&self.limits.user, cfg.max_user_connections, deadline)
+            .await?;
+        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        match server::connect(cfg, keys, id, generation, slot).await {
+            Ok(mut conn) => {
+                conn.limit_tokens = Some((db_token, user_token));
+                let mut st = self.lock_state();
+                st.last_login_error = None;
+                if st.welcome.is_none() {
+                    st.welcome = Some(Arc::new(conn.params.clone()));
+                }
+                st.active += 1;
+                Ok(conn)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "S-{id}: {}/{}@{} {}",
+                    self.key.database,
+                    self.key.user,
+                    cfg.addr,
+                    e
+                );
+                self.lock_state().last_login_error = Some((Instant::now(), e.clone()));
+                Err(e)
+            }
+        }
+    }
+
+    /// Takes a unit of a shared limit: at once if free, else by closing an idle
+    /// connection of another pool under the same limit, else by waiting.
+    async fn take_limit(
+        &self,
+        limit: &Arc<ConnLimit>,
+        max: u32,
+        deadline: Option<Instant>,
+    ) -> Result<LimitToken, PoolError> {
+        loop {
+            let freed = limit.freed();
+            if let Some(t) = limit.try_take(max) {
+                return Ok(t);
+            }
+            if let Some(victim) = limit.evict_idle() {
+                drop(victim);
+                continue;
+            }
+            match deadline {
+                None => freed.await,
+                Some(d) => {
+                    if tokio::time::timeout_at(d.into(), freed).await.is_err() {
+                        return Err(PoolError::Timeout("query_wait_timeout"));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Keeps `min_pool_size` connections open once the pool has been used.
+    pub fn fill_min(self: &Arc<Self>) {
+        let cfg = self.config();
+        if cfg.min_pool_size == 0 {
+            return;
+        }
+        let slot = {
+            let mut st = self.lock_state();
+            let recent_error = st
+                .last_login_error
+                .as_ref()
+                .is_some_and(|(at, _)| at.elapsed() < cfg.server_login_retry);
+            let room = cfg.pool_size == 0 || st.total < cfg.pool_size;
+            if st.closed
+                || st.welcome.is_none()
+                || recent_error
+                || !room
+                || st.total >= cfg.min_pool_size
+            {
+                return;
+            }
+            st.total += 1;
+            SlotToken::counted(self.clone())
+        };
+        let pool = self.clone();
+        tokio::spawn(async move {
+            let deadline = Some(Instant::now() + Duration::from_secs(1));
+            if let Ok(conn) = pool.connect_new(&cfg, slot, deadline).await {
+                pool.release(conn, true);
+            }
+        });
+    }
+}
+
+/// Takes the most recently used idle connection that is still good (or the oldest,
+/// with `server_round_robin`). Stale ones go to `doomed`, dropped after unlocking,
+/// because a connection's slot takes the lock when dropped.
+fn pop_idle(
+    st: &mut PoolState,
+    cfg: &PoolConfig,
+    doomed: &mut Vec<ServerConn>,
+) -> Option<ServerConn> {
+    let now = Instant::now();
+    loop {
+        let conn = if cfg.server_round_robin && !st.idle.is_empty() {
+            st.idle.remove(0)
+        } else {
+            st.idle.pop()?
+        };
+        if conn.generation == st.generation
+            && !conn.expired(cfg, now)
+            && !conn.stream.is_dead_or_chatty()
+        {
+            return Some(conn);
+        }
+        doomed.push(conn);
+    }
+}
