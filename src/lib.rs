@@ -12,3 +12,4 @@ pub mod net;
 pub mod pool;
 pub mod protocol;
 pub mod session;
+pub mod stats;

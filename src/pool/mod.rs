@@ -25,6 +25,7 @@ pub use server::{ScramKeys, ServerConn};
 pub use target::{PoolConfig, ServerAddr};
 
 use crate::protocol::backend::ErrorFields;
+use crate::stats::PoolStats;
 use limits::PoolLimits;
 use slot::SlotToken;
 
@@ -87,6 +88,8 @@ pub struct Pool {
     ids: Arc<AtomicU64>,
     /// The database- and user-wide connection limits this pool counts against.
     limits: PoolLimits,
+    /// Traffic and timing counters (SHOW STATS, metrics).
+    pub stats: PoolStats,
 }
 
 impl Pool {
@@ -102,6 +105,7 @@ impl Pool {
             state: Mutex::new(PoolState::default()),
             ids,
             limits,
+            stats: PoolStats::default(),
         }
     }
 

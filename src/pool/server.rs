@@ -180,6 +180,7 @@ pub(crate) async fn connect(
         cfg,
         scram_keys,
         scram: None,
+        scram_verified: false,
     };
     let limit = if cfg.server_connect_timeout.is_zero() {
         Duration::from_secs(3600)
@@ -215,6 +216,8 @@ struct LoginState<'a> {
     cfg: &'a PoolConfig,
     scram_keys: Option<ScramKeys>,
     scram: Option<ScramClient>,
+    /// Set once the server proved it knows the password (valid SASLFinal).
+    scram_verified: bool,
 }
 
 impl LoginState<'_> {
@@ -282,6 +285,11 @@ impl LoginState<'_> {
     fn answer_auth(&mut self, code: u32, body: &[u8], out: &mut BytesMut) -> Result<(), PoolError> {
         let cfg = self.cfg;
         match code {
+            // A server that started SCRAM must finish it: AuthenticationOk without a
+            // verified SASLFinal would let an impostor skip mutual authentication.
+            0 if self.scram.is_some() && !self.scram_verified => Err(PoolError::Auth(
+                "server ended SCRAM authentication without proving the password",
+            )),
             0 => Ok(()),
             3 => match &cfg.secret {
                 Some(Secret::Plain(p)) => {
@@ -345,7 +353,9 @@ impl LoginState<'_> {
                     .ok_or(PoolError::Protocol("SASLFinal without SASL"))?;
                 scram
                     .verify_server_final(body)
-                    .map_err(|_| PoolError::Auth("server's SCRAM signature is invalid"))
+                    .map_err(|_| PoolError::Auth("server's SCRAM signature is invalid"))?;
+                self.scram_verified = true;
+                Ok(())
             }
             _ => Err(PoolError::Auth(
                 "server asked for an unsupported authentication method",

@@ -225,6 +225,7 @@ async fn run_session(
     };
     let mut relay = Relay::new(cfg.settings.max_packet_size);
     relay.set_timeouts(timeouts(&cfg, &user));
+    relay.stats.logins += 1;
     if !leftover.is_empty() {
         if let Err(e) = relay.preload(&leftover) {
             return protocol_failure(stream, &mut relay, tag, &e.to_string()).await;
@@ -253,8 +254,13 @@ async fn run_session(
                     break;
                 }
             }
+            let asked = Instant::now();
             match acquire_linked(&pool, &mut params).await {
                 Ok(s) => {
+                    let waited = asked.elapsed().as_micros() as u64;
+                    relay.stats.wait_time_us += waited;
+                    relay.stats.wait_hist.record(waited);
+                    relay.stats.server_assignments += 1;
                     cancel_key
                         .target
                         .set(Some((s.addr.clone(), s.backend_pid, s.backend_key)));
@@ -264,12 +270,16 @@ async fn run_session(
             }
             continue;
         };
-        match relay.run(stream, srv, &mut params, release_at).await {
+        match relay
+            .run(stream, srv, &mut params, release_at, &pool.stats)
+            .await
+        {
             Outcome::ReleasePoint => {
                 cancel_key.target.set(None);
                 if let Some(s) = server.take() {
                     pool.release(s, true);
                 }
+                pool.stats.flush(&mut relay.stats);
                 relay.shrink_idle();
             }
             Outcome::ClientClosed => {
@@ -320,6 +330,7 @@ async fn run_session(
         }
     };
     cancel_key.target.set(None);
+    pool.stats.flush(&mut relay.stats);
     if let Some(s) = server.take() {
         finish_server(&pool, s, relay.server_clean(), mode).await;
     }

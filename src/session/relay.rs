@@ -18,6 +18,7 @@ use crate::pool::ServerConn;
 use crate::protocol::backend::parse_parameter_status;
 use crate::protocol::header::*;
 use crate::protocol::ProtocolError;
+use crate::stats::{PoolStats, StatsDelta};
 
 /// Bytes read per wake-up and direction.
 const READ_CHUNK: usize = 16 * 1024;
@@ -50,15 +51,6 @@ pub struct Timeouts {
     pub idle_transaction: Duration,
     pub transaction: Duration,
     pub client_idle: Duration,
-}
-
-impl Timeouts {
-    fn any(&self) -> bool {
-        !(self.query.is_zero()
-            && self.idle_transaction.is_zero()
-            && self.transaction.is_zero()
-            && self.client_idle.is_zero())
-    }
 }
 
 /// When the relay should hand the server back.
@@ -99,6 +91,11 @@ pub struct Relay {
     request_started: Option<Instant>,
     transaction_started: Option<Instant>,
     last_activity: Instant,
+    /// Counts since the last flush into the pool's stats.
+    pub stats: StatsDelta,
+    /// ReadyForQuery messages in the last server read, and how many ended a transaction.
+    readies: u32,
+    xacts_done: u32,
 }
 
 impl Relay {
@@ -119,6 +116,9 @@ impl Relay {
             request_started: None,
             transaction_started: None,
             last_activity: Instant::now(),
+            stats: StatsDelta::default(),
+            readies: 0,
+            xacts_done: 0,
         }
     }
 
@@ -155,32 +155,50 @@ impl Relay {
         best
     }
 
-    /// Updates the timestamps after client bytes.
+    /// Updates the timestamps after client bytes: a request starts when the server
+    /// owed nothing, and a transaction starts with a request outside one.
     fn note_client_activity(&mut self, pending_before: u32) {
-        if !self.timeouts.any() {
-            return;
-        }
-        let now = Instant::now();
-        self.last_activity = now;
         if pending_before == 0 && self.pending > 0 {
+            let now = Instant::now();
+            self.last_activity = now;
             self.request_started = Some(now);
+            if self.transaction_started.is_none() {
+                self.transaction_started = Some(now);
+            }
+        } else if !self.timeouts.client_idle.is_zero() || !self.timeouts.idle_transaction.is_zero()
+        {
+            self.last_activity = Instant::now();
         }
     }
 
-    /// Updates the timestamps after server bytes.
-    fn note_server_activity(&mut self) {
-        if !self.timeouts.any() {
+    /// After server bytes with ReadyForQuery in them: counts queries and transactions
+    /// and their times, and flushes the counts when a transaction ended.
+    fn note_server_activity(&mut self, stats: &PoolStats) {
+        if self.readies == 0 {
             return;
         }
         let now = Instant::now();
         self.last_activity = now;
-        if self.saw_ready {
-            self.request_started = (self.pending > 0).then_some(now);
-            match (self.status, self.transaction_started) {
-                (b'I', _) => self.transaction_started = None,
-                (_, None) => self.transaction_started = Some(now),
-                _ => {}
+        self.stats.queries += u64::from(self.readies);
+        if let Some(at) = self.request_started {
+            let us = now.duration_since(at).as_micros() as u64;
+            self.stats.query_time_us += us;
+            self.stats.query_hist.record(us);
+        }
+        self.request_started = (self.pending > 0).then_some(now);
+        if self.xacts_done > 0 {
+            self.stats.xacts += u64::from(self.xacts_done);
+            if let Some(at) = self.transaction_started {
+                let us = now.duration_since(at).as_micros() as u64;
+                self.stats.xact_time_us += us;
+                self.stats.xact_hist.record(us);
             }
+            self.transaction_started = if self.status != b'I' || self.pending > 0 {
+                Some(now)
+            } else {
+                None
+            };
+            stats.flush(&mut self.stats);
         }
     }
 
@@ -254,6 +272,7 @@ impl Relay {
         server: &mut ServerConn,
         params: &mut ClientParams,
         release: ReleaseAt,
+        stats: &PoolStats,
     ) -> Outcome {
         loop {
             if self.terminated && self.c2s.is_empty() && self.s2c.is_empty() {
@@ -278,7 +297,7 @@ impl Relay {
                     if self.saw_ready && release == ReleaseAt::StatementEnd && self.status != b'I' {
                         return Outcome::LongTransaction;
                     }
-                    self.note_server_activity();
+                    self.note_server_activity(stats);
                     if let Err(e) = flush(client, &mut self.s2c) {
                         return Outcome::ClientFailed(e);
                     }
@@ -338,6 +357,7 @@ impl Relay {
         if n == 0 {
             return Ok(false);
         }
+        self.stats.bytes_received += n as u64;
         self.scan_client(start)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         Ok(true)
@@ -349,6 +369,7 @@ impl Relay {
         let mut cut = None;
         let (pending, unsynced, terminated) =
             (&mut self.pending, &mut self.unsynced, &mut self.terminated);
+        let (parses, binds) = (&mut self.stats.client_parses, &mut self.stats.binds);
         let mut desync = false;
         let r = self
             .client_framer
@@ -363,8 +384,15 @@ impl Relay {
                             *pending += 1;
                             *unsynced = false;
                         }
-                        TAG_PARSE | TAG_BIND | TAG_EXECUTE | TAG_DESCRIBE | TAG_CLOSE
-                        | TAG_FLUSH => *unsynced = true,
+                        TAG_PARSE => {
+                            *parses += 1;
+                            *unsynced = true;
+                        }
+                        TAG_BIND => {
+                            *binds += 1;
+                            *unsynced = true;
+                        }
+                        TAG_EXECUTE | TAG_DESCRIBE | TAG_CLOSE | TAG_FLUSH => *unsynced = true,
                         TAG_TERMINATE => {
                             *terminated = true;
                             match at {
@@ -400,9 +428,13 @@ impl Relay {
         if n == 0 {
             return Err(ServerRead::Io(io::ErrorKind::UnexpectedEof.into()));
         }
+        self.stats.bytes_sent += n as u64;
         let (pending, status, saw_ready) =
             (&mut self.pending, &mut self.status, &mut self.saw_ready);
+        let (readies, xacts_done) = (&mut self.readies, &mut self.xacts_done);
         *saw_ready = false;
+        *readies = 0;
+        *xacts_done = 0;
         let mut bad_param = false;
         self.server_framer
             .feed(&self.s2c[start..], u32::MAX, |e| match e {
@@ -417,6 +449,10 @@ impl Relay {
                     *pending = pending.saturating_sub(1);
                     *status = body.first().copied().unwrap_or(b'I');
                     *saw_ready = true;
+                    *readies += 1;
+                    if *status == b'I' {
+                        *xacts_done += 1;
+                    }
                     Body::Skip
                 }
                 Event::Complete {
