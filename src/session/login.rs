@@ -171,10 +171,9 @@ pub async fn login(
 
     let keys = authenticate(&cfg, &db, stream, buf, &mut out, &user).await?;
 
-    let pool_user = match s.auth_type {
-        AuthType::Any => db.user.clone().unwrap_or_else(|| user.clone()),
-        _ => user.clone(),
-    };
+    // As in PgBouncer, a forced user owns the pool: every client of the database
+    // shares the forced user's server connections, whoever logged in.
+    let pool_user = db.user.clone().unwrap_or_else(|| user.clone());
     let key = PoolKey {
         database: database.clone(),
         user: pool_user.clone(),
@@ -182,7 +181,8 @@ pub async fn login(
     let pool = app
         .pools
         .get_or_create(&key, || PoolConfig::new(&cfg, &db, &database, &pool_user));
-    if let Some(k) = keys {
+    // SCRAM keys prove the client's own password: they can only log in as that user.
+    if let Some(k) = keys.filter(|_| pool_user == user) {
         pool.set_scram_keys(k);
     }
     backend::authentication(&mut out, backend::AUTH_OK, &[]);
@@ -206,7 +206,10 @@ async fn authenticate(
     user: &str,
 ) -> Result<Option<ScramKeys>, ClientError> {
     let s = &cfg.settings;
-    let secret = cfg.userlist.get(user).map(|p| Secret::parse(p));
+    let listed = cfg.userlist.get(user);
+    // An empty stored password never matches (as in PgBouncer); it still lists the
+    // user for `trust`.
+    let secret = listed.filter(|p| !p.is_empty()).map(|p| Secret::parse(p));
     let failed = || ClientError::fatal(INVALID_PASSWORD, "password authentication failed".into());
     match s.auth_type {
         AuthType::Any => {
@@ -215,7 +218,13 @@ async fn authenticate(
             }
             Ok(None)
         }
-        AuthType::Trust => secret.map(|_| None).ok_or_else(failed),
+        AuthType::Trust => match listed {
+            Some(_) => Ok(None),
+            None => Err(ClientError::fatal(
+                PROTOCOL_VIOLATION,
+                "\"trust\" authentication failed".into(),
+            )),
+        },
         AuthType::Plain => {
             authentication(out, AUTH_CLEARTEXT, &[]);
             let password = read_password(stream, buf, out).await?;
@@ -324,7 +333,8 @@ async fn scram(
         Some(secret) => ScramServer::new(&secret, iterations),
         None => None,
     };
-    let mut server = server.unwrap_or_else(|| ScramServer::mock(user, iterations));
+    let mut server =
+        server.unwrap_or_else(|| ScramServer::mock_keyed(user, iterations, mock_key()));
 
     backend::auth_sasl_scram(out);
     let mut body = exchange(stream, buf, out).await?;
@@ -358,6 +368,13 @@ async fn scram(
         _ => None,
     };
     Ok(keys)
+}
+
+/// A per-process random key for mock SCRAM salts: with a fixed, public key anyone could
+/// compute an unknown user's mock salt and tell it from a real one.
+fn mock_key() -> &'static [u8] {
+    static KEY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
+    KEY.get_or_init(rand::random)
 }
 
 fn take_cstr(body: &mut BytesMut) -> Option<String> {

@@ -14,7 +14,10 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod pg;
+pub mod probe;
+pub mod raw;
 pub mod sluice;
+pub mod wire;
 
 pub use pg::{pg, pg_bindir, PgServer};
 pub use sluice::{Sluice, SluiceBuilder};

@@ -1,0 +1,272 @@
+//! Sluice logging in to PostgreSQL: trust, cleartext, md5 and SCRAM, with the
+//! password from the database entry or from the userlist, SCRAM pass-through with
+//! keys recovered from the client's login, and server login errors reaching the
+//! client with PostgreSQL's SQLSTATE and message.
+
+use std::time::Duration;
+
+use super::auth::{login_error, try_login, whoami, LOGIN_LIMIT};
+use crate::support::{self, pg, SluiceBuilder};
+
+fn pg_db(extra: &str) -> String {
+    format!("host=127.0.0.1 port=@PG_PORT@ dbname=sluice_test {extra}")
+}
+
+/// PostgreSQL's stored SCRAM verifier for `sluice_scram`.
+fn pg_scram_secret() -> String {
+    let s = pg().psql("SELECT rolpassword FROM pg_authid WHERE rolname = 'sluice_scram'");
+    let s = s.trim().to_owned();
+    assert!(s.starts_with("SCRAM-SHA-256$"), "{s}");
+    s
+}
+
+#[tokio::test]
+async fn auth_server_password_from_userlist_for_each_method() {
+    // Client auth is trust; the userlist password is used toward the server.
+    let md5_hash = postgres_protocol::password::md5(b"md5pass", support::MD5_USER);
+    let sluice = SluiceBuilder::new()
+        .setting("auth_type", "trust")
+        .userlist(support::TRUST_USER, "")
+        .userlist(support::PLAIN_USER, support::PLAIN_PASSWORD)
+        .userlist(support::MD5_USER, &md5_hash)
+        .userlist(support::SCRAM_USER, support::SCRAM_PASSWORD)
+        .start();
+    for user in [
+        support::TRUST_USER,
+        support::PLAIN_USER,
+        support::MD5_USER,
+        support::SCRAM_USER,
+    ] {
+        let who = whoami(&sluice.config(user, "", support::TEST_DB)).await;
+        assert_eq!(who, user);
+    }
+}
+
+#[tokio::test]
+async fn auth_server_md5_with_plaintext_userlist_and_md5_client_auth() {
+    let sluice = SluiceBuilder::new()
+        .userlist(support::MD5_USER, support::MD5_PASSWORD)
+        .userlist(support::PLAIN_USER, support::PLAIN_PASSWORD)
+        .userlist(support::SCRAM_USER, support::SCRAM_PASSWORD)
+        .start();
+    for user in [support::MD5_USER, support::PLAIN_USER, support::SCRAM_USER] {
+        let pw = support::password_for(user).unwrap();
+        let who = whoami(&sluice.config(user, pw, support::TEST_DB)).await;
+        assert_eq!(who, user);
+    }
+}
+
+#[tokio::test]
+async fn auth_server_password_from_the_database_entry() {
+    let mut b = SluiceBuilder::new().setting("auth_type", "any");
+    let users = [
+        support::TRUST_USER,
+        support::PLAIN_USER,
+        support::MD5_USER,
+        support::SCRAM_USER,
+    ];
+    for user in users {
+        let extra = match support::password_for(user) {
+            Some(pw) => format!("user={user} password={pw}"),
+            None => format!("user={user}"),
+        };
+        b = b.database(&format!("db_{user}"), &pg_db(&extra));
+    }
+    let sluice = b.start();
+    for user in users {
+        let who = whoami(&sluice.config("anyone", "", &format!("db_{user}"))).await;
+        assert_eq!(who, user);
+    }
+}
+
+#[tokio::test]
+async fn auth_server_forced_user_password_from_userlist() {
+    // `user=` without `password=`: the forced user's userlist entry is used.
+    let sluice = SluiceBuilder::new()
+        .setting("auth_type", "any")
+        .database("via_md5", &pg_db("user=sluice_md5"))
+        .database("via_scram", &pg_db("user=sluice_scram"))
+        .userlist(support::MD5_USER, support::MD5_PASSWORD)
+        .userlist(support::SCRAM_USER, support::SCRAM_PASSWORD)
+        .start();
+    assert_eq!(
+        whoami(&sluice.config("x", "", "via_md5")).await,
+        support::MD5_USER
+    );
+    assert_eq!(
+        whoami(&sluice.config("y", "", "via_scram")).await,
+        support::SCRAM_USER
+    );
+}
+
+#[tokio::test]
+async fn auth_server_scram_pass_through_with_pg_secret() {
+    let secret = pg_scram_secret();
+    for auth_type in ["scram-sha-256", "md5"] {
+        let sluice = SluiceBuilder::new()
+            .setting("auth_type", auth_type)
+            .userlist(support::SCRAM_USER, &secret)
+            .start();
+        let cfg = sluice.config(
+            support::SCRAM_USER,
+            support::SCRAM_PASSWORD,
+            support::TEST_DB,
+        );
+        // The first login opens the server connection with the recovered keys; the
+        // second must work too (a new server connection in a fresh pool state or a
+        // reused one).
+        for _ in 0..2 {
+            assert_eq!(whoami(&cfg).await, support::SCRAM_USER, "{auth_type}");
+        }
+        let (code, msg) =
+            login_error(&sluice.config(support::SCRAM_USER, "wrong", support::TEST_DB)).await;
+        assert_eq!(
+            (code.as_str(), msg.as_str()),
+            ("28P01", "SASL authentication failed")
+        );
+    }
+}
+
+#[test]
+fn auth_server_scram_pass_through_with_psql() {
+    let secret = pg_scram_secret();
+    let sluice = SluiceBuilder::new()
+        .setting("auth_type", "scram-sha-256")
+        .setting("pool_mode", "transaction")
+        .userlist(support::SCRAM_USER, &secret)
+        .start();
+    let sock = sluice.socket_dir().to_string_lossy().into_owned();
+    for host in ["127.0.0.1", sock.as_str()] {
+        let mut cmd = support::psql_cmd_pw(
+            sluice.port(),
+            host,
+            support::SCRAM_USER,
+            support::TEST_DB,
+            support::SCRAM_PASSWORD,
+        );
+        cmd.args(["-c", "SELECT current_user"]);
+        let out = support::run_bounded(&mut cmd, None, Duration::from_secs(30)).expect("psql hung");
+        assert!(
+            out.status.success(),
+            "{host}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            support::SCRAM_USER
+        );
+    }
+}
+
+#[tokio::test]
+async fn auth_server_scram_secret_without_keys_is_reported() {
+    // Plain client auth proves the password but yields no SCRAM keys, so Sluice cannot
+    // answer PostgreSQL's SCRAM challenge with a stored verifier.
+    let sluice = SluiceBuilder::new()
+        .setting("auth_type", "plain")
+        .setting("server_login_retry", "0")
+        .userlist(support::SCRAM_USER, &pg_scram_secret())
+        .start();
+    let (code, msg) = login_error(&sluice.config(
+        support::SCRAM_USER,
+        support::SCRAM_PASSWORD,
+        support::TEST_DB,
+    ))
+    .await;
+    assert_eq!(code, "28000", "{msg}");
+    assert!(msg.contains("SCRAM"), "{msg}");
+}
+
+#[tokio::test]
+async fn auth_server_wrong_userlist_password_reaches_the_client() {
+    for auth_type in ["trust", "any"] {
+        let sluice = SluiceBuilder::new()
+            .setting("auth_type", auth_type)
+            .userlist(support::MD5_USER, "not-the-password")
+            .userlist(support::SCRAM_USER, "not-the-password")
+            .userlist(support::PLAIN_USER, "not-the-password")
+            .start();
+        for user in [support::MD5_USER, support::SCRAM_USER, support::PLAIN_USER] {
+            let (code, msg) = login_error(&sluice.config(user, "", support::TEST_DB)).await;
+            assert_eq!(code, "28P01", "{auth_type} {user}: {msg}");
+            assert_eq!(
+                msg,
+                format!("password authentication failed for user \"{user}\""),
+                "{auth_type}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn auth_server_wrong_scram_keys_are_refused_by_postgres() {
+    // The userlist verifier is for another password: the client proves it, but the
+    // recovered keys do not match PostgreSQL's.
+    let other = postgres_protocol::password::scram_sha_256(b"otherpass");
+    let sluice = SluiceBuilder::new()
+        .setting("auth_type", "scram-sha-256")
+        .userlist(support::SCRAM_USER, &other)
+        .start();
+    let (code, msg) =
+        login_error(&sluice.config(support::SCRAM_USER, "otherpass", support::TEST_DB)).await;
+    assert_eq!(code, "28P01", "{msg}");
+    assert_eq!(
+        msg,
+        "password authentication failed for user \"sluice_scram\""
+    );
+}
+
+#[tokio::test]
+async fn auth_server_missing_server_database_reaches_the_client() {
+    let sluice = SluiceBuilder::new()
+        .setting("auth_type", "trust")
+        .database(
+            "gone",
+            "host=127.0.0.1 port=@PG_PORT@ dbname=no_such_db_on_pg",
+        )
+        .userlist(support::TRUST_USER, "")
+        .start();
+    let cfg = sluice.config(support::TRUST_USER, "", "gone");
+    let (code, msg) = login_error(&cfg).await;
+    assert_eq!(code, "3D000");
+    assert_eq!(msg, "database \"no_such_db_on_pg\" does not exist");
+    // Still the same while the failure is remembered (server_login_retry).
+    let (code, _) = login_error(&cfg).await;
+    assert_eq!(code, "3D000");
+    // Other databases are not affected.
+    assert_eq!(
+        whoami(&sluice.config(support::TRUST_USER, "", support::TEST_DB)).await,
+        support::TRUST_USER
+    );
+}
+
+#[tokio::test]
+async fn auth_server_forced_user_pool_is_shared_by_all_client_users() {
+    // PgBouncer keys the pool by the forced user: with pool_size=1 and session
+    // pooling, a second client user gets the same backend after the first leaves.
+    let sluice = SluiceBuilder::new()
+        .setting("auth_type", "trust")
+        .setting("pool_mode", "session")
+        .database("sluice_test", &pg_db("user=sluice_trust pool_size=1"))
+        .userlist("a", "")
+        .userlist("b", "")
+        .start();
+    let pid_of = |user: &'static str| {
+        let cfg = sluice.config(user, "", support::TEST_DB);
+        async move {
+            let c = try_login(&cfg).await.expect("login");
+            let row =
+                tokio::time::timeout(LOGIN_LIMIT, c.query_one("SELECT pg_backend_pid()", &[]))
+                    .await
+                    .expect("query hung")
+                    .expect("query");
+            row.get::<_, i32>(0)
+        }
+    };
+    let a = pid_of("a").await;
+    let b = pid_of("b").await;
+    assert_eq!(
+        a, b,
+        "client users a and b should share the forced user's pool"
+    );
+}
