@@ -344,7 +344,9 @@ async fn acquire_linked(
 ) -> Result<ServerConn, PoolError> {
     let mut server = pool.acquire().await?;
     if let Some(sql) = params.sync_sql(&server) {
+        // A zero server_connect_timeout means "no limit" elsewhere; keep a sane bound.
         let timeout = pool.config().server_connect_timeout;
+        let timeout = if timeout.is_zero() { std::time::Duration::from_secs(15) } else { timeout };
         if let Err(e) = server.run_internal(&sql, timeout).await {
             // The server is fine but the client's value was refused; closing it keeps
             // the pool clean, and the client learns why.
