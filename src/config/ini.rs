@@ -164,7 +164,15 @@ impl Parser {
             Some(dir) if target.is_relative() => dir.join(target),
             _ => target.to_path_buf(),
         };
-        let text = read(&path)?;
+        // Named at the %include line: the operator must learn which line asked for the
+        // file, not only that some file is missing.
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            ConfigError::at(
+                file,
+                line,
+                format!("%include {}: cannot read: {e}", path.display()),
+            )
+        })?;
         self.parse(&text, &path, depth + 1)
     }
 }
@@ -353,7 +361,11 @@ mod tests {
         let dir = TempDir::new("err");
         let main = dir.write("main.ini", "[pgbouncer]\n%include missing.ini\n");
         let err = parse_file(&main).unwrap_err().to_string();
-        let expected = format!("{}: cannot read: ", dir.0.join("missing.ini").display());
+        let expected = format!(
+            "{}:2: %include {}: cannot read: ",
+            main.display(),
+            dir.0.join("missing.ini").display()
+        );
         assert!(err.starts_with(&expected), "{err}");
 
         let bad = dir.write("bad.ini", "[pgbouncer]\nnot a line\n");

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::app::{App, Shutdown};
-use crate::config::Config;
+use crate::config::{Config, Settings};
 use crate::net::{bind_listeners, Listeners, Stream};
 use cli::Args;
 use logging::LogSink;
@@ -39,6 +39,7 @@ pub fn main_with(args: Args) -> i32 {
         eprintln!("FATAL daemon mode (-d) needs pidfile and logfile set in the config");
         return 1;
     }
+    // Opened before forking so that an unwritable logfile is reported on the terminal.
     let sink = match LogSink::new(!args.quiet && !args.daemon, s.logfile.clone()) {
         Ok(s) => s,
         Err(e) => {
@@ -46,16 +47,24 @@ pub fn main_with(args: Args) -> i32 {
             return 1;
         }
     };
+    // Fork before the logger exists: it records the pid every line carries, and the
+    // daemon's pid is only known after the fork.
+    if args.daemon {
+        if let Err(e) = os::daemonize() {
+            eprintln!("FATAL cannot daemonize: {e}");
+            return 1;
+        }
+    }
     logging::init(sink.clone(), args.verbose.max(s.verbose));
     for w in &config.warnings {
         tracing::warn!("{w}");
     }
-    if args.daemon {
-        if let Err(e) = os::daemonize() {
-            tracing::error!("cannot daemonize: {e}");
-            return 1;
-        }
-    }
+    tracing::debug!(
+        "loaded config {}: {} databases, {} users in auth_file",
+        path.display(),
+        config.databases.len() + usize::from(config.fallback_database.is_some()),
+        config.userlist.len()
+    );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -67,7 +76,11 @@ pub fn main_with(args: Args) -> i32 {
         }
     };
     let user = args.user.clone().or_else(|| config.settings.user.clone());
-    runtime.block_on(run(path, config, sink, user))
+    let code = runtime.block_on(run(path, config, sink, user));
+    // Dropping the runtime would wait without limit for blocking work (a DNS lookup of
+    // a dead server, say); SIGQUIT promises an exit at once.
+    runtime.shutdown_timeout(Duration::from_millis(500));
+    code
 }
 
 /// Binds, serves, and returns the exit code once shut down.
@@ -105,12 +118,18 @@ async fn run(path: PathBuf, config: Config, sink: Arc<LogSink>, user: Option<Str
         crate::lifecycle::cli::version_line()
     );
 
+    // Removed explicitly on the way out rather than left to the listener's drop, which
+    // only happens whenever the runtime gets round to dropping the accept task.
+    let socket_file = listeners.unix_path().cloned();
     let app = App::new(config);
     let accept = tokio::spawn(accept_loops(app.clone(), listeners));
     let janitor = tokio::spawn(janitor(app.clone()));
     let code = signals(app.clone(), &path, &sink).await;
     accept.abort();
     janitor.abort();
+    if let Some(p) = &socket_file {
+        let _ = std::fs::remove_file(p);
+    }
     if let Some(p) = &pidfile {
         let _ = std::fs::remove_file(p);
     }
@@ -130,6 +149,11 @@ async fn accept_loops(app: Arc<App>, mut listeners: Listeners) {
                     r = l.accept() => match r {
                         Ok((s, _)) => {
                             let _ = s.set_nodelay(true);
+                            // PgBouncer's tcp_keepalive covers client sockets too: a
+                            // vanished client must not hold its slot and server forever.
+                            if app.config().settings.tcp_keepalive {
+                                let _ = socket2::SockRef::from(&s).set_keepalive(true);
+                            }
                             tokio::spawn(crate::session::serve_client(app.clone(), Stream::Tcp(s)));
                         }
                         Err(e) => {
@@ -245,9 +269,14 @@ async fn signals(app: Arc<App>, path: &Path, sink: &LogSink) -> i32 {
 /// Re-reads the ini and the auth file; a bad file keeps the old config running.
 pub fn reload(app: &App, path: &Path, sink: &LogSink) {
     match Config::load(path) {
-        Ok(new) => {
+        Ok(mut new) => {
             for w in &new.warnings {
                 tracing::warn!("{w}");
+            }
+            for name in keep_restart_only(&app.config().settings, &mut new.settings) {
+                tracing::warn!(
+                    "setting \"{name}\" cannot be changed by a reload; restart Sluice to apply it"
+                );
             }
             if let Err(e) = sink.reopen(new.settings.logfile.clone()) {
                 tracing::error!("{e}");
@@ -256,5 +285,64 @@ pub fn reload(app: &App, path: &Path, sink: &LogSink) {
             tracing::info!("config reloaded");
         }
         Err(e) => tracing::error!("config reload failed, keeping the old config: {e}"),
+    }
+}
+
+/// Settings bound to the listeners, the pidfile or the process identity only take
+/// effect at startup (PgBouncer marks them no-reload). A reload keeps their running
+/// values, so that what the config reports matches what the process does; returns the
+/// names whose file value was ignored.
+fn keep_restart_only(old: &Settings, new: &mut Settings) -> Vec<&'static str> {
+    let mut ignored = Vec::new();
+    macro_rules! keep {
+        ($($field:ident),*) => {$(
+            if old.$field != new.$field {
+                let name = stringify!($field);
+                ignored.push(name);
+                new.$field = old.$field.clone();
+                match old.raw.get(name) {
+                    Some(v) => new.raw.insert(name.to_string(), v.clone()),
+                    None => new.raw.remove(name),
+                };
+            }
+        )*};
+    }
+    keep!(
+        listen_addr,
+        listen_port,
+        listen_backlog,
+        unix_socket_dir,
+        unix_socket_mode,
+        unix_socket_group,
+        user,
+        pidfile
+    );
+    ignored
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reload_keeps_restart_only_settings() {
+        let old = Settings::default();
+        let mut new = Settings {
+            listen_port: 7000,
+            unix_socket_group: Some("staff".into()),
+            default_pool_size: 3,
+            ..Settings::default()
+        };
+        new.raw.insert("listen_port".into(), "7000".into());
+        new.raw.insert("unix_socket_group".into(), "staff".into());
+        let ignored = keep_restart_only(&old, &mut new);
+        assert_eq!(ignored, vec!["listen_port", "unix_socket_group"]);
+        assert_eq!(new.listen_port, 6432);
+        assert_eq!(new.raw["listen_port"], "6432");
+        assert_eq!(new.unix_socket_group, None);
+        assert_eq!(new.raw["unix_socket_group"], "");
+        // Reloadable settings pass through.
+        assert_eq!(new.default_pool_size, 3);
+        assert!(keep_restart_only(&old, &mut Settings::default()).is_empty());
     }
 }

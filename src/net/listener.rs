@@ -4,7 +4,7 @@
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, UnixListener};
@@ -73,7 +73,11 @@ pub fn bind_listeners(s: &Settings) -> io::Result<Listeners> {
         }
         let l = UnixListener::bind(&path)
             .map_err(|e| io::Error::new(e.kind(), format!("bind {}: {e}", path.display())))?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(s.unix_socket_mode))?;
+        if let Err(e) = set_socket_access(&path, s) {
+            // The file is ours now; do not leave it behind when refusing to start.
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
+        }
         unix = Some(l);
         unix_path = Some(path);
     }
@@ -88,6 +92,48 @@ pub fn bind_listeners(s: &Settings) -> io::Result<Listeners> {
         unix,
         unix_path,
     })
+}
+
+/// Applies `unix_socket_mode` and `unix_socket_group` to the socket file.
+fn set_socket_access(path: &Path, s: &Settings) -> io::Result<()> {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(s.unix_socket_mode)).map_err(
+        |e| {
+            io::Error::new(
+                e.kind(),
+                format!("unix_socket_mode on {}: {e}", path.display()),
+            )
+        },
+    )?;
+    if let Some(group) = &s.unix_socket_group {
+        let gid = group_id(group)?;
+        std::os::unix::fs::chown(path, None, Some(gid)).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("unix_socket_group {group} on {}: {e}", path.display()),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// The gid of group `name` (a number is taken as a gid, as chgrp does).
+fn group_id(name: &str) -> io::Result<u32> {
+    let unknown = || {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("unix_socket_group: unknown group {name}"),
+        )
+    };
+    let cname = std::ffi::CString::new(name).map_err(|_| unknown())?;
+    // SAFETY: `cname` is NUL-terminated; getgrnam returns NULL or a pointer to static
+    // storage that is read at once, before any other getgr* call. Binding happens at
+    // startup, before other threads look groups up.
+    let gr = unsafe { libc::getgrnam(cname.as_ptr()) };
+    if !gr.is_null() {
+        // SAFETY: non-null, points to a valid group record (see above).
+        return Ok(unsafe { (*gr).gr_gid });
+    }
+    name.parse::<u32>().map_err(|_| unknown())
 }
 
 /// Expands `*` to all IPv4 and IPv6 addresses; resolves names and literals.

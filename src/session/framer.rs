@@ -52,6 +52,11 @@ impl Framer {
         self.header_len == 0 && self.remaining == 0
     }
 
+    /// Header bytes seen of a message whose header is not complete yet.
+    pub fn partial_header_len(&self) -> usize {
+        self.header_len
+    }
+
     /// Feeds one chunk. `on` is called for each event and returns the body treatment
     /// for `Start` events (ignored for others). `max_len` bounds the length field.
     pub fn feed<F>(&mut self, data: &[u8], max_len: u32, mut on: F) -> Result<(), ProtocolError>

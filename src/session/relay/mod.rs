@@ -11,7 +11,11 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 
+mod prepared;
+mod timing;
+
 use super::framer::{Body, Event, Framer};
+use timing::sleep_until;
 use super::params::ClientParams;
 use crate::net::Stream;
 use crate::pool::ServerConn;
@@ -119,86 +123,6 @@ impl Relay {
             stats: StatsDelta::default(),
             readies: 0,
             xacts_done: 0,
-        }
-    }
-
-    /// Sets the timeouts to enforce from now on.
-    pub fn set_timeouts(&mut self, t: Timeouts) {
-        self.timeouts = t;
-    }
-
-    /// The earliest moment a timeout could fire, and the reason it would give.
-    fn deadline(&self, linked: bool) -> Option<(Instant, &'static str)> {
-        let t = &self.timeouts;
-        let mut best: Option<(Instant, &'static str)> = None;
-        let mut consider = |at: Instant, why: &'static str| {
-            if best.is_none_or(|(b, _)| at < b) {
-                best = Some((at, why));
-            }
-        };
-        if let (false, Some(at)) = (t.query.is_zero(), self.request_started) {
-            consider(at + t.query, "query_timeout");
-        }
-        if let (false, Some(at)) = (t.transaction.is_zero(), self.transaction_started) {
-            consider(at + t.transaction, "transaction timeout");
-        }
-        let idle_in_tx = linked && self.pending == 0 && self.status != b'I';
-        if !t.idle_transaction.is_zero() && idle_in_tx {
-            consider(
-                self.last_activity + t.idle_transaction,
-                "idle transaction timeout",
-            );
-        }
-        if !t.client_idle.is_zero() && self.pending == 0 && self.status == b'I' {
-            consider(self.last_activity + t.client_idle, "client_idle_timeout");
-        }
-        best
-    }
-
-    /// Updates the timestamps after client bytes: a request starts when the server
-    /// owed nothing, and a transaction starts with a request outside one.
-    fn note_client_activity(&mut self, pending_before: u32) {
-        if pending_before == 0 && self.pending > 0 {
-            let now = Instant::now();
-            self.last_activity = now;
-            self.request_started = Some(now);
-            if self.transaction_started.is_none() {
-                self.transaction_started = Some(now);
-            }
-        } else if !self.timeouts.client_idle.is_zero() || !self.timeouts.idle_transaction.is_zero()
-        {
-            self.last_activity = Instant::now();
-        }
-    }
-
-    /// After server bytes with ReadyForQuery in them: counts queries and transactions
-    /// and their times, and flushes the counts when a transaction ended.
-    fn note_server_activity(&mut self, stats: &PoolStats) {
-        if self.readies == 0 {
-            return;
-        }
-        let now = Instant::now();
-        self.last_activity = now;
-        self.stats.queries += u64::from(self.readies);
-        if let Some(at) = self.request_started {
-            let us = now.duration_since(at).as_micros() as u64;
-            self.stats.query_time_us += us;
-            self.stats.query_hist.record(us);
-        }
-        self.request_started = (self.pending > 0).then_some(now);
-        if self.xacts_done > 0 {
-            self.stats.xacts += u64::from(self.xacts_done);
-            if let Some(at) = self.transaction_started {
-                let us = now.duration_since(at).as_micros() as u64;
-                self.stats.xact_time_us += us;
-                self.stats.xact_hist.record(us);
-            }
-            self.transaction_started = if self.status != b'I' || self.pending > 0 {
-                Some(now)
-            } else {
-                None
-            };
-            stats.flush(&mut self.stats);
         }
     }
 
@@ -486,14 +410,6 @@ impl Relay {
         let r = client.write_all(&self.s2c).await;
         self.s2c.clear();
         r
-    }
-}
-
-/// Sleeps until the deadline; never completes without one (the select arm is off then).
-async fn sleep_until(deadline: Option<(Instant, &'static str)>) {
-    match deadline {
-        Some((at, _)) => tokio::time::sleep_until(at.into()).await,
-        None => std::future::pending().await,
     }
 }
 

@@ -1,0 +1,225 @@
+//! Protocol-level named prepared statements in transaction and statement pooling.
+//!
+//! A client's statement names mean nothing on the server it happens to get next, so
+//! Sluice keeps the statements itself:
+//! - [`Registry`] (one per instance) gives each distinct (query text, parameter types)
+//!   one [`Statement`] with a Sluice-owned server-side name `SLUICE_<id>`;
+//! - [`ClientStatements`] maps one client's names to those statements;
+//! - [`ServerStatements`] (one per server connection) remembers which statements that
+//!   server has prepared, least recently used first out beyond
+//!   `max_prepared_statements`.
+//!
+//! The relay rewrites Parse/Bind/Describe/Close on the way in (`rewrite.rs`) and fixes
+//! the response stream on the way out (`responses.rs`): responses to Parses it injected
+//! are swallowed, and ParseComplete for Parses it did not need to send is synthesized,
+//! each in its place in the stream.
+
+pub mod responses;
+pub mod rewrite;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+
+/// Largest number of statement names one client may hold at once; Parse beyond it
+/// gets an error. Bounds a client's memory whatever it sends.
+pub const MAX_CLIENT_STATEMENTS: usize = 10_000;
+
+/// Entries the registry keeps before dropping statements no client holds any more.
+const REGISTRY_SOFT_LIMIT: usize = 10_000;
+
+/// One distinct statement, shared by every client that prepared the same text.
+#[derive(Debug)]
+pub struct Statement {
+    pub id: u64,
+    /// The name used on servers.
+    pub server_name: String,
+    /// Query text and parameter types as the Parse body holds them after the name.
+    pub body: Bytes,
+}
+
+impl Statement {
+    /// The Parse message that prepares this statement on a server.
+    pub fn parse_message(&self, out: &mut bytes::BytesMut) {
+        use bytes::BufMut;
+        out.put_u8(b'P');
+        out.put_u32((4 + self.server_name.len() + 1 + self.body.len()) as u32);
+        out.extend_from_slice(self.server_name.as_bytes());
+        out.put_u8(0);
+        out.extend_from_slice(&self.body);
+    }
+}
+
+/// All statements of one Sluice instance, deduplicated by text and parameter types.
+#[derive(Debug, Default)]
+pub struct Registry {
+    map: Mutex<HashMap<Bytes, Arc<Statement>>>,
+    next_id: AtomicU64,
+}
+
+impl Registry {
+    /// The statement for a Parse body (after its name), created on first sight.
+    pub fn intern(&self, body: Bytes) -> Arc<Statement> {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = map.get(&body) {
+            return s.clone();
+        }
+        if map.len() >= REGISTRY_SOFT_LIMIT {
+            // Only the registry holds these: no client can name them any more. A
+            // server may still have one prepared; a later client gets a new name.
+            map.retain(|_, s| Arc::strong_count(s) > 1);
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let s = Arc::new(Statement {
+            id,
+            server_name: format!("SLUICE_{id}"),
+            body: body.clone(),
+        });
+        map.insert(body, s.clone());
+        s
+    }
+
+    /// Statements currently known (for SHOW and tests).
+    pub fn len(&self) -> usize {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One client's statement names.
+#[derive(Debug, Default)]
+pub struct ClientStatements {
+    names: HashMap<String, Arc<Statement>>,
+}
+
+impl ClientStatements {
+    pub fn get(&self, name: &str) -> Option<&Arc<Statement>> {
+        self.names.get(name)
+    }
+
+    /// Binds `name` to a statement; false when the client already holds too many.
+    pub fn insert(&mut self, name: String, stmt: Arc<Statement>) -> bool {
+        if self.names.len() >= MAX_CLIENT_STATEMENTS && !self.names.contains_key(&name) {
+            return false;
+        }
+        self.names.insert(name, stmt);
+        true
+    }
+
+    pub fn remove(&mut self, name: &str) {
+        self.names.remove(name);
+    }
+
+    pub fn clear(&mut self) {
+        self.names.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+}
+
+/// Which statements one server connection has prepared, with use ticks for LRU.
+#[derive(Debug, Default)]
+pub struct ServerStatements {
+    /// Statement id to (server name, last use tick).
+    entries: HashMap<u64, (String, u64)>,
+    tick: u64,
+}
+
+impl ServerStatements {
+    /// Whether the server has `stmt`; marks it used.
+    pub fn touch(&mut self, stmt: &Statement) -> bool {
+        self.tick += 1;
+        match self.entries.get_mut(&stmt.id) {
+            Some(e) => {
+                e.1 = self.tick;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Records that `stmt` is being prepared. Returns the server name of a statement
+    /// to close first when the cache is at `max`.
+    pub fn insert(&mut self, stmt: &Statement, max: usize) -> Option<String> {
+        self.tick += 1;
+        let evicted = if max > 0 && self.entries.len() >= max {
+            let oldest = self.entries.iter().min_by_key(|(_, e)| e.1).map(|(id, _)| *id);
+            oldest.and_then(|id| self.entries.remove(&id)).map(|e| e.0)
+        } else {
+            None
+        };
+        self.entries.insert(stmt.id, (stmt.server_name.clone(), self.tick));
+        evicted
+    }
+
+    /// Forgets a statement whose Parse did not happen (error or skipped).
+    pub fn forget(&mut self, id: u64) {
+        self.entries.remove(&id);
+    }
+
+    /// Forgets everything (after DISCARD ALL or DEALLOCATE ALL ran on the server).
+    pub fn clear(&mut self) {
+        self.entries.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_dedups_by_body() {
+        let r = Registry::default();
+        let a = r.intern(Bytes::from_static(b"select 1\0\0\0"));
+        let b = r.intern(Bytes::from_static(b"select 1\0\0\0"));
+        let c = r.intern(Bytes::from_static(b"select 2\0\0\0"));
+        assert_eq!(a.id, b.id);
+        assert_ne!(a.id, c.id);
+        assert_eq!(a.server_name, format!("SLUICE_{}", a.id));
+    }
+
+    #[test]
+    fn server_cache_evicts_least_recently_used() {
+        let r = Registry::default();
+        let s: Vec<_> = (0..3)
+            .map(|i| r.intern(Bytes::from(format!("q{i}\0\0\0"))))
+            .collect();
+        let mut c = ServerStatements::default();
+        assert_eq!(c.insert(&s[0], 2), None);
+        assert_eq!(c.insert(&s[1], 2), None);
+        assert!(c.touch(&s[0]));
+        assert_eq!(c.insert(&s[2], 2), Some(s[1].server_name.clone()));
+        assert!(!c.touch(&s[1]));
+        assert_eq!(c.len(), 2);
+    }
+
+    #[test]
+    fn parse_message_bytes() {
+        let r = Registry::default();
+        let s = r.intern(Bytes::from_static(b"select 1\0\0\0"));
+        let mut out = bytes::BytesMut::new();
+        s.parse_message(&mut out);
+        let len = u32::from_be_bytes([out[1], out[2], out[3], out[4]]) as usize;
+        assert_eq!(len + 1, out.len());
+        assert!(out.ends_with(b"\0select 1\0\0\0"));
+    }
+}

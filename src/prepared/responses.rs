@@ -1,0 +1,407 @@
+//! The response side of prepared-statement rewriting: a queue with one entry per
+//! request the server (or Sluice) must answer, in order, so that answers to injected
+//! Parses can be dropped and answers Sluice gives itself can be put in their place.
+
+use std::collections::VecDeque;
+
+use super::{ClientStatements, ServerStatements};
+
+/// What a request is, by the message that completes its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Parse,
+    Bind,
+    Describe,
+    Execute,
+    Close,
+    /// Sync, simple Query and FunctionCall: answered up to ReadyForQuery.
+    UntilReady,
+}
+
+impl Kind {
+    /// Whether a server message with `tag` completes a request of this kind.
+    fn completed_by(self, tag: u8) -> bool {
+        match self {
+            Kind::Parse => tag == b'1',
+            Kind::Bind => tag == b'2',
+            Kind::Describe => tag == b'T' || tag == b'n',
+            Kind::Execute => matches!(tag, b'C' | b'I' | b's'),
+            Kind::Close => tag == b'3',
+            Kind::UntilReady => tag == b'Z',
+        }
+    }
+}
+
+/// Bookkeeping to undo when a request is skipped after an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Undo {
+    /// The server never prepared this statement.
+    ForgetOnServer(u64),
+    /// The client's statement was never created either (its own Parse failed).
+    ForgetClientAndServer(String, u64),
+}
+
+/// One request awaiting its answer.
+#[derive(Debug)]
+pub enum Expect {
+    /// The client's request: its answer passes through.
+    Forward { kind: Kind, undo: Option<Undo> },
+    /// Sluice's own request: its completion message is dropped.
+    Swallow { kind: Kind, undo: Option<Undo> },
+    /// Sluice answers in the server's stead: these bytes go out in this place.
+    Synthesize(&'static [u8]),
+    /// A simple query with DISCARD ALL / DEALLOCATE ALL: the server forgets all its
+    /// statements if it succeeds.
+    ClearOnSuccess { failed: bool },
+}
+
+/// ParseComplete.
+pub const PARSE_COMPLETE: &[u8] = b"1\0\0\0\x04";
+
+/// An edit of one chunk of server bytes.
+#[derive(Debug, PartialEq, Eq)]
+enum Edit {
+    Delete(usize, usize),
+    Insert(usize, Vec<u8>),
+}
+
+/// The queue and the state that spans chunks.
+#[derive(Debug, Default)]
+pub struct ResponseTracker {
+    queue: VecDeque<Expect>,
+    /// Header bytes held back at the end of the last chunk (never forwarded, since
+    /// the message might have to be dropped).
+    held: Vec<u8>,
+    /// The current message completes a request and spans chunks: synthesized answers
+    /// go out after it ends.
+    flush_after_current: bool,
+}
+
+impl ResponseTracker {
+    /// Whether every request has been answered.
+    pub fn is_idle(&self) -> bool {
+        self.queue.is_empty() && self.held.is_empty()
+    }
+
+    pub fn push(&mut self, e: Expect) {
+        self.queue.push_back(e);
+    }
+
+    /// Synthesized answers that can go out right now (nothing owed before them).
+    /// `at_boundary`: the server stream is between messages.
+    pub fn take_ready_synthesized(&mut self, at_boundary: bool, out: &mut Vec<u8>) {
+        if !at_boundary || !self.held.is_empty() || self.flush_after_current {
+            return;
+        }
+        while let Some(Expect::Synthesize(b)) = self.queue.front() {
+            out.extend_from_slice(b);
+            self.queue.pop_front();
+        }
+    }
+
+    /// Pops leading synthesized answers into `out`.
+    fn drain_synthesized(&mut self, out: &mut Vec<u8>) {
+        while let Some(Expect::Synthesize(b)) = self.queue.front() {
+            out.extend_from_slice(b);
+            self.queue.pop_front();
+        }
+    }
+
+    /// Runs undo actions for a skipped entry.
+    fn undo(u: Option<Undo>, client: &mut ClientStatements, server: &mut ServerStatements) {
+        match u {
+            Some(Undo::ForgetOnServer(id)) => server.forget(id),
+            Some(Undo::ForgetClientAndServer(name, id)) => {
+                client.remove(&name);
+                server.forget(id);
+            }
+            None => {}
+        }
+    }
+
+    /// Handles one server message header. `at` is its offset in the chunk (None when
+    /// the header began in the previous chunk), `len` its body length, `chunk_len`
+    /// the chunk's length. Returns edits to apply to the chunk.
+    fn on_message(
+        &mut self,
+        tag: u8,
+        len: usize,
+        at: Option<usize>,
+        chunk_len: usize,
+        client: &mut ClientStatements,
+        server: &mut ServerStatements,
+        edits: &mut Vec<Edit>,
+    ) {
+        // The previous message completed a request and ended at this boundary.
+        let boundary = at.unwrap_or(0);
+        if self.flush_after_current {
+            self.flush_after_current = false;
+            let mut synth = Vec::new();
+            self.drain_synthesized(&mut synth);
+            if !synth.is_empty() {
+                edits.push(Edit::Insert(boundary, synth));
+            }
+        }
+        let held = std::mem::take(&mut self.held);
+        // Bytes of this header that are in this chunk.
+        let header_here = if at.is_some() { 5 } else { 5 - held.len().min(5) };
+        let start = at.unwrap_or(0);
+        let mut drop_it = false;
+        let mut completes = false;
+        match self.queue.front_mut() {
+            Some(Expect::Forward { kind, .. }) if kind.completed_by(tag) => {
+                completes = true;
+                self.queue.pop_front();
+            }
+            Some(Expect::Swallow { kind, .. }) if kind.completed_by(tag) => {
+                completes = true;
+                drop_it = true;
+                self.queue.pop_front();
+            }
+            Some(Expect::ClearOnSuccess { failed }) => {
+                if tag == b'E' {
+                    *failed = true;
+                } else if tag == b'Z' {
+                    if !*failed {
+                        server.clear();
+                    }
+                    completes = true;
+                    self.queue.pop_front();
+                }
+            }
+            Some(Expect::Forward { kind, .. } | Expect::Swallow { kind, .. })
+                if tag == b'E' && *kind != Kind::UntilReady =>
+            {
+                // The server skips everything up to the next Sync after an error:
+                // those requests get no answer, and synthesized ones must not either.
+                completes = true;
+                while let Some(front) = self.queue.front() {
+                    if matches!(front, Expect::Forward { kind: Kind::UntilReady, .. }) {
+                        break;
+                    }
+                    match self.queue.pop_front() {
+                        Some(Expect::Forward { undo, .. } | Expect::Swallow { undo, .. }) => {
+                            Self::undo(undo, client, server)
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            Some(_) if tag == b'Z' => {
+                // Out of step (should not happen): realign on the next Sync.
+                while let Some(e) = self.queue.pop_front() {
+                    if matches!(e, Expect::Forward { kind: Kind::UntilReady, .. }) {
+                        break;
+                    }
+                }
+                completes = true;
+            }
+            _ => {}
+        }
+        if drop_it {
+            edits.push(Edit::Delete(start, start + header_here));
+        } else if !held.is_empty() {
+            edits.push(Edit::Insert(0, held));
+        }
+        if completes {
+            let end = start + header_here + len;
+            if end <= chunk_len {
+                let mut synth = Vec::new();
+                self.drain_synthesized(&mut synth);
+                if !synth.is_empty() {
+                    edits.push(Edit::Insert(end, synth));
+                }
+            } else {
+                self.flush_after_current = true;
+            }
+        }
+    }
+}
+
+/// Follows one chunk of server bytes through the framer, applying the tracker's edits.
+/// `chunk` is replaced by the edited bytes when anything changed.
+pub fn process_chunk(
+    tracker: &mut ResponseTracker,
+    framer: &mut crate::session::framer::Framer,
+    chunk: &mut bytes::BytesMut,
+    max_len: u32,
+    client: &mut ClientStatements,
+    server: &mut ServerStatements,
+    mut on_event: impl FnMut(crate::session::framer::Event<'_>) -> crate::session::framer::Body,
+) -> Result<(), crate::protocol::ProtocolError> {
+    use crate::session::framer::Event;
+    let mut edits = Vec::new();
+    let chunk_len = chunk.len();
+    framer.feed(chunk, max_len, |e| {
+        if let Event::Start { tag, len, at } = e {
+            tracker.on_message(tag, len, at, chunk_len, client, server, &mut edits);
+        }
+        on_event(e)
+    })?;
+    if framer.at_boundary() && tracker.flush_after_current {
+        tracker.flush_after_current = false;
+        let mut synth = Vec::new();
+        tracker.drain_synthesized(&mut synth);
+        if !synth.is_empty() {
+            edits.push(Edit::Insert(chunk_len, synth));
+        }
+    }
+    let partial = framer.partial_header_len();
+    if partial > 0 {
+        // Hold a split header back: the message it starts may have to be dropped.
+        let from = chunk_len - partial.min(chunk_len);
+        tracker.held.extend_from_slice(&chunk[from..]);
+        edits.push(Edit::Delete(from, chunk_len));
+    }
+    if edits.is_empty() {
+        return Ok(());
+    }
+    // Stable by position: inserts at one offset keep their order.
+    edits.sort_by_key(|e| match e {
+        Edit::Delete(a, _) => (*a, 1),
+        Edit::Insert(a, _) => (*a, 0),
+    });
+    let mut out = bytes::BytesMut::with_capacity(chunk_len + 16);
+    let mut pos = 0;
+    for e in edits {
+        match e {
+            Edit::Insert(at, bytes) => {
+                let at = at.max(pos);
+                out.extend_from_slice(&chunk[pos..at]);
+                out.extend_from_slice(&bytes);
+                pos = at;
+            }
+            Edit::Delete(a, b) => {
+                let a = a.max(pos);
+                out.extend_from_slice(&chunk[pos..a]);
+                pos = b.max(a);
+            }
+        }
+    }
+    out.extend_from_slice(&chunk[pos.min(chunk_len)..]);
+    *chunk = out;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::framer::{Body, Framer};
+
+    fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut v = vec![tag];
+        v.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+        v.extend_from_slice(body);
+        v
+    }
+
+    /// Feeds `stream` split at `cuts` and returns what the client would receive.
+    fn run(queue: Vec<Expect>, stream: &[u8], cuts: &[usize]) -> Vec<u8> {
+        let mut t = ResponseTracker::default();
+        for e in queue {
+            t.push(e);
+        }
+        let mut out = Vec::new();
+        t.take_ready_synthesized(true, &mut out);
+        let mut f = Framer::default();
+        let (mut c, mut s) = (ClientStatements::default(), ServerStatements::default());
+        let mut last = 0;
+        for &cut in cuts.iter().chain(std::iter::once(&stream.len())) {
+            let mut chunk = bytes::BytesMut::from(&stream[last..cut]);
+            process_chunk(&mut t, &mut f, &mut chunk, 1 << 20, &mut c, &mut s, |_| Body::Skip).unwrap();
+            out.extend_from_slice(&chunk);
+            last = cut;
+        }
+        assert!(t.is_idle(), "queue left: {:?}", t.queue);
+        out
+    }
+
+    fn fwd(kind: Kind) -> Expect {
+        Expect::Forward { kind, undo: None }
+    }
+
+    #[test]
+    fn swallows_injected_parse_and_synthesizes_at_every_split() {
+        // Client: Parse(S) [server has it] Bind Execute Sync, then Bind(T) needing an
+        // injected Parse, Execute, Sync.
+        let queue = || {
+            vec![
+                Expect::Synthesize(PARSE_COMPLETE),
+                fwd(Kind::Bind),
+                fwd(Kind::Execute),
+                fwd(Kind::UntilReady),
+                Expect::Swallow { kind: Kind::Parse, undo: None },
+                fwd(Kind::Bind),
+                fwd(Kind::Execute),
+                fwd(Kind::UntilReady),
+            ]
+        };
+        let mut server = msg(b'2', b"");
+        server.extend(msg(b'D', b"\0\x01\0\0\0\x011"));
+        server.extend(msg(b'C', b"SELECT 1\0"));
+        server.extend(msg(b'Z', b"I"));
+        server.extend(msg(b'1', b""));
+        server.extend(msg(b'2', b""));
+        server.extend(msg(b'C', b"SELECT 0\0"));
+        server.extend(msg(b'Z', b"I"));
+        let mut want = msg(b'1', b"");
+        want.extend(msg(b'2', b""));
+        want.extend(msg(b'D', b"\0\x01\0\0\0\x011"));
+        want.extend(msg(b'C', b"SELECT 1\0"));
+        want.extend(msg(b'Z', b"I"));
+        want.extend(msg(b'2', b""));
+        want.extend(msg(b'C', b"SELECT 0\0"));
+        want.extend(msg(b'Z', b"I"));
+        assert_eq!(run(queue(), &server, &[]), want);
+        for a in 0..server.len() {
+            assert_eq!(run(queue(), &server, &[a]), want, "split at {a}");
+        }
+    }
+
+    #[test]
+    fn synthesized_answer_waits_for_earlier_answers() {
+        // Bind+Execute outstanding, then the client's Parse of a statement the server
+        // already has: ParseComplete must follow CommandComplete.
+        let queue = vec![
+            fwd(Kind::Bind),
+            fwd(Kind::Execute),
+            Expect::Synthesize(PARSE_COMPLETE),
+            fwd(Kind::UntilReady),
+        ];
+        let mut server = msg(b'2', b"");
+        server.extend(msg(b'C', b"SELECT 1\0"));
+        server.extend(msg(b'Z', b"I"));
+        let mut want = msg(b'2', b"");
+        want.extend(msg(b'C', b"SELECT 1\0"));
+        want.extend(msg(b'1', b""));
+        want.extend(msg(b'Z', b"I"));
+        for a in 0..=server.len() {
+            assert_eq!(run(queue_clone(&queue), &server, &[a]), want, "split at {a}");
+        }
+    }
+
+    fn queue_clone(q: &[Expect]) -> Vec<Expect> {
+        q.iter()
+            .map(|e| match e {
+                Expect::Forward { kind, undo } => Expect::Forward { kind: *kind, undo: undo.clone() },
+                Expect::Swallow { kind, undo } => Expect::Swallow { kind: *kind, undo: undo.clone() },
+                Expect::Synthesize(b) => Expect::Synthesize(b),
+                Expect::ClearOnSuccess { failed } => Expect::ClearOnSuccess { failed: *failed },
+            })
+            .collect()
+    }
+
+    #[test]
+    fn error_skips_to_sync_and_drops_synthesized() {
+        let queue = vec![
+            Expect::Swallow { kind: Kind::Parse, undo: Some(Undo::ForgetOnServer(7)) },
+            fwd(Kind::Bind),
+            Expect::Synthesize(PARSE_COMPLETE),
+            fwd(Kind::Execute),
+            fwd(Kind::UntilReady),
+        ];
+        let mut server = msg(b'E', b"SERROR\0C42P01\0Mno table\0\0");
+        server.extend(msg(b'Z', b"I"));
+        assert_eq!(run(queue, &server, &[]), server);
+    }
+}

@@ -1,0 +1,398 @@
+//! The request side of prepared-statement rewriting: client messages move from the
+//! input buffer to the server-bound buffer, with named statements renamed to their
+//! Sluice-owned server names, Parses injected where the server lacks a statement, and
+//! an entry queued for every request the server or Sluice must answer.
+//!
+//! Parse, Bind, Describe and Close are handled whole (they are small; a Bind with huge
+//! parameters is buffered up to `max_packet_size`); everything else streams through.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+use super::responses::{Expect, Kind, ResponseTracker, Undo, PARSE_COMPLETE};
+use super::{ClientStatements, Registry, ServerStatements};
+use crate::protocol::header::*;
+use crate::protocol::ProtocolError;
+
+/// Everything the rewriter needs besides the bytes.
+pub struct Ctx<'a> {
+    pub registry: &'a Registry,
+    pub client: &'a mut ClientStatements,
+    pub server: &'a mut ServerStatements,
+    pub tracker: &'a mut ResponseTracker,
+    /// `max_prepared_statements`: the per-server cache size.
+    pub max_prepared: usize,
+    /// Parses sent to the server, for SHOW STATS.
+    pub server_parses: &'a mut u64,
+}
+
+/// Why rewriting stopped.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RewriteError {
+    #[error("{0}")]
+    Protocol(#[from] ProtocolError),
+    #[error("too many prepared statements (at most {0} per client)")]
+    TooManyStatements(usize),
+}
+
+/// Streaming state between reads.
+#[derive(Debug, Default)]
+pub struct Rewriter {
+    /// Body bytes of a streamed message still to copy.
+    stream_left: usize,
+    /// Terminate was seen: the rest of the input is dropped.
+    terminated: bool,
+}
+
+impl Rewriter {
+    /// Whether no message is half-way through.
+    pub fn at_boundary(&self) -> bool {
+        self.stream_left == 0
+    }
+
+    /// Moves what can be moved from `input` to `out`. `on_tag` sees every message's
+    /// tag once, when its header is read.
+    pub fn process(
+        &mut self,
+        input: &mut BytesMut,
+        out: &mut BytesMut,
+        max_len: u32,
+        ctx: &mut Ctx<'_>,
+        mut on_tag: impl FnMut(u8),
+    ) -> Result<(), RewriteError> {
+        loop {
+            if self.terminated {
+                input.clear();
+                return Ok(());
+            }
+            if self.stream_left > 0 {
+                let take = self.stream_left.min(input.len());
+                if take == 0 {
+                    return Ok(());
+                }
+                out.extend_from_slice(&input.split_to(take));
+                self.stream_left -= take;
+                continue;
+            }
+            let Some((tag, len)) = parse(input) else { return Ok(()) };
+            let len = check_len(len, max_len)?;
+            let whole = input.len() > len;
+            match tag {
+                TAG_PARSE | TAG_BIND | TAG_DESCRIBE | TAG_CLOSE | TAG_QUERY if !whole => {
+                    if tag != TAG_QUERY || len <= 256 {
+                        // Wait for the whole message; small ones are inspected.
+                        input.reserve(len + 1 - input.len());
+                        return Ok(());
+                    }
+                }
+                _ => {}
+            }
+            on_tag(tag);
+            if tag == TAG_TERMINATE {
+                self.terminated = true;
+                continue;
+            }
+            if whole && matches!(tag, TAG_PARSE | TAG_BIND | TAG_DESCRIBE | TAG_CLOSE) {
+                let msg = input.split_to(len + 1).freeze();
+                handle_whole(tag, msg, out, ctx)?;
+                continue;
+            }
+            let entry = match tag {
+                TAG_EXECUTE => Some(fwd(Kind::Execute)),
+                TAG_SYNC | TAG_FUNCTION_CALL => Some(fwd(Kind::UntilReady)),
+                TAG_QUERY => Some(if whole && clears_statements(&input[HEADER_LEN..len + 1]) {
+                    ctx.client.clear();
+                    Expect::ClearOnSuccess { failed: false }
+                } else {
+                    fwd(Kind::UntilReady)
+                }),
+                _ => None,
+            };
+            if let Some(e) = entry {
+                ctx.tracker.push(e);
+            }
+            let take = (len + 1).min(input.len());
+            out.extend_from_slice(&input.split_to(take));
+            self.stream_left = len + 1 - take;
+        }
+    }
+}
+
+fn fwd(kind: Kind) -> Expect {
+    Expect::Forward { kind, undo: None }
+}
+
+/// Whether a simple query drops every prepared statement of the session.
+fn clears_statements(body: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(body);
+    let words: Vec<String> = text
+        .trim_end_matches('\0')
+        .trim()
+        .trim_end_matches(';')
+        .split_whitespace()
+        .map(|w| w.to_ascii_uppercase())
+        .collect();
+    matches!(
+        words.iter().map(String::as_str).collect::<Vec<_>>().as_slice(),
+        ["DISCARD", "ALL"] | ["DEALLOCATE", "ALL"] | ["DEALLOCATE", "PREPARE", "ALL"]
+    )
+}
+
+/// Reads a NUL-terminated string from the front of `b`.
+fn take_cstr(b: &mut Bytes) -> Result<Bytes, ProtocolError> {
+    let end = b
+        .iter()
+        .position(|&c| c == 0)
+        .ok_or(ProtocolError::Malformed("unterminated string"))?;
+    let s = b.split_to(end);
+    b.advance(1);
+    Ok(s)
+}
+
+fn name_of(b: &Bytes) -> Result<&str, ProtocolError> {
+    std::str::from_utf8(b).map_err(|_| ProtocolError::Malformed("statement name is not UTF-8"))
+}
+
+/// Makes sure the server has `stmt`, injecting a Parse (and a Close for an evicted
+/// statement) whose answers are swallowed.
+fn ensure_prepared(stmt: &super::Statement, out: &mut BytesMut, ctx: &mut Ctx<'_>) {
+    if ctx.server.touch(stmt) {
+        return;
+    }
+    if let Some(evicted) = ctx.server.insert(stmt, ctx.max_prepared) {
+        put_close(out, b'S', evicted.as_bytes());
+        ctx.tracker.push(Expect::Swallow { kind: Kind::Close, undo: None });
+    }
+    stmt.parse_message(out);
+    *ctx.server_parses += 1;
+    ctx.tracker.push(Expect::Swallow {
+        kind: Kind::Parse,
+        undo: Some(Undo::ForgetOnServer(stmt.id)),
+    });
+}
+
+fn put_close(out: &mut BytesMut, kind: u8, name: &[u8]) {
+    out.put_u8(TAG_CLOSE);
+    out.put_u32((4 + 1 + name.len() + 1) as u32);
+    out.put_u8(kind);
+    out.extend_from_slice(name);
+    out.put_u8(0);
+}
+
+/// Rewrites one whole Parse, Bind, Describe or Close.
+fn handle_whole(tag: u8, msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> Result<(), RewriteError> {
+    let mut body = msg.slice(HEADER_LEN..);
+    match tag {
+        TAG_PARSE => {
+            let name = take_cstr(&mut body)?;
+            if name.is_empty() {
+                out.extend_from_slice(&msg);
+                ctx.tracker.push(fwd(Kind::Parse));
+                return Ok(());
+            }
+            let name = name_of(&name)?.to_owned();
+            let stmt = ctx.registry.intern(body);
+            if !ctx.client.insert(name.clone(), stmt.clone()) {
+                return Err(RewriteError::TooManyStatements(super::MAX_CLIENT_STATEMENTS));
+            }
+            if ctx.server.touch(&stmt) {
+                // The server has it already: answer ParseComplete ourselves.
+                ctx.tracker.push(Expect::Synthesize(PARSE_COMPLETE));
+                return Ok(());
+            }
+            if let Some(evicted) = ctx.server.insert(&stmt, ctx.max_prepared) {
+                put_close(out, b'S', evicted.as_bytes());
+                ctx.tracker.push(Expect::Swallow { kind: Kind::Close, undo: None });
+            }
+            stmt.parse_message(out);
+            *ctx.server_parses += 1;
+            ctx.tracker.push(Expect::Forward {
+                kind: Kind::Parse,
+                undo: Some(Undo::ForgetClientAndServer(name, stmt.id)),
+            });
+        }
+        TAG_BIND => {
+            let portal = take_cstr(&mut body)?;
+            let name = take_cstr(&mut body)?;
+            let stmt = match name_of(&name)? {
+                "" => None,
+                n => ctx.client.get(n).cloned(),
+            };
+            match stmt {
+                // Unnamed, or unknown: PostgreSQL gives the right answer (including
+                // "prepared statement does not exist" with the client's own name).
+                None => out.extend_from_slice(&msg),
+                Some(stmt) => {
+                    ensure_prepared(&stmt, out, ctx);
+                    out.put_u8(TAG_BIND);
+                    let len = 4 + portal.len() + 1 + stmt.server_name.len() + 1 + body.len();
+                    out.put_u32(len as u32);
+                    out.extend_from_slice(&portal);
+                    out.put_u8(0);
+                    out.extend_from_slice(stmt.server_name.as_bytes());
+                    out.put_u8(0);
+                    out.extend_from_slice(&body);
+                }
+            }
+            ctx.tracker.push(fwd(Kind::Bind));
+        }
+        TAG_DESCRIBE | TAG_CLOSE => {
+            if body.is_empty() {
+                return Err(ProtocolError::Malformed("empty Describe/Close").into());
+            }
+            let kind = body[0];
+            body.advance(1);
+            let name = take_cstr(&mut body)?;
+            let entry = if tag == TAG_DESCRIBE { Kind::Describe } else { Kind::Close };
+            let stmt = match (kind, name_of(&name)?) {
+                (b'S', n) if !n.is_empty() => ctx.client.get(n).cloned().map(|s| (n.to_owned(), s)),
+                _ => None,
+            };
+            match stmt {
+                None => out.extend_from_slice(&msg),
+                Some((_, stmt)) if tag == TAG_DESCRIBE => {
+                    ensure_prepared(&stmt, out, ctx);
+                    out.put_u8(TAG_DESCRIBE);
+                    out.put_u32((4 + 1 + stmt.server_name.len() + 1) as u32);
+                    out.put_u8(b'S');
+                    out.extend_from_slice(stmt.server_name.as_bytes());
+                    out.put_u8(0);
+                }
+                Some((n, _)) => {
+                    // The server keeps its copy for other clients; closing a name it
+                    // does not have still answers CloseComplete.
+                    ctx.client.remove(&n);
+                    put_close(out, b'S', b"sluice_closed");
+                }
+            }
+            ctx.tracker.push(fwd(entry));
+        }
+        _ => out.extend_from_slice(&msg),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut v = vec![tag];
+        v.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+        v.extend_from_slice(body);
+        v
+    }
+
+    struct World {
+        registry: Registry,
+        client: ClientStatements,
+        server: ServerStatements,
+        tracker: ResponseTracker,
+        parses: u64,
+    }
+
+    impl World {
+        fn new() -> World {
+            World {
+                registry: Registry::default(),
+                client: ClientStatements::default(),
+                server: ServerStatements::default(),
+                tracker: ResponseTracker::default(),
+                parses: 0,
+            }
+        }
+
+        fn feed(&mut self, bytes: &[u8]) -> Vec<u8> {
+            let mut input = BytesMut::from(bytes);
+            let mut out = BytesMut::new();
+            let mut ctx = Ctx {
+                registry: &self.registry,
+                client: &mut self.client,
+                server: &mut self.server,
+                tracker: &mut self.tracker,
+                max_prepared: 2,
+                server_parses: &mut self.parses,
+            };
+            Rewriter::default()
+                .process(&mut input, &mut out, 1 << 20, &mut ctx, |_| {})
+                .unwrap();
+            assert!(input.is_empty());
+            out.to_vec()
+        }
+    }
+
+    #[test]
+    fn renames_and_reuses_statements() {
+        let mut w = World::new();
+        let mut req = msg(b'P', b"S_1\0select $1\0\0\x01\0\0\0\x17");
+        req.extend(msg(b'B', b"\0S_1\0\0\0\0\x01\0\0\0\x011\0\0"));
+        req.extend(msg(b'E', b"\0\0\0\0\0"));
+        req.extend(msg(b'S', b""));
+        let out = w.feed(&req);
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.contains("SLUICE_1\0select $1"), "{text:?}");
+        assert!(text.contains("\0SLUICE_1\0"), "{text:?}");
+        assert!(!text.contains("S_1"));
+        assert_eq!(w.parses, 1);
+        // A second client Parse of the same text on the same server sends nothing.
+        let out = w.feed(&msg(b'P', b"other\0select $1\0\0\x01\0\0\0\x17"));
+        assert!(out.is_empty());
+        assert_eq!(w.client.len(), 2);
+    }
+
+    #[test]
+    fn injects_parse_for_a_statement_the_server_lacks() {
+        let mut w = World::new();
+        w.feed(&msg(b'P', b"S_1\0select 1\0\0\0"));
+        w.server.clear(); // as if the client moved to another server
+        let out = w.feed(&msg(b'B', b"\0S_1\0\0\0\0\0\0\0"));
+        assert_eq!(out[0], b'P');
+        assert_eq!(w.parses, 2);
+    }
+
+    #[test]
+    fn unknown_names_pass_through_and_discard_all_clears() {
+        let mut w = World::new();
+        let b = msg(b'B', b"\0nope\0\0\0\0\0\0\0");
+        assert_eq!(w.feed(&b), b);
+        w.feed(&msg(b'P', b"S_1\0select 1\0\0\0"));
+        w.feed(&msg(b'Q', b"discard all;\0"));
+        assert!(w.client.is_empty());
+    }
+
+    #[test]
+    fn close_removes_the_client_name_only() {
+        let mut w = World::new();
+        w.feed(&msg(b'P', b"S_1\0select 1\0\0\0"));
+        let out = w.feed(&msg(b'C', b"SS_1\0"));
+        assert!(String::from_utf8_lossy(&out).contains("sluice_closed"));
+        assert!(w.client.is_empty());
+        assert_eq!(w.server.len(), 1);
+    }
+
+    #[test]
+    fn streams_big_messages_and_waits_for_whole_parses() {
+        let mut w = World::new();
+        let p = msg(b'P', b"S_1\0select 1\0\0\0");
+        let mut input = BytesMut::from(&p[..7]);
+        let mut out = BytesMut::new();
+        let mut rw = Rewriter::default();
+        let mut ctx = Ctx {
+            registry: &w.registry,
+            client: &mut w.client,
+            server: &mut w.server,
+            tracker: &mut w.tracker,
+            max_prepared: 2,
+            server_parses: &mut w.parses,
+        };
+        rw.process(&mut input, &mut out, 1 << 20, &mut ctx, |_| {}).unwrap();
+        assert!(out.is_empty() && input.len() == 7);
+        input.extend_from_slice(&p[7..]);
+        let d = msg(b'd', &[7u8; 100]);
+        input.extend_from_slice(&d[..50]);
+        rw.process(&mut input, &mut out, 1 << 20, &mut ctx, |_| {}).unwrap();
+        assert!(out.ends_with(&d[..50]));
+        assert!(!rw.at_boundary());
+        assert!(clears_statements(b"DEALLOCATE  all\0"));
+        assert!(!clears_statements(b"select 1\0"));
+    }
+}
