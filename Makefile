@@ -4,7 +4,7 @@ SHELL := bash
 CARGO ?= cargo
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps build test lint demo clean
+.PHONY: all deps build test lint demo clean bench bench-quick
 
 all: build
 
@@ -25,6 +25,14 @@ lint:
 demo: deps
 	$(CARGO) build --release
 	scripts/demo.sh
+
+# Sluice vs PgBouncer vs PostgreSQL; see bench/README.md. BENCH_ARGS are
+# passed to bench/run.py (e.g. BENCH_ARGS="--rounds 5 --seconds 10").
+bench: deps
+	bench/bench.sh $(BENCH_ARGS)
+
+bench-quick: deps
+	bench/bench.sh --quick $(BENCH_ARGS)
 
 clean:
 	$(CARGO) clean

@@ -8,9 +8,11 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::watch;
 
+use crate::admin::AdminState;
 use crate::config::Config;
 use crate::pool::Pools;
 use crate::session::cancel::CancelRegistry;
+use crate::stats::conns::ClientRegistry;
 
 /// How the process is shutting down, if it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -25,17 +27,53 @@ pub enum Shutdown {
     Immediate,
 }
 
+/// Whether clients may get servers right now, and which databases refuse new logins.
+/// Sessions check it before every acquire and wait while it blocks them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Gate {
+    /// A shutdown that stops lending servers (WAIT_FOR_SERVERS or harder).
+    pub stopping: bool,
+    /// PAUSE (all databases).
+    pub paused: bool,
+    /// SUSPEND.
+    pub suspended: bool,
+    /// PAUSE db (and KILL db, until RESUME db).
+    pub paused_dbs: Vec<String>,
+    /// DISABLE db.
+    pub disabled_dbs: Vec<String>,
+}
+
+impl Gate {
+    /// Whether a client of `db` must wait before getting a server.
+    pub fn blocks(&self, db: &str) -> bool {
+        self.stopping || self.paused || self.suspended || self.paused_dbs.iter().any(|d| d == db)
+    }
+
+    /// Whether new logins to `db` are refused.
+    pub fn disabled(&self, db: &str) -> bool {
+        self.disabled_dbs.iter().any(|d| d == db)
+    }
+}
+
 /// Shared state of one running instance.
 #[derive(Debug)]
 pub struct App {
     config: RwLock<Arc<Config>>,
     pub pools: Pools,
     pub cancels: CancelRegistry,
+    /// Prepared statements shared by all clients (transaction pooling).
+    pub statements: Arc<crate::prepared::Registry>,
     /// Connected clients (logged in or logging in), for `max_client_conn`.
     pub clients: AtomicU32,
     /// Client ids for logs.
     pub client_ids: AtomicU64,
     shutdown: watch::Sender<Shutdown>,
+    /// PAUSE, SUSPEND, DISABLE and stopping, for sessions to wait on.
+    gate: watch::Sender<Gate>,
+    /// Logged-in clients, for the console and metrics.
+    pub client_reg: ClientRegistry,
+    /// The console's and the statistics' own state.
+    pub admin: AdminState,
     /// Logged-in clients per database (`d:` prefix) and per user (`u:` prefix), for
     /// `max_db_client_connections` and `max_user_client_connections`.
     client_counts: Mutex<HashMap<String, u32>>,
@@ -69,13 +107,18 @@ impl Drop for ClientCount<'_> {
 impl App {
     pub fn new(config: Config) -> Arc<App> {
         let (shutdown, _) = watch::channel(Shutdown::No);
+        let (gate, _) = watch::channel(Gate::default());
         Arc::new(App {
             config: RwLock::new(Arc::new(config)),
             pools: Pools::new(),
             cancels: CancelRegistry::default(),
+            statements: Arc::default(),
             clients: AtomicU32::new(0),
             client_ids: AtomicU64::new(1),
             shutdown,
+            gate,
+            client_reg: ClientRegistry::default(),
+            admin: AdminState::default(),
             client_counts: Mutex::new(HashMap::new()),
         })
     }
@@ -107,6 +150,28 @@ impl App {
             } else {
                 false
             }
+        });
+        if mode >= Shutdown::WaitForServers {
+            self.update_gate(|g| g.stopping = true);
+        }
+    }
+
+    /// A receiver to wait for gate changes (PAUSE, RESUME, ...).
+    pub fn gate_watch(&self) -> watch::Receiver<Gate> {
+        self.gate.subscribe()
+    }
+
+    /// A copy of the gate now.
+    pub fn gate(&self) -> Gate {
+        self.gate.borrow().clone()
+    }
+
+    /// Changes the gate and wakes waiting sessions if it changed.
+    pub fn update_gate(&self, f: impl FnOnce(&mut Gate)) {
+        self.gate.send_if_modified(|g| {
+            let before = g.clone();
+            f(g);
+            *g != before
         });
     }
 

@@ -4,12 +4,14 @@
 //! the `config` userlist) and relays its traffic through a server connection that
 //! `pool` lends out; `lifecycle` owns the process (signals, reload, shutdown).
 
+pub mod admin;
 pub mod app;
 pub mod auth;
 pub mod config;
 pub mod lifecycle;
 pub mod net;
 pub mod pool;
+pub mod prepared;
 pub mod protocol;
 pub mod session;
 pub mod stats;

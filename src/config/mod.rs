@@ -24,6 +24,14 @@ use ini::Ini;
 pub use databases::{parse_pairs, DEFAULT_PORT};
 pub use error::ConfigError;
 pub use known::is_known_setting;
+
+/// PgBouncer's default for a setting as SHOW CONFIG prints it, if it is one.
+pub fn setting_default(name: &str) -> Option<&'static str> {
+    known::KNOWN
+        .iter()
+        .find(|(n, _, _)| *n == name)
+        .map(|(_, d, _)| *d)
+}
 pub use types::*;
 pub use userlist::{load_userlist, parse_userlist};
 
@@ -109,6 +117,24 @@ impl Config {
             userlist,
             warnings,
         })
+    }
+
+    /// A copy with one `[pgbouncer]` setting changed, as the console's SET does;
+    /// changing `auth_file` re-reads the auth file.
+    pub fn with_setting(&self, key: &str, value: &str) -> Result<Config, ConfigError> {
+        let mut new = self.clone();
+        let mut warnings = Vec::new();
+        settings::apply_setting(&mut new.settings, key, value, &self.path, 0, &mut warnings)?;
+        if key == "auth_file" {
+            new.userlist = match &new.settings.auth_file {
+                Some(f) => load_userlist(f)?,
+                None => HashMap::new(),
+            };
+        }
+        for w in warnings {
+            tracing::warn!("{w}");
+        }
+        Ok(new)
     }
 
     /// The `[users]` entry for `name`, if any.

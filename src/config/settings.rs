@@ -83,6 +83,7 @@ impl Default for Settings {
             listen_backlog: 128,
             tcp_keepalive: true,
             scram_iterations: 4096,
+            metrics_listen: None,
             raw,
         }
     }
@@ -98,6 +99,17 @@ pub(crate) fn apply_setting(
     line: usize,
     warnings: &mut Vec<String>,
 ) -> Result<(), ConfigError> {
+    if key == SLUICE_METRICS_LISTEN {
+        s.metrics_listen = parse_listen_addr(value).map_err(|why| {
+            ConfigError::at(
+                file,
+                line,
+                format!("invalid value \"{value}\" for {key}: {why}"),
+            )
+        })?;
+        s.raw.insert(key.to_string(), value.to_string());
+        return Ok(());
+    }
     let name = if key == "reserve_pool" {
         "reserve_pool_size"
     } else {
@@ -228,6 +240,23 @@ fn set_implemented(s: &mut Settings, name: &str, v: &str) -> Result<Option<Strin
         _ => return Err("setting is not handled (internal error)".to_string()),
     }
     Ok(None)
+}
+
+/// Sluice's own setting for the Prometheus endpoint (not a PgBouncer name).
+pub(crate) const SLUICE_METRICS_LISTEN: &str = "metrics_listen";
+
+/// `HOST:PORT` (`[v6]:PORT` for IPv6); empty means off.
+fn parse_listen_addr(v: &str) -> Result<Option<String>, String> {
+    let v = v.trim();
+    if v.is_empty() {
+        return Ok(None);
+    }
+    let expected = || "expected HOST:PORT".to_string();
+    let (host, port) = v.rsplit_once(':').ok_or_else(expected)?;
+    if host.is_empty() || port.parse::<u16>().is_err() {
+        return Err(expected());
+    }
+    Ok(Some(v.to_string()))
 }
 
 fn parse_auth_type(v: &str) -> Result<AuthType, String> {
@@ -472,6 +501,20 @@ mod tests {
         ] {
             assert_eq!(set(k, v).unwrap().1.len(), 1, "{k} = {v}");
         }
+    }
+
+    #[test]
+    fn metrics_listen_is_sluice_specific() {
+        assert_eq!(Settings::default().metrics_listen, None);
+        assert!(!Settings::default().raw.contains_key("metrics_listen"));
+        let s = ok("metrics_listen", "127.0.0.1:9127");
+        assert_eq!(s.metrics_listen.as_deref(), Some("127.0.0.1:9127"));
+        assert_eq!(s.raw["metrics_listen"], "127.0.0.1:9127");
+        assert_eq!(ok("metrics_listen", "").metrics_listen, None);
+        assert_eq!(
+            set("metrics_listen", "9127").unwrap_err(),
+            "/etc/x.ini:3: invalid value \"9127\" for metrics_listen: expected HOST:PORT"
+        );
     }
 
     #[test]

@@ -114,6 +114,8 @@ pub struct Settings {
     pub listen_backlog: u32,
     pub tcp_keepalive: bool,
     pub scram_iterations: u32,
+    /// Sluice-specific: `HOST:PORT` for the Prometheus endpoint; None: off.
+    pub metrics_listen: Option<String>,
     /// Every key as written in the file (after defaults), for SHOW CONFIG.
     pub raw: BTreeMap<String, String>,
 }

@@ -92,6 +92,14 @@ async fn run(path: PathBuf, config: Config, sink: Arc<LogSink>, user: Option<Str
             return 1;
         }
     };
+    // Bound with the other listeners, before any user switch.
+    let metrics = match crate::admin::metrics::bind_setting(&config.settings).await {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::error!("{e}");
+            return 1;
+        }
+    };
     if let Some(user) = user {
         if let Err(e) = os::switch_user(&user) {
             tracing::error!("cannot switch to user {user}: {e}");
@@ -122,6 +130,13 @@ async fn run(path: PathBuf, config: Config, sink: Arc<LogSink>, user: Option<Str
     // only happens whenever the runtime gets round to dropping the accept task.
     let socket_file = listeners.unix_path().cloned();
     let app = App::new(config);
+    {
+        let (path, sink) = (path.clone(), sink.clone());
+        app.admin
+            .set_reloader(move |app: &App| reload(app, &path, &sink));
+    }
+    // The stats ticker and the metrics endpoint; they stop when this is dropped.
+    let _background = crate::admin::start_background(&app, metrics);
     let accept = tokio::spawn(accept_loops(app.clone(), listeners));
     let janitor = tokio::spawn(janitor(app.clone()));
     let code = signals(app.clone(), &path, &sink).await;
@@ -220,7 +235,7 @@ async fn signals(app: Arc<App>, path: &Path, sink: &LogSink) -> i32 {
         tokio::select! {
             _ = hup.recv() => {
                 tracing::info!("got SIGHUP, re-reading config");
-                reload(&app, path, sink);
+                let _ = reload(&app, path, sink);
             }
             _ = int.recv() => {
                 if app.shutdown_mode() != Shutdown::No {
@@ -242,8 +257,8 @@ async fn signals(app: Arc<App>, path: &Path, sink: &LogSink) -> i32 {
                 tracing::info!("got SIGQUIT, fast exit");
                 return 0;
             }
-            _ = usr1.recv() => tracing::warn!("got SIGUSR1: PAUSE is not implemented yet, ignoring"),
-            _ = usr2.recv() => tracing::warn!("got SIGUSR2: RESUME is not implemented yet, ignoring"),
+            _ = usr1.recv() => crate::admin::control::signal_pause(&app),
+            _ = usr2.recv() => crate::admin::control::signal_resume(&app),
             _ = check.tick() => {
                 match app.shutdown_mode() {
                     Shutdown::No => {}
@@ -266,8 +281,9 @@ async fn signals(app: Arc<App>, path: &Path, sink: &LogSink) -> i32 {
     }
 }
 
-/// Re-reads the ini and the auth file; a bad file keeps the old config running.
-pub fn reload(app: &App, path: &Path, sink: &LogSink) {
+/// Re-reads the ini and the auth file; a bad file keeps the old config running and
+/// is returned as the error (the console's RELOAD reports it).
+pub fn reload(app: &App, path: &Path, sink: &LogSink) -> Result<(), String> {
     match Config::load(path) {
         Ok(mut new) => {
             for w in &new.warnings {
@@ -283,8 +299,12 @@ pub fn reload(app: &App, path: &Path, sink: &LogSink) {
             }
             app.set_config(new);
             tracing::info!("config reloaded");
+            Ok(())
         }
-        Err(e) => tracing::error!("config reload failed, keeping the old config: {e}"),
+        Err(e) => {
+            tracing::error!("config reload failed, keeping the old config: {e}");
+            Err(e.to_string())
+        }
     }
 }
 
@@ -315,7 +335,8 @@ fn keep_restart_only(old: &Settings, new: &mut Settings) -> Vec<&'static str> {
         unix_socket_mode,
         unix_socket_group,
         user,
-        pidfile
+        pidfile,
+        metrics_listen
     );
     ignored
 }

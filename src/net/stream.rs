@@ -111,6 +111,14 @@ impl Stream {
         }
     }
 
+    /// The local end of a TCP socket (None for UNIX sockets), for the console.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        match self {
+            Stream::Tcp(s) => s.local_addr().ok(),
+            Stream::Unix(_) => None,
+        }
+    }
+
     /// The OS uid of a UNIX-socket peer (for the admin console's same-user rule).
     pub fn peer_uid(&self) -> Option<u32> {
         match self {

@@ -16,6 +16,8 @@ use super::slot::SlotToken;
 use super::{server, Grant, Pool, PoolConfig, PoolError, PoolState, ServerConn, Waiter};
 
 /// Where an acquire stands after looking at the pool under its lock.
+// Short-lived, on the stack; boxing the connection would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 enum Step {
     Idle(ServerConn),
     Connect,
@@ -39,8 +41,9 @@ impl Pool {
                 if st.closed {
                     return Err(PoolError::PoolClosed);
                 }
-                if let Some(conn) = pop_idle(&mut st, &cfg, &mut doomed) {
+                if let Some(mut conn) = pop_idle(&mut st, &cfg, &mut doomed) {
                     st.active += 1;
+                    conn.lent = super::LentMark::lent_by(self.clone());
                     Step::Idle(conn)
                 } else if cfg.pool_size == 0 || st.total < cfg.pool_size {
                     st.total += 1;
@@ -65,8 +68,11 @@ impl Pool {
                 },
                 Step::Connect => SlotToken::counted(self.clone()),
                 Step::Wait(id, rx) => match self.wait_in_line(id, rx, &cfg, deadline).await? {
-                    Grant::Server(conn) => {
-                        self.lock_state().active += 1;
+                    Grant::Server(mut conn) => {
+                        let mut st = self.lock_state();
+                        st.active += 1;
+                        conn.lent = super::LentMark::lent_by(self.clone());
+                        drop(st);
                         return Ok(conn);
                     }
                     Grant::Slot(slot) => slot,
@@ -95,9 +101,7 @@ impl Pool {
             Ok(()) => Some(conn),
             Err(e) => {
                 tracing::info!("S-{}: server check failed, closing: {e}", conn.id);
-                let mut st = self.lock_state();
-                st.active = st.active.saturating_sub(1);
-                drop(st);
+                // Its lent mark takes it out of `active`.
                 drop(conn);
                 None
             }
@@ -178,6 +182,8 @@ impl Pool {
                     st.welcome = Some(Arc::new(conn.params.clone()));
                 }
                 st.active += 1;
+                conn.lent = super::LentMark::lent_by(self.clone());
+                drop(st);
                 Ok(conn)
             }
             Err(e) => {
@@ -202,6 +208,7 @@ impl Pool {
         max: u32,
         deadline: Option<Instant>,
     ) -> Result<LimitToken, PoolError> {
+        let _waiting = limit.wait_guard();
         loop {
             let freed = limit.freed();
             if let Some(t) = limit.try_take(max) {

@@ -15,6 +15,8 @@ use super::{Pool, ServerConn};
 pub struct ConnLimit {
     count: Mutex<u32>,
     freed: Notify,
+    /// Clients waiting for a unit: only then do idle connections need announcing.
+    waiting: std::sync::atomic::AtomicU32,
     members: Mutex<Vec<Weak<Pool>>>,
 }
 
@@ -52,9 +54,33 @@ impl ConnLimit {
         *self.count.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Resolves when a unit is given back (after the caller's failed `try_take`).
+    /// Resolves when a unit is given back or a connection under this limit goes
+    /// idle (and so could be closed to make room), after a failed `try_take`.
     pub fn freed(&self) -> tokio::sync::futures::Notified<'_> {
         self.freed.notified()
+    }
+
+    /// Marks the caller as waiting for a unit until the guard drops.
+    pub fn wait_guard(&self) -> WaitGuard<'_> {
+        self.waiting.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        WaitGuard(self)
+    }
+
+    /// A connection under this limit went idle: wake a waiter so it can evict it.
+    pub fn idle_available(&self) {
+        if self.waiting.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            self.freed.notify_one();
+        }
+    }
+}
+
+/// Counts a waiter in [`ConnLimit::wait_guard`].
+#[derive(Debug)]
+pub struct WaitGuard<'a>(&'a ConnLimit);
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 

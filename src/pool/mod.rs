@@ -30,6 +30,9 @@ use limits::PoolLimits;
 use slot::SlotToken;
 
 /// What a waiting client is given.
+// A connection is moved through here once per hand-over; boxing it would cost an
+// allocation for nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum Grant {
     /// An idle connection, ready to use.
@@ -68,6 +71,46 @@ pub(crate) struct PoolState {
     /// Keys from a client's SCRAM login, for pass-through to the server.
     scram_keys: Option<ScramKeys>,
     closed: bool,
+}
+
+/// Counts a lent connection in its pool's `active` until the pool takes it back, or
+/// until it is dropped wherever it is (a session that fails, or is killed, drops its
+/// server without `release`), so `active` cannot stay too high.
+#[derive(Debug, Default)]
+pub(crate) struct LentMark(Option<Arc<Pool>>);
+
+impl LentMark {
+    /// Marks a connection lent by `pool`; the caller has counted it in `active`.
+    pub(crate) fn lent_by(pool: Arc<Pool>) -> LentMark {
+        LentMark(Some(pool))
+    }
+
+    /// Stops the mark from counting down on drop; returns whether it was armed.
+    fn disarm(&mut self) -> bool {
+        self.0.take().is_some()
+    }
+}
+
+impl Drop for LentMark {
+    fn drop(&mut self) {
+        // Never dropped while the pool lock is held: lent connections are only dropped
+        // by their session, and `release` disarms the mark before locking.
+        if let Some(pool) = self.0.take() {
+            let mut st = pool.lock_state();
+            st.active = st.active.saturating_sub(1);
+        }
+    }
+}
+
+/// An idle server connection as the console shows it.
+#[derive(Debug, Clone, Copy)]
+pub struct IdleServer {
+    pub id: u64,
+    pub backend_pid: u32,
+    pub created: Instant,
+    pub last_used: Instant,
+    pub local_addr: Option<std::net::SocketAddr>,
+    pub generation: u64,
 }
 
 /// A snapshot of a pool's counters, for the console and tests.
@@ -160,6 +203,27 @@ impl Pool {
         }
     }
 
+    /// The current generation; a connection made in an older one closes at release.
+    pub fn generation(&self) -> u64 {
+        self.lock_state().generation
+    }
+
+    /// The idle connections, for SHOW SERVERS.
+    pub fn idle_servers(&self) -> Vec<IdleServer> {
+        let st = self.lock_state();
+        st.idle
+            .iter()
+            .map(|c| IdleServer {
+                id: c.id,
+                backend_pid: c.backend_pid,
+                created: c.created,
+                last_used: c.last_used,
+                local_addr: c.local_addr,
+                generation: c.generation,
+            })
+            .collect()
+    }
+
     /// The parameters a client sees at login, if a server has logged in yet.
     pub fn welcome(&self) -> Option<Arc<Vec<(String, String)>>> {
         self.lock_state().welcome.clone()
@@ -175,8 +239,11 @@ impl Pool {
     pub fn release(&self, mut conn: ServerConn, clean: bool) {
         let cfg = self.config();
         conn.last_used = Instant::now();
+        let was_lent = conn.lent.disarm();
         let mut st = self.lock_state();
-        st.active = st.active.saturating_sub(1);
+        if was_lent {
+            st.active = st.active.saturating_sub(1);
+        }
         let reusable = clean
             && !conn.close_needed
             && !st.closed
@@ -192,6 +259,9 @@ impl Pool {
             match st.waiters.pop_front() {
                 None => {
                     st.idle.push(conn);
+                    drop(st);
+                    self.limits.db.idle_available();
+                    self.limits.user.idle_available();
                     return;
                 }
                 Some(Waiter { tx, .. }) => {

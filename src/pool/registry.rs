@@ -69,6 +69,19 @@ impl Pools {
         pool
     }
 
+    /// The welcome parameters of another pool reaching the same server database, for
+    /// a new pool that cannot open a connection yet (a shared limit is full). The
+    /// client's own server values are applied when it gets a server.
+    pub fn sibling_welcome(&self, pool: &Pool) -> Option<Arc<Vec<(String, String)>>> {
+        let cfg = pool.config();
+        self.all().into_iter().find_map(|p| {
+            let c = p.config();
+            (c.addr == cfg.addr && c.dbname == cfg.dbname)
+                .then(|| p.welcome())
+                .flatten()
+        })
+    }
+
     /// Every pool, for maintenance and the console.
     pub fn all(&self) -> Vec<Arc<Pool>> {
         self.lock().values().cloned().collect()

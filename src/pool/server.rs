@@ -48,7 +48,13 @@ pub struct ServerConn {
     pub generation: u64,
     /// Set when the connection must not be reused (protocol desync, close request).
     pub close_needed: bool,
+    /// The local end of the socket (SHOW SERVERS `local_addr`/`local_port`).
+    pub local_addr: Option<std::net::SocketAddr>,
+    /// Counts the connection in the pool's `active` while a client holds it.
+    pub(crate) lent: super::LentMark,
     pub(crate) _slot: SlotToken,
+    /// The prepared statements this server has, for transaction pooling.
+    pub prepared: crate::prepared::ServerStatements,
     /// Units of the database and user limits, returned when the connection closes.
     pub(crate) limit_tokens: Option<(LimitToken, LimitToken)>,
 }
@@ -64,17 +70,7 @@ impl ServerConn {
 
     /// Records a ParameterStatus.
     pub fn set_param(&mut self, name: &str, value: &str) {
-        match self
-            .params
-            .iter_mut()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-        {
-            Some((_, v)) => {
-                v.clear();
-                v.push_str(value);
-            }
-            None => self.params.push((name.to_owned(), value.to_owned())),
-        }
+        set_param(&mut self.params, name, value);
     }
 
     /// Whether its age or idle time passed the pool's limits.
@@ -121,6 +117,22 @@ impl ServerConn {
             Ok(r) => r,
             Err(_) => Err(PoolError::Timeout("internal query timed out")),
         }
+    }
+}
+
+/// Records a ParameterStatus in a parameter list (case-insensitive names).
+pub fn set_param(params: &mut Vec<(String, String)>, name: &str, value: &str) {
+    match params
+        .iter_mut()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+    {
+        Some((_, v)) => {
+            if v != value {
+                v.clear();
+                v.push_str(value);
+            }
+        }
+        None => params.push((name.to_owned(), value.to_owned())),
     }
 }
 
@@ -192,6 +204,7 @@ pub(crate) async fn connect(
         Err(_) => return Err(PoolError::Connect(format!("{}: login timed out", cfg.addr))),
     };
     let now = Instant::now();
+    let local_addr = stream.local_addr();
     let mut conn = ServerConn {
         stream,
         id,
@@ -203,8 +216,11 @@ pub(crate) async fn connect(
         last_used: now,
         generation,
         close_needed: false,
+        local_addr,
+        lent: super::LentMark::default(),
         _slot: slot,
         limit_tokens: None,
+        prepared: Default::default(),
     };
     if let Some(q) = &cfg.connect_query {
         conn.run_internal(q, limit).await?;

@@ -154,12 +154,17 @@ impl ServerStatements {
     pub fn insert(&mut self, stmt: &Statement, max: usize) -> Option<String> {
         self.tick += 1;
         let evicted = if max > 0 && self.entries.len() >= max {
-            let oldest = self.entries.iter().min_by_key(|(_, e)| e.1).map(|(id, _)| *id);
+            let oldest = self
+                .entries
+                .iter()
+                .min_by_key(|(_, e)| e.1)
+                .map(|(id, _)| *id);
             oldest.and_then(|id| self.entries.remove(&id)).map(|e| e.0)
         } else {
             None
         };
-        self.entries.insert(stmt.id, (stmt.server_name.clone(), self.tick));
+        self.entries
+            .insert(stmt.id, (stmt.server_name.clone(), self.tick));
         evicted
     }
 

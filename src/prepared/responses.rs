@@ -144,7 +144,11 @@ impl ResponseTracker {
         }
         let held = std::mem::take(&mut self.held);
         // Bytes of this header that are in this chunk.
-        let header_here = if at.is_some() { 5 } else { 5 - held.len().min(5) };
+        let header_here = if at.is_some() {
+            5
+        } else {
+            5 - held.len().min(5)
+        };
         let start = at.unwrap_or(0);
         let mut drop_it = false;
         let mut completes = false;
@@ -176,7 +180,13 @@ impl ResponseTracker {
                 // those requests get no answer, and synthesized ones must not either.
                 completes = true;
                 while let Some(front) = self.queue.front() {
-                    if matches!(front, Expect::Forward { kind: Kind::UntilReady, .. }) {
+                    if matches!(
+                        front,
+                        Expect::Forward {
+                            kind: Kind::UntilReady,
+                            ..
+                        }
+                    ) {
                         break;
                     }
                     match self.queue.pop_front() {
@@ -190,7 +200,13 @@ impl ResponseTracker {
             Some(_) if tag == b'Z' => {
                 // Out of step (should not happen): realign on the next Sync.
                 while let Some(e) = self.queue.pop_front() {
-                    if matches!(e, Expect::Forward { kind: Kind::UntilReady, .. }) {
+                    if matches!(
+                        e,
+                        Expect::Forward {
+                            kind: Kind::UntilReady,
+                            ..
+                        }
+                    ) {
                         break;
                     }
                 }
@@ -308,7 +324,10 @@ mod tests {
         let mut last = 0;
         for &cut in cuts.iter().chain(std::iter::once(&stream.len())) {
             let mut chunk = bytes::BytesMut::from(&stream[last..cut]);
-            process_chunk(&mut t, &mut f, &mut chunk, 1 << 20, &mut c, &mut s, |_| Body::Skip).unwrap();
+            process_chunk(&mut t, &mut f, &mut chunk, 1 << 20, &mut c, &mut s, |_| {
+                Body::Skip
+            })
+            .unwrap();
             out.extend_from_slice(&chunk);
             last = cut;
         }
@@ -330,7 +349,10 @@ mod tests {
                 fwd(Kind::Bind),
                 fwd(Kind::Execute),
                 fwd(Kind::UntilReady),
-                Expect::Swallow { kind: Kind::Parse, undo: None },
+                Expect::Swallow {
+                    kind: Kind::Parse,
+                    undo: None,
+                },
                 fwd(Kind::Bind),
                 fwd(Kind::Execute),
                 fwd(Kind::UntilReady),
@@ -376,15 +398,25 @@ mod tests {
         want.extend(msg(b'1', b""));
         want.extend(msg(b'Z', b"I"));
         for a in 0..=server.len() {
-            assert_eq!(run(queue_clone(&queue), &server, &[a]), want, "split at {a}");
+            assert_eq!(
+                run(queue_clone(&queue), &server, &[a]),
+                want,
+                "split at {a}"
+            );
         }
     }
 
     fn queue_clone(q: &[Expect]) -> Vec<Expect> {
         q.iter()
             .map(|e| match e {
-                Expect::Forward { kind, undo } => Expect::Forward { kind: *kind, undo: undo.clone() },
-                Expect::Swallow { kind, undo } => Expect::Swallow { kind: *kind, undo: undo.clone() },
+                Expect::Forward { kind, undo } => Expect::Forward {
+                    kind: *kind,
+                    undo: undo.clone(),
+                },
+                Expect::Swallow { kind, undo } => Expect::Swallow {
+                    kind: *kind,
+                    undo: undo.clone(),
+                },
                 Expect::Synthesize(b) => Expect::Synthesize(b),
                 Expect::ClearOnSuccess { failed } => Expect::ClearOnSuccess { failed: *failed },
             })
@@ -394,7 +426,10 @@ mod tests {
     #[test]
     fn error_skips_to_sync_and_drops_synthesized() {
         let queue = vec![
-            Expect::Swallow { kind: Kind::Parse, undo: Some(Undo::ForgetOnServer(7)) },
+            Expect::Swallow {
+                kind: Kind::Parse,
+                undo: Some(Undo::ForgetOnServer(7)),
+            },
             fwd(Kind::Bind),
             Expect::Synthesize(PARSE_COMPLETE),
             fwd(Kind::Execute),

@@ -73,7 +73,9 @@ impl Rewriter {
                 self.stream_left -= take;
                 continue;
             }
-            let Some((tag, len)) = parse(input) else { return Ok(()) };
+            let Some((tag, len)) = parse(input) else {
+                return Ok(());
+            };
             let len = check_len(len, max_len)?;
             let whole = input.len() > len;
             match tag {
@@ -132,7 +134,11 @@ fn clears_statements(body: &[u8]) -> bool {
         .map(|w| w.to_ascii_uppercase())
         .collect();
     matches!(
-        words.iter().map(String::as_str).collect::<Vec<_>>().as_slice(),
+        words
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .as_slice(),
         ["DISCARD", "ALL"] | ["DEALLOCATE", "ALL"] | ["DEALLOCATE", "PREPARE", "ALL"]
     )
 }
@@ -160,7 +166,10 @@ fn ensure_prepared(stmt: &super::Statement, out: &mut BytesMut, ctx: &mut Ctx<'_
     }
     if let Some(evicted) = ctx.server.insert(stmt, ctx.max_prepared) {
         put_close(out, b'S', evicted.as_bytes());
-        ctx.tracker.push(Expect::Swallow { kind: Kind::Close, undo: None });
+        ctx.tracker.push(Expect::Swallow {
+            kind: Kind::Close,
+            undo: None,
+        });
     }
     stmt.parse_message(out);
     *ctx.server_parses += 1;
@@ -179,7 +188,12 @@ fn put_close(out: &mut BytesMut, kind: u8, name: &[u8]) {
 }
 
 /// Rewrites one whole Parse, Bind, Describe or Close.
-fn handle_whole(tag: u8, msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> Result<(), RewriteError> {
+fn handle_whole(
+    tag: u8,
+    msg: Bytes,
+    out: &mut BytesMut,
+    ctx: &mut Ctx<'_>,
+) -> Result<(), RewriteError> {
     let mut body = msg.slice(HEADER_LEN..);
     match tag {
         TAG_PARSE => {
@@ -192,7 +206,9 @@ fn handle_whole(tag: u8, msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> R
             let name = name_of(&name)?.to_owned();
             let stmt = ctx.registry.intern(body);
             if !ctx.client.insert(name.clone(), stmt.clone()) {
-                return Err(RewriteError::TooManyStatements(super::MAX_CLIENT_STATEMENTS));
+                return Err(RewriteError::TooManyStatements(
+                    super::MAX_CLIENT_STATEMENTS,
+                ));
             }
             if ctx.server.touch(&stmt) {
                 // The server has it already: answer ParseComplete ourselves.
@@ -201,7 +217,10 @@ fn handle_whole(tag: u8, msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> R
             }
             if let Some(evicted) = ctx.server.insert(&stmt, ctx.max_prepared) {
                 put_close(out, b'S', evicted.as_bytes());
-                ctx.tracker.push(Expect::Swallow { kind: Kind::Close, undo: None });
+                ctx.tracker.push(Expect::Swallow {
+                    kind: Kind::Close,
+                    undo: None,
+                });
             }
             stmt.parse_message(out);
             *ctx.server_parses += 1;
@@ -242,7 +261,11 @@ fn handle_whole(tag: u8, msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> R
             let kind = body[0];
             body.advance(1);
             let name = take_cstr(&mut body)?;
-            let entry = if tag == TAG_DESCRIBE { Kind::Describe } else { Kind::Close };
+            let entry = if tag == TAG_DESCRIBE {
+                Kind::Describe
+            } else {
+                Kind::Close
+            };
             let stmt = match (kind, name_of(&name)?) {
                 (b'S', n) if !n.is_empty() => ctx.client.get(n).cloned().map(|s| (n.to_owned(), s)),
                 _ => None,
@@ -384,12 +407,14 @@ mod tests {
             max_prepared: 2,
             server_parses: &mut w.parses,
         };
-        rw.process(&mut input, &mut out, 1 << 20, &mut ctx, |_| {}).unwrap();
+        rw.process(&mut input, &mut out, 1 << 20, &mut ctx, |_| {})
+            .unwrap();
         assert!(out.is_empty() && input.len() == 7);
         input.extend_from_slice(&p[7..]);
         let d = msg(b'd', &[7u8; 100]);
         input.extend_from_slice(&d[..50]);
-        rw.process(&mut input, &mut out, 1 << 20, &mut ctx, |_| {}).unwrap();
+        rw.process(&mut input, &mut out, 1 << 20, &mut ctx, |_| {})
+            .unwrap();
         assert!(out.ends_with(&d[..50]));
         assert!(!rw.at_boundary());
         assert!(clears_statements(b"DEALLOCATE  all\0"));

@@ -168,6 +168,13 @@ pub async fn login(
             )
         })?
         .clone();
+    // DISABLE db (admin console): new logins are refused, connected clients stay.
+    if app.gate().disabled(&database) {
+        return Err(ClientError::fatal(
+            PROTOCOL_VIOLATION,
+            format!("database \"{database}\" is disabled"),
+        ));
+    }
 
     let keys = authenticate(&cfg, &db, stream, buf, &mut out, &user).await?;
 
@@ -197,7 +204,7 @@ pub async fn login(
 
 /// Runs the `auth_type` exchange. Returns SCRAM keys when the client proved itself with
 /// SCRAM against a stored SCRAM secret (usable for logging in to the server).
-async fn authenticate(
+pub(crate) async fn authenticate(
     cfg: &Config,
     db: &DatabaseEntry,
     stream: &Stream,

@@ -13,12 +13,13 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 
-use crate::app::{App, Shutdown};
+use crate::app::App;
 use crate::config::PoolMode;
 use crate::net::{PeerAddr, Stream};
 use crate::pool::{Pool, PoolError, ServerConn};
 use crate::protocol::backend;
 use crate::protocol::sqlstate::*;
+use crate::stats::conns::{ClientInfo, ClientMeta, LinkedServer};
 use login::{LoggedIn, Startup};
 use relay::{Outcome, Relay, ReleaseAt, Timeouts};
 
@@ -37,6 +38,12 @@ impl ClientError {
     pub fn fatal(code: &'static str, message: String) -> ClientError {
         ClientError::Fatal { code, message }
     }
+}
+
+/// What a login produced: a pooled session or an admin console one.
+enum Who {
+    Pooled(LoggedIn),
+    Console(crate::admin::AdminLogin),
 }
 
 /// Counts a client out of `max_client_conn` when its task ends, however it ends.
@@ -84,9 +91,14 @@ pub async fn serve_client(app: Arc<App>, stream: Stream) {
                         "C-{id}: {db}/{user}@{peer} login attempt: db={db} user={user} tls=no"
                     );
                 }
+                if crate::admin::is_console(&params) {
+                    return crate::admin::login(&app, &stream, &mut buf, minor, params)
+                        .await
+                        .map(|a| Some(Who::Console(a)));
+                }
                 login::login(&app, &stream, &mut buf, minor, params)
                     .await
-                    .map(Some)
+                    .map(|w| Some(Who::Pooled(w)))
             }
         }
     };
@@ -103,7 +115,11 @@ pub async fn serve_client(app: Arc<App>, stream: Stream) {
         }
     };
     let who = match result {
-        Ok(Some(who)) => who,
+        Ok(Some(Who::Pooled(who))) => who,
+        Ok(Some(Who::Console(a))) => {
+            crate::admin::serve(&app, &stream, buf, a, id, peer).await;
+            return;
+        }
         Ok(None) => return,
         Err(e) => {
             report_login_failure(id, &peer, &stream, e).await;
@@ -132,7 +148,25 @@ pub async fn serve_client(app: Arc<App>, stream: Stream) {
             return;
         }
     };
-    let reason = run_session(&app, &stream, who, buf, &tag).await;
+    // Registered for the console (SHOW CLIENTS, KILL_CLIENT) while the session runs.
+    let info = app.client_reg.register(ClientMeta {
+        id,
+        user: who.user.clone(),
+        database: who.database.clone(),
+        pool_user: who.pool.key.user.clone(),
+        peer: peer.clone(),
+        local_addr: stream.local_addr(),
+        application_name: who.params.get("application_name").unwrap_or("").to_owned(),
+        admin: false,
+    });
+    let reason = tokio::select! {
+        r = run_session(&app, &stream, who, buf, &tag, &info) => r,
+        // KILL / KILL_CLIENT: the session (and any server it holds) is dropped.
+        why = info.killed() => {
+            send_fatal(&stream, PROTOCOL_VIOLATION, why).await;
+            why.to_owned()
+        }
+    };
     if cfg.settings.log_disconnections {
         tracing::info!(
             "{tag} closing because: {reason} (age={}s)",
@@ -180,6 +214,7 @@ async fn run_session(
     who: LoggedIn,
     leftover: BytesMut,
     tag: &str,
+    info: &ClientInfo,
 ) -> String {
     let LoggedIn {
         pool,
@@ -192,7 +227,7 @@ async fn run_session(
 
     // The welcome needs the server's parameters; the first client of a pool waits for
     // a server login to learn them.
-    let welcome = match pool.welcome() {
+    let welcome = match pool.welcome().or_else(|| app.pools.sibling_welcome(&pool)) {
         Some(w) => w,
         None => match pool.acquire().await {
             Ok(server) => {
@@ -225,14 +260,19 @@ async fn run_session(
     };
     let mut relay = Relay::new(cfg.settings.max_packet_size);
     relay.set_timeouts(timeouts(&cfg, &user));
+    let max_prepared = cfg.settings.max_prepared_statements as usize;
+    if mode != PoolMode::Session && max_prepared > 0 {
+        relay.enable_prepared(app.statements.clone(), max_prepared);
+    }
     relay.stats.logins += 1;
     if !leftover.is_empty() {
         if let Err(e) = relay.preload(&leftover) {
             return protocol_failure(stream, &mut relay, tag, &e.to_string()).await;
         }
     }
+    let reset_always = pool.config().server_reset_query_always;
     let mut server: Option<ServerConn> = None;
-    let mut shutdown = app.shutdown_watch();
+    let mut gate = app.gate_watch();
     let reason = loop {
         let Some(srv) = server.as_mut() else {
             if relay.c2s.is_empty() {
@@ -249,13 +289,37 @@ async fn run_session(
                 }
             }
             // A paused or stopping pooler lends no more servers; the client waits.
-            while *shutdown.borrow() >= Shutdown::WaitForServers {
-                if shutdown.changed().await.is_err() {
+            info.set_waiting();
+            while gate.borrow().blocks(&pool.key.database) {
+                if gate.changed().await.is_err() {
                     break;
                 }
             }
             let asked = Instant::now();
-            match acquire_linked(&pool, &mut params).await {
+            let acquired = {
+                // Watch the client while it waits: one that leaves gives up its place
+                // at once and its buffered query never runs.
+                let acquire = acquire_linked(&pool, &mut params);
+                tokio::pin!(acquire);
+                loop {
+                    tokio::select! {
+                        biased;
+                        r = &mut acquire => break Some(r),
+                        r = stream.readable(), if relay.can_buffer_more() => {
+                            match r.and_then(|_| relay.read_while_waiting(stream)) {
+                                Ok(true) => {}
+                                Ok(false) => break None,
+                                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                                Err(_) => break None,
+                            }
+                        }
+                    }
+                }
+            };
+            let Some(acquired) = acquired else {
+                break "client unexpected eof".to_owned();
+            };
+            match acquired {
                 Ok(s) => {
                     let waited = asked.elapsed().as_micros() as u64;
                     relay.stats.wait_time_us += waited;
@@ -264,6 +328,13 @@ async fn run_session(
                     cancel_key
                         .target
                         .set(Some((s.addr.clone(), s.backend_pid, s.backend_key)));
+                    info.link(LinkedServer {
+                        id: s.id,
+                        backend_pid: s.backend_pid,
+                        created: s.created,
+                        local_addr: s.local_addr,
+                        generation: s.generation,
+                    });
                     server = Some(s);
                 }
                 Err(e) => return fail_client(stream, tag, &e).await,
@@ -275,7 +346,14 @@ async fn run_session(
             .await
         {
             Outcome::ReleasePoint => {
+                if reset_always {
+                    if let Some(s) = server.take() {
+                        // Resets and returns it (or closes it if the reset fails).
+                        finish_server(&pool, s, true, PoolMode::Session).await;
+                    }
+                }
                 cancel_key.target.set(None);
+                info.unlink();
                 if let Some(s) = server.take() {
                     pool.release(s, true);
                 }
@@ -346,7 +424,11 @@ async fn acquire_linked(
     if let Some(sql) = params.sync_sql(&server) {
         // A zero server_connect_timeout means "no limit" elsewhere; keep a sane bound.
         let timeout = pool.config().server_connect_timeout;
-        let timeout = if timeout.is_zero() { std::time::Duration::from_secs(15) } else { timeout };
+        let timeout = if timeout.is_zero() {
+            std::time::Duration::from_secs(15)
+        } else {
+            timeout
+        };
         if let Err(e) = server.run_internal(&sql, timeout).await {
             // The server is fine but the client's value was refused; closing it keeps
             // the pool clean, and the client learns why.

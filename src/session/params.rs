@@ -39,6 +39,14 @@ impl ClientParams {
             .map(str::to_owned)
     }
 
+    /// The client's value for a tracked parameter, if it has one.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.values
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
     /// Records the client's value for a tracked parameter; untracked names are ignored.
     pub fn set(&mut self, name: &str, value: &str) {
         let Some(name) = self.tracked_name(name) else {

@@ -5,6 +5,7 @@
 //! pool's atomics when it gives a server back (or at session end), so the per-message
 //! path touches no shared cache line.
 
+pub mod conns;
 pub mod histogram;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

@@ -5,4 +5,16 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod admin;
+mod auth;
+mod auth_server;
+mod auth_server_fake;
+mod cancel;
+mod config_cli;
 mod harness_smoke;
+mod listeners;
+mod pooling;
+mod relay;
+mod signals;
+mod startup;
+mod txn;

@@ -13,6 +13,9 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+mod private;
+pub use private::PrivatePg;
+
 /// A running PostgreSQL server. Obtain it with [`pg()`].
 #[derive(Debug)]
 pub struct PgServer {

@@ -15,7 +15,6 @@ mod prepared;
 mod timing;
 
 use super::framer::{Body, Event, Framer};
-use timing::sleep_until;
 use super::params::ClientParams;
 use crate::net::Stream;
 use crate::pool::ServerConn;
@@ -23,6 +22,7 @@ use crate::protocol::backend::parse_parameter_status;
 use crate::protocol::header::*;
 use crate::protocol::ProtocolError;
 use crate::stats::{PoolStats, StatsDelta};
+use timing::sleep_until;
 
 /// Bytes read per wake-up and direction.
 const READ_CHUNK: usize = 16 * 1024;
@@ -100,6 +100,8 @@ pub struct Relay {
     /// ReadyForQuery messages in the last server read, and how many ended a transaction.
     readies: u32,
     xacts_done: u32,
+    /// Prepared-statement rewriting (transaction and statement pooling only).
+    prepared: Option<Box<prepared::PreparedState>>,
 }
 
 impl Relay {
@@ -123,6 +125,7 @@ impl Relay {
             stats: StatsDelta::default(),
             readies: 0,
             xacts_done: 0,
+            prepared: None,
         }
     }
 
@@ -141,10 +144,14 @@ impl Relay {
             && self.s2c.is_empty()
             && self.client_framer.at_boundary()
             && self.server_framer.at_boundary()
+            && self.prepared.as_ref().is_none_or(|p| p.is_idle())
     }
 
     /// Drops the buffers' memory while no server is linked (idle clients cost little).
     pub fn shrink_idle(&mut self) {
+        if let Some(p) = &mut self.prepared {
+            p.shrink_idle();
+        }
         if self.c2s.is_empty() {
             self.c2s = BytesMut::new();
         }
@@ -179,6 +186,16 @@ impl Relay {
                 }
                 Err(e) => return Err(Outcome::ClientFailed(e)),
             }
+            if let Some(p) = &self.prepared {
+                if p.starts_with_terminate() {
+                    self.terminated = true;
+                    return Ok(false);
+                }
+                if p.has_input() {
+                    return Ok(true);
+                }
+                continue;
+            }
             if self.terminated && self.c2s.is_empty() {
                 return Ok(false);
             }
@@ -186,6 +203,20 @@ impl Relay {
                 return Ok(true);
             }
         }
+    }
+
+    /// Whether more client bytes may be buffered while waiting for a server.
+    pub fn can_buffer_more(&self) -> bool {
+        let buffered = self.c2s.len() + self.prepared.as_ref().map_or(0, |p| p.input.len());
+        buffered < 4 * READ_CHUNK && !self.terminated
+    }
+
+    /// Reads client bytes while waiting for a server. `Ok(false)`: the client left
+    /// (end of stream or Terminate), so the wait should be abandoned.
+    pub fn read_while_waiting(&mut self, client: &Stream) -> io::Result<bool> {
+        let more = self.read_client(client)?;
+        let prepared_terminate = self.prepared.as_ref().is_some_and(|p| p.ends_with_terminate());
+        Ok(more && !self.terminated && !prepared_terminate)
     }
 
     /// Relays until the session ends, the server fails, or (by `release`) the server
@@ -198,6 +229,9 @@ impl Relay {
         release: ReleaseAt,
         stats: &PoolStats,
     ) -> Outcome {
+        if let Err(e) = self.rewrite_pending(server) {
+            return e;
+        }
         loop {
             if self.terminated && self.c2s.is_empty() && self.s2c.is_empty() {
                 return Outcome::ClientClosed;
@@ -219,6 +253,11 @@ impl Relay {
                         Err(ServerRead::Protocol(e)) => return Outcome::ServerProtocol(e),
                     }
                     if self.saw_ready && release == ReleaseAt::StatementEnd && self.status != b'I' {
+                        // The client must not see its BEGIN succeed: drop that
+                        // ReadyForQuery (the last message) before the error goes out.
+                        if self.s2c.len() >= 6 && self.s2c[self.s2c.len() - 6..self.s2c.len() - 1] == *b"Z\0\0\0\x05" {
+                            self.s2c.truncate(self.s2c.len() - 6);
+                        }
                         return Outcome::LongTransaction;
                     }
                     self.note_server_activity(stats);
@@ -244,7 +283,12 @@ impl Relay {
                     }
                     let pending_before = self.pending;
                     match self.read_client(client) {
-                        Ok(true) => self.note_client_activity(pending_before),
+                        Ok(true) => {
+                            self.note_client_activity(pending_before);
+                            if let Err(e) = self.rewrite_pending(server) {
+                                return e;
+                            }
+                        }
                         Ok(false) => return Outcome::ClientClosed,
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                         Err(e) if e.kind() == io::ErrorKind::InvalidData => {
@@ -275,15 +319,23 @@ impl Relay {
     /// Reads from the client into `c2s` and follows its messages. `Ok(false)`: EOF.
     /// A protocol violation is reported as `InvalidData`.
     fn read_client(&mut self, client: &Stream) -> io::Result<bool> {
-        self.c2s.reserve(READ_CHUNK);
-        let start = self.c2s.len();
-        let n = client.try_read_buf(&mut self.c2s)?;
+        // With prepared statements, client bytes wait in the rewriter's input until a
+        // server is linked (the rewrite depends on what that server has prepared).
+        let buf = match &mut self.prepared {
+            Some(p) => &mut p.input,
+            None => &mut self.c2s,
+        };
+        buf.reserve(READ_CHUNK);
+        let start = buf.len();
+        let n = client.try_read_buf(buf)?;
         if n == 0 {
             return Ok(false);
         }
         self.stats.bytes_received += n as u64;
-        self.scan_client(start)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        if self.prepared.is_none() {
+            self.scan_client(start)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        }
         Ok(true)
     }
 
@@ -302,29 +354,12 @@ impl Relay {
                     if *terminated {
                         return Body::Skip;
                     }
-                    match tag {
-                        TAG_QUERY | TAG_FUNCTION_CALL => *pending += 1,
-                        TAG_SYNC => {
-                            *pending += 1;
-                            *unsynced = false;
+                    if count_client_tag(tag, pending, unsynced, parses, binds) {
+                        *terminated = true;
+                        match at {
+                            Some(at) => cut = Some(start + at),
+                            None => desync = true,
                         }
-                        TAG_PARSE => {
-                            *parses += 1;
-                            *unsynced = true;
-                        }
-                        TAG_BIND => {
-                            *binds += 1;
-                            *unsynced = true;
-                        }
-                        TAG_EXECUTE | TAG_DESCRIBE | TAG_CLOSE | TAG_FLUSH => *unsynced = true,
-                        TAG_TERMINATE => {
-                            *terminated = true;
-                            match at {
-                                Some(at) => cut = Some(start + at),
-                                None => desync = true,
-                            }
-                        }
-                        _ => {}
                     }
                 }
                 Body::Skip
@@ -360,41 +395,55 @@ impl Relay {
         *readies = 0;
         *xacts_done = 0;
         let mut bad_param = false;
-        self.server_framer
-            .feed(&self.s2c[start..], u32::MAX, |e| match e {
-                Event::Start { tag, .. } => match tag {
-                    TAG_READY_FOR_QUERY | TAG_PARAMETER_STATUS => Body::Capture,
-                    _ => Body::Skip,
-                },
-                Event::Complete {
-                    tag: TAG_READY_FOR_QUERY,
-                    body,
-                } => {
-                    *pending = pending.saturating_sub(1);
-                    *status = body.first().copied().unwrap_or(b'I');
-                    *saw_ready = true;
-                    *readies += 1;
-                    if *status == b'I' {
-                        *xacts_done += 1;
-                    }
-                    Body::Skip
+        let server_params = &mut server.params;
+        let on_event = |e: Event<'_>| match e {
+            Event::Start { tag, .. } => match tag {
+                TAG_READY_FOR_QUERY | TAG_PARAMETER_STATUS => Body::Capture,
+                _ => Body::Skip,
+            },
+            Event::Complete {
+                tag: TAG_READY_FOR_QUERY,
+                body,
+            } => {
+                *pending = pending.saturating_sub(1);
+                *status = body.first().copied().unwrap_or(b'I');
+                *saw_ready = true;
+                *readies += 1;
+                if *status == b'I' {
+                    *xacts_done += 1;
                 }
-                Event::Complete {
-                    tag: TAG_PARAMETER_STATUS,
-                    body,
-                } => {
-                    match parse_parameter_status(body) {
-                        Ok((k, v)) => {
-                            server.set_param(k, v);
-                            params.set(k, v);
-                        }
-                        Err(_) => bad_param = true,
+                Body::Skip
+            }
+            Event::Complete {
+                tag: TAG_PARAMETER_STATUS,
+                body,
+            } => {
+                match parse_parameter_status(body) {
+                    Ok((k, v)) => {
+                        crate::pool::server::set_param(server_params, k, v);
+                        params.set(k, v);
                     }
-                    Body::Skip
+                    Err(_) => bad_param = true,
                 }
-                Event::Complete { .. } => Body::Skip,
-            })
-            .map_err(ServerRead::Protocol)?;
+                Body::Skip
+            }
+            Event::Complete { .. } => Body::Skip,
+        };
+        match &mut self.prepared {
+            None => self
+                .server_framer
+                .feed(&self.s2c[start..], u32::MAX, on_event),
+            Some(p) => {
+                debug_assert_eq!(start, 0, "server reads happen only with s2c drained");
+                p.process_server_chunk(
+                    &mut self.server_framer,
+                    &mut self.s2c,
+                    &mut server.prepared,
+                    on_event,
+                )
+            }
+        }
+        .map_err(ServerRead::Protocol)?;
         if bad_param {
             return Err(ServerRead::Protocol(ProtocolError::Malformed(
                 "ParameterStatus",
@@ -411,6 +460,36 @@ impl Relay {
         self.s2c.clear();
         r
     }
+}
+
+/// Counts one client message: what the server will owe for it and the parse/bind
+/// statistics. Returns true for Terminate.
+pub(super) fn count_client_tag(
+    tag: u8,
+    pending: &mut u32,
+    unsynced: &mut bool,
+    parses: &mut u64,
+    binds: &mut u64,
+) -> bool {
+    match tag {
+        TAG_QUERY | TAG_FUNCTION_CALL => *pending += 1,
+        TAG_SYNC => {
+            *pending += 1;
+            *unsynced = false;
+        }
+        TAG_PARSE => {
+            *parses += 1;
+            *unsynced = true;
+        }
+        TAG_BIND => {
+            *binds += 1;
+            *unsynced = true;
+        }
+        TAG_EXECUTE | TAG_DESCRIBE | TAG_CLOSE | TAG_FLUSH => *unsynced = true,
+        TAG_TERMINATE => return true,
+        _ => {}
+    }
+    false
 }
 
 enum ServerRead {

@@ -1,0 +1,137 @@
+//! The relay's prepared-statement mode: client bytes go through the rewriter once a
+//! server is linked, server bytes through the response tracker.
+
+use std::sync::Arc;
+
+use bytes::BytesMut;
+
+use super::{count_client_tag, Outcome, Relay};
+use crate::pool::ServerConn;
+use crate::prepared::responses::{process_chunk, ResponseTracker};
+use crate::prepared::rewrite::{Ctx, RewriteError, Rewriter};
+use crate::prepared::{ClientStatements, Registry, ServerStatements};
+use crate::protocol::header::TAG_TERMINATE;
+use crate::protocol::ProtocolError;
+use crate::session::framer::{Body, Event, Framer};
+
+/// One client's prepared-statement state.
+#[derive(Debug)]
+pub(super) struct PreparedState {
+    registry: Arc<Registry>,
+    client: ClientStatements,
+    tracker: ResponseTracker,
+    rewriter: Rewriter,
+    /// Client bytes not yet rewritten.
+    pub(super) input: BytesMut,
+    /// `max_prepared_statements`.
+    max: usize,
+}
+
+impl PreparedState {
+    /// Whether nothing is owed or half-processed, so the server may go back.
+    pub(super) fn is_idle(&self) -> bool {
+        self.tracker.is_idle() && self.rewriter.at_boundary() && self.input.is_empty()
+    }
+
+    pub(super) fn has_input(&self) -> bool {
+        !self.input.is_empty()
+    }
+
+    /// Whether the next client message is Terminate (so no server is needed).
+    pub(super) fn starts_with_terminate(&self) -> bool {
+        self.rewriter.at_boundary() && self.input.first() == Some(&TAG_TERMINATE)
+    }
+
+    /// Whether the buffered input ends with a whole Terminate message.
+    pub(super) fn ends_with_terminate(&self) -> bool {
+        self.input.ends_with(b"X\0\0\0\x04")
+    }
+
+    pub(super) fn shrink_idle(&mut self) {
+        if self.input.is_empty() {
+            self.input = BytesMut::new();
+        }
+    }
+
+    /// Runs one chunk of server bytes through the response tracker.
+    pub(super) fn process_server_chunk(
+        &mut self,
+        framer: &mut Framer,
+        chunk: &mut BytesMut,
+        server: &mut ServerStatements,
+        on_event: impl FnMut(Event<'_>) -> Body,
+    ) -> Result<(), ProtocolError> {
+        process_chunk(
+            &mut self.tracker,
+            framer,
+            chunk,
+            u32::MAX,
+            &mut self.client,
+            server,
+            on_event,
+        )
+    }
+}
+
+impl Relay {
+    /// Turns on prepared-statement rewriting with a per-server cache of `max`.
+    pub fn enable_prepared(&mut self, registry: Arc<Registry>, max: usize) {
+        self.prepared = Some(Box::new(PreparedState {
+            registry,
+            client: ClientStatements::default(),
+            tracker: ResponseTracker::default(),
+            rewriter: Rewriter::default(),
+            input: BytesMut::new(),
+            max,
+        }));
+    }
+
+    /// Rewrites buffered client bytes for the linked server into `c2s`, and queues
+    /// any answer Sluice gives itself that is due now.
+    pub(super) fn rewrite_pending(&mut self, server: &mut ServerConn) -> Result<(), Outcome> {
+        let Some(p) = self.prepared.as_deref_mut() else {
+            return Ok(());
+        };
+        if p.input.is_empty() {
+            return Ok(());
+        }
+        let pending_before = self.pending;
+        let mut ctx = Ctx {
+            registry: &p.registry,
+            client: &mut p.client,
+            server: &mut server.prepared,
+            tracker: &mut p.tracker,
+            max_prepared: p.max,
+            server_parses: &mut self.stats.server_parses,
+        };
+        let (pending, unsynced, terminated) =
+            (&mut self.pending, &mut self.unsynced, &mut self.terminated);
+        let (parses, binds) = (&mut self.stats.client_parses, &mut self.stats.binds);
+        let r = p.rewriter.process(
+            &mut p.input,
+            &mut self.c2s,
+            self.max_packet,
+            &mut ctx,
+            |tag| {
+                if !*terminated {
+                    *terminated = count_client_tag(tag, pending, unsynced, parses, binds);
+                }
+            },
+        );
+        match r {
+            Ok(()) => {}
+            Err(RewriteError::Protocol(e)) => return Err(Outcome::ClientProtocol(e)),
+            Err(RewriteError::TooManyStatements(_)) => {
+                return Err(Outcome::ClientProtocol(ProtocolError::Malformed(
+                    "too many prepared statements for one client",
+                )))
+            }
+        }
+        let mut ready = Vec::new();
+        p.tracker
+            .take_ready_synthesized(self.server_framer.at_boundary(), &mut ready);
+        self.s2c.extend_from_slice(&ready);
+        self.note_client_activity(pending_before);
+        Ok(())
+    }
+}

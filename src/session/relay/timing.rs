@@ -86,7 +86,6 @@ impl Relay {
             stats.flush(&mut self.stats);
         }
     }
-
 }
 
 /// Sleeps until the deadline; never completes without one (the select arm is off then).
@@ -96,4 +95,3 @@ pub(super) async fn sleep_until(deadline: Option<(Instant, &'static str)>) {
         None => std::future::pending().await,
     }
 }
-

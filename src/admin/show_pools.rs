@@ -1,0 +1,541 @@
+//! SHOW POOLS, DATABASES, USERS, LISTS, STATE, MEM, DNS_HOSTS, DNS_ZONES, PEERS and
+//! PEER_POOLS, with PgBouncer 1.25's columns. The row data is also what `/metrics`
+//! exports, so both always agree.
+//!
+//! The console itself appears as PgBouncer shows it: database `pgbouncer` with user
+//! `pgbouncer`, pool size 2, statement mode.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+
+use super::rows::{Cell, Table, Ty};
+use crate::app::App;
+use crate::config::{DatabaseEntry, ADMIN_DB};
+use crate::pool::Pool;
+use crate::stats::conns::ClientState;
+
+/// One SHOW POOLS row.
+#[derive(Debug, Clone)]
+pub struct PoolRow {
+    pub database: String,
+    pub user: String,
+    pub cl_active: u32,
+    pub cl_waiting: u32,
+    pub sv_active: u32,
+    pub sv_idle: u32,
+    pub sv_used: u32,
+    pub sv_tested: u32,
+    pub sv_login: u32,
+    pub maxwait: Duration,
+    pub pool_mode: &'static str,
+    pub load_balance_hosts: Option<&'static str>,
+    /// None for the console's own pool.
+    pub pool: Option<Arc<Pool>>,
+}
+
+#[derive(Default, Clone, Copy)]
+struct ClientCounts {
+    active: u32,
+    waiting: u32,
+    maxwait: Duration,
+}
+
+/// Client counts per (database, pool user): waiting ones, and the others, which
+/// PgBouncer counts as `cl_active` whether linked or idle.
+fn client_counts(app: &App) -> HashMap<(String, String), ClientCounts> {
+    let mut m: HashMap<(String, String), ClientCounts> = HashMap::new();
+    for c in app.client_reg.all() {
+        let e = m
+            .entry((c.meta.database.clone(), c.meta.pool_user.clone()))
+            .or_default();
+        if c.state() == ClientState::Waiting {
+            e.waiting += 1;
+            e.maxwait = e.maxwait.max(c.waited());
+        } else {
+            e.active += 1;
+        }
+    }
+    m
+}
+
+/// `round-robin` is PgBouncer's default; Sluice only ever uses the first of several
+/// hosts, which is what `disable` means there.
+fn load_balance(host: Option<&str>) -> &'static str {
+    if host.is_some_and(|h| h.contains(',')) {
+        "disable"
+    } else {
+        "round-robin"
+    }
+}
+
+/// Every pool, the console's included, sorted by (database, user).
+pub fn pool_rows(app: &App) -> Vec<PoolRow> {
+    let counts = client_counts(app);
+    let cfg = app.config();
+    let now = Instant::now();
+    let mut rows: Vec<PoolRow> = app
+        .pools
+        .all()
+        .into_iter()
+        .map(|p| {
+            let pc = p.config();
+            let n = p.counts();
+            let idle = p.idle_servers();
+            // Idle past server_check_delay: checked before reuse ("used" in PgBouncer).
+            let used = match &pc.server_check_query {
+                Some(_) => idle
+                    .iter()
+                    .filter(|s| now.duration_since(s.last_used) >= pc.server_check_delay)
+                    .count() as u32,
+                None => 0,
+            };
+            let c = counts
+                .get(&(p.key.database.clone(), p.key.user.clone()))
+                .copied()
+                .unwrap_or_default();
+            let host = cfg
+                .databases
+                .get(&p.key.database)
+                .or(cfg.fallback_database.as_ref())
+                .and_then(|d| d.host.clone());
+            PoolRow {
+                database: p.key.database.clone(),
+                user: p.key.user.clone(),
+                cl_active: c.active,
+                cl_waiting: c.waiting,
+                sv_active: n.active,
+                sv_idle: idle.len() as u32 - used,
+                sv_used: used,
+                sv_tested: 0,
+                sv_login: n.total.saturating_sub(n.idle + n.active),
+                maxwait: c.maxwait,
+                pool_mode: pc.pool_mode.as_str(),
+                load_balance_hosts: Some(load_balance(host.as_deref())),
+                pool: Some(p),
+            }
+        })
+        .collect();
+    let console = counts
+        .get(&(ADMIN_DB.to_owned(), ADMIN_DB.to_owned()))
+        .copied()
+        .unwrap_or_default();
+    rows.push(PoolRow {
+        database: ADMIN_DB.to_owned(),
+        user: ADMIN_DB.to_owned(),
+        cl_active: console.active,
+        cl_waiting: 0,
+        sv_active: 0,
+        sv_idle: 0,
+        sv_used: 0,
+        sv_tested: 0,
+        sv_login: 0,
+        maxwait: Duration::ZERO,
+        pool_mode: "statement",
+        load_balance_hosts: None,
+        pool: None,
+    });
+    rows.sort_by(|a, b| (&a.database, &a.user).cmp(&(&b.database, &b.user)));
+    rows
+}
+
+/// SHOW POOLS.
+pub fn pools(app: &App, out: &mut BytesMut) {
+    let mut cols = vec![("database", Ty::Text), ("user", Ty::Text)];
+    for c in [
+        "cl_active",
+        "cl_waiting",
+        "cl_active_cancel_req",
+        "cl_waiting_cancel_req",
+        "sv_active",
+        "sv_active_cancel",
+        "sv_being_canceled",
+        "sv_idle",
+        "sv_used",
+        "sv_tested",
+        "sv_login",
+        "maxwait",
+        "maxwait_us",
+    ] {
+        cols.push((c, Ty::Int4));
+    }
+    cols.push(("pool_mode", Ty::Text));
+    cols.push(("load_balance_hosts", Ty::Text));
+    let mut t = Table::new(out, &cols);
+    for r in pool_rows(app) {
+        t.row(vec![
+            r.database.into(),
+            r.user.into(),
+            r.cl_active.into(),
+            r.cl_waiting.into(),
+            0u32.into(),
+            0u32.into(),
+            r.sv_active.into(),
+            0u32.into(),
+            0u32.into(),
+            r.sv_idle.into(),
+            r.sv_used.into(),
+            r.sv_tested.into(),
+            r.sv_login.into(),
+            r.maxwait.as_secs().into(),
+            u64::from(r.maxwait.subsec_micros()).into(),
+            r.pool_mode.into(),
+            r.load_balance_hosts.into(),
+        ]);
+    }
+    t.finish();
+}
+
+/// One SHOW DATABASES row.
+#[derive(Debug, Clone)]
+pub struct DbRow {
+    pub name: String,
+    pub host: Option<String>,
+    pub port: u16,
+    pub database: String,
+    pub force_user: Option<String>,
+    pub pool_size: u32,
+    pub min_pool_size: u32,
+    pub reserve_pool_size: u32,
+    pub server_lifetime: u64,
+    pub pool_mode: Option<&'static str>,
+    pub load_balance_hosts: Option<&'static str>,
+    pub max_connections: u32,
+    pub current_connections: u32,
+    pub max_client_connections: u32,
+    pub current_client_connections: u32,
+    pub paused: bool,
+    pub disabled: bool,
+}
+
+/// Configured databases, databases made from the `*` entry that have a pool, and the
+/// console, sorted by name.
+pub fn database_rows(app: &App) -> Vec<DbRow> {
+    let cfg = app.config();
+    let s = &cfg.settings;
+    let gate = app.gate();
+    let mut entries: BTreeMap<String, DatabaseEntry> = cfg
+        .databases
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if let Some(fb) = &cfg.fallback_database {
+        for p in app.pools.all() {
+            let name = p.key.database.clone();
+            if !entries.contains_key(&name) && name != ADMIN_DB {
+                let e = DatabaseEntry {
+                    name: name.clone(),
+                    ..fb.clone()
+                };
+                entries.insert(name, e);
+            }
+        }
+    }
+    let mut rows: Vec<DbRow> = entries
+        .into_iter()
+        .map(|(name, d)| DbRow {
+            host: d.host.clone(),
+            port: d.port,
+            database: d.dbname.clone().unwrap_or_else(|| name.clone()),
+            force_user: d.user.clone(),
+            pool_size: d.pool_size.unwrap_or(s.default_pool_size),
+            min_pool_size: d.min_pool_size.unwrap_or(s.min_pool_size),
+            reserve_pool_size: d.reserve_pool_size.unwrap_or(s.reserve_pool_size),
+            server_lifetime: d.server_lifetime.unwrap_or(s.server_lifetime).as_secs(),
+            pool_mode: d.pool_mode.map(|m| m.as_str()),
+            load_balance_hosts: Some(load_balance(d.host.as_deref())),
+            max_connections: d.max_db_connections.unwrap_or(s.max_db_connections),
+            current_connections: app.pools.db_connections(&name),
+            max_client_connections: d
+                .max_db_client_connections
+                .unwrap_or(s.max_db_client_connections),
+            current_client_connections: app.db_clients(&name),
+            paused: gate.paused_dbs.contains(&name),
+            disabled: gate.disabled(&name),
+            name,
+        })
+        .collect();
+    let console_clients = app.client_reg.all().iter().filter(|c| c.meta.admin).count() as u32;
+    rows.push(DbRow {
+        name: ADMIN_DB.to_owned(),
+        host: None,
+        port: s.listen_port,
+        database: ADMIN_DB.to_owned(),
+        force_user: Some(ADMIN_DB.to_owned()),
+        pool_size: 2,
+        min_pool_size: 0,
+        reserve_pool_size: 0,
+        server_lifetime: s.server_lifetime.as_secs(),
+        pool_mode: Some("statement"),
+        load_balance_hosts: None,
+        max_connections: 0,
+        current_connections: 0,
+        max_client_connections: 0,
+        current_client_connections: console_clients,
+        paused: false,
+        disabled: false,
+    });
+    rows.sort_by(|a, b| a.name.cmp(&b.name));
+    rows
+}
+
+/// SHOW DATABASES.
+pub fn databases(app: &App, out: &mut BytesMut) {
+    let mut t = Table::new(
+        out,
+        &[
+            ("name", Ty::Text),
+            ("host", Ty::Text),
+            ("port", Ty::Int4),
+            ("database", Ty::Text),
+            ("force_user", Ty::Text),
+            ("pool_size", Ty::Int4),
+            ("min_pool_size", Ty::Int4),
+            ("reserve_pool_size", Ty::Int4),
+            ("server_lifetime", Ty::Int4),
+            ("pool_mode", Ty::Text),
+            ("load_balance_hosts", Ty::Text),
+            ("max_connections", Ty::Int4),
+            ("current_connections", Ty::Int4),
+            ("max_client_connections", Ty::Int4),
+            ("current_client_connections", Ty::Int4),
+            ("paused", Ty::Int4),
+            ("disabled", Ty::Int4),
+        ],
+    );
+    for r in database_rows(app) {
+        t.row(vec![
+            r.name.into(),
+            r.host.into(),
+            r.port.into(),
+            r.database.into(),
+            r.force_user.into(),
+            r.pool_size.into(),
+            r.min_pool_size.into(),
+            r.reserve_pool_size.into(),
+            r.server_lifetime.into(),
+            r.pool_mode.into(),
+            r.load_balance_hosts.into(),
+            r.max_connections.into(),
+            r.current_connections.into(),
+            r.max_client_connections.into(),
+            r.current_client_connections.into(),
+            r.paused.into(),
+            r.disabled.into(),
+        ]);
+    }
+    t.finish();
+}
+
+/// Every user known: the auth file, `[users]`, pool owners, logged-in clients, and
+/// the console's `pgbouncer`.
+fn user_names(app: &App) -> BTreeSet<String> {
+    let cfg = app.config();
+    let mut names: BTreeSet<String> = cfg.userlist.keys().cloned().collect();
+    names.extend(cfg.users.keys().cloned());
+    names.extend(app.pools.all().iter().map(|p| p.key.user.clone()));
+    names.extend(app.client_reg.all().iter().map(|c| c.meta.user.clone()));
+    names.insert(ADMIN_DB.to_owned());
+    names
+}
+
+/// SHOW USERS.
+pub fn users(app: &App, out: &mut BytesMut) {
+    let cfg = app.config();
+    let s = &cfg.settings;
+    let pools = app.pools.all();
+    let clients = app.client_reg.all();
+    let mut t = Table::new(
+        out,
+        &[
+            ("name", Ty::Text),
+            ("pool_size", Ty::Int4),
+            ("reserve_pool_size", Ty::Int4),
+            ("pool_mode", Ty::Text),
+            ("max_user_connections", Ty::Int4),
+            ("current_connections", Ty::Int4),
+            ("max_user_client_connections", Ty::Int4),
+            ("current_client_connections", Ty::Int4),
+        ],
+    );
+    for name in user_names(app) {
+        let u = cfg.users.get(&name);
+        // All pools of a user share one counter; any of them reads it.
+        let current = pools
+            .iter()
+            .find(|p| p.key.user == name)
+            .map_or(0, |p| p.limits().user.count());
+        let clients_now = clients
+            .iter()
+            .filter(|c| !c.meta.admin && c.meta.user == name)
+            .count() as u32;
+        t.row(vec![
+            name.clone().into(),
+            u.and_then(|u| u.pool_size).into(),
+            u.and_then(|u| u.reserve_pool_size).into(),
+            u.and_then(|u| u.pool_mode).map(|m| m.as_str()).into(),
+            u.and_then(|u| u.max_user_connections)
+                .unwrap_or(s.max_user_connections)
+                .into(),
+            current.into(),
+            u.and_then(|u| u.max_user_client_connections)
+                .unwrap_or(s.max_user_client_connections)
+                .into(),
+            clients_now.into(),
+        ]);
+    }
+    t.finish();
+}
+
+/// SHOW LISTS rows: PgBouncer's object counts. Sluice has no slab caches, so there
+/// are no free objects; DNS is the system resolver's, so nothing is cached.
+pub fn list_rows(app: &App) -> Vec<(&'static str, u64)> {
+    let pools = app.pools.all();
+    let used_clients = u64::from(app.clients.load(std::sync::atomic::Ordering::Relaxed));
+    let logged_in = app.client_reg.len() as u64;
+    let used_servers: u64 = pools.iter().map(|p| u64::from(p.counts().total)).sum();
+    vec![
+        ("databases", database_rows(app).len() as u64),
+        ("users", user_names(app).len() as u64),
+        ("peers", 0),
+        ("pools", pools.len() as u64 + 1),
+        ("peer_pools", 0),
+        ("free_clients", 0),
+        ("used_clients", used_clients),
+        ("login_clients", used_clients.saturating_sub(logged_in)),
+        ("free_servers", 0),
+        ("used_servers", used_servers),
+        ("dns_names", 0),
+        ("dns_zones", 0),
+        ("dns_queries", 0),
+        ("dns_pending", 0),
+    ]
+}
+
+/// SHOW LISTS.
+pub fn lists(app: &App, out: &mut BytesMut) {
+    let mut t = Table::new(out, &[("list", Ty::Text), ("items", Ty::Int4)]);
+    for (k, v) in list_rows(app) {
+        t.row(vec![k.into(), v.into()]);
+    }
+    t.finish();
+}
+
+/// SHOW STATE.
+pub fn state(app: &App, out: &mut BytesMut) {
+    let g = app.gate();
+    let yes = |b: bool| Cell::from(if b { "yes" } else { "no" });
+    let mut t = Table::new(out, &[("key", Ty::Text), ("value", Ty::Text)]);
+    t.row(vec!["active".into(), yes(!g.paused && !g.suspended)]);
+    t.row(vec!["paused".into(), yes(g.paused)]);
+    t.row(vec!["suspended".into(), yes(g.suspended)]);
+    t.finish();
+}
+
+/// SHOW MEM: PgBouncer's slab caches have no counterpart; the rows name the same
+/// objects with Sluice's in-memory sizes and live counts (nothing is kept free).
+pub fn mem(app: &App, out: &mut BytesMut) {
+    let pools = app.pools.all();
+    let servers: u64 = pools.iter().map(|p| u64::from(p.counts().total)).sum();
+    let clients = u64::from(app.clients.load(std::sync::atomic::Ordering::Relaxed));
+    let caches = [
+        ("user_cache", 64, user_names(app).len() as u64),
+        (
+            "db_cache",
+            std::mem::size_of::<DatabaseEntry>() as u64,
+            database_rows(app).len() as u64,
+        ),
+        (
+            "pool_cache",
+            std::mem::size_of::<Pool>() as u64,
+            pools.len() as u64 + 1,
+        ),
+        (
+            "server_cache",
+            std::mem::size_of::<crate::pool::ServerConn>() as u64,
+            servers,
+        ),
+        (
+            "client_cache",
+            std::mem::size_of::<crate::stats::conns::ClientInfo>() as u64,
+            clients,
+        ),
+    ];
+    let mut t = Table::new(
+        out,
+        &[
+            ("name", Ty::Text),
+            ("size", Ty::Int4),
+            ("used", Ty::Int4),
+            ("free", Ty::Int4),
+            ("memtotal", Ty::Int4),
+        ],
+    );
+    for (name, size, used) in caches {
+        t.row(vec![
+            name.into(),
+            size.into(),
+            used.into(),
+            0u64.into(),
+            (size * used).into(),
+        ]);
+    }
+    t.finish();
+}
+
+/// SHOW DNS_HOSTS: empty, lookups go to the system resolver uncached.
+pub fn dns_hosts(out: &mut BytesMut) {
+    Table::new(
+        out,
+        &[
+            ("hostname", Ty::Text),
+            ("ttl", Ty::Int8),
+            ("addrs", Ty::Text),
+        ],
+    )
+    .finish();
+}
+
+/// SHOW DNS_ZONES: empty, as DNS_HOSTS.
+pub fn dns_zones(out: &mut BytesMut) {
+    Table::new(
+        out,
+        &[
+            ("zonename", Ty::Text),
+            ("serial", Ty::Int8),
+            ("count", Ty::Int4),
+        ],
+    )
+    .finish();
+}
+
+/// SHOW PEERS: empty, Sluice is one process and needs no peering.
+pub fn peers(out: &mut BytesMut) {
+    Table::new(
+        out,
+        &[
+            ("peer_id", Ty::Int4),
+            ("host", Ty::Text),
+            ("port", Ty::Int4),
+            ("pool_size", Ty::Int4),
+        ],
+    )
+    .finish();
+}
+
+/// SHOW PEER_POOLS: empty, as PEERS.
+pub fn peer_pools(out: &mut BytesMut) {
+    Table::new(
+        out,
+        &[
+            ("peer_id", Ty::Int4),
+            ("cl_active_cancel_req", Ty::Int4),
+            ("cl_waiting_cancel_req", Ty::Int4),
+            ("sv_active_cancel", Ty::Int4),
+            ("sv_login", Ty::Int4),
+        ],
+    )
+    .finish();
+}

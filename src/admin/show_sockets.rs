@@ -1,0 +1,289 @@
+//! SHOW CLIENTS, SERVERS, SOCKETS and ACTIVE_SOCKETS: one row per connection with
+//! PgBouncer 1.25's columns.
+//!
+//! `ptr` and `link` are opaque handles in PgBouncer (object addresses); Sluice makes
+//! them from the connection ids, with a high bit telling clients from servers, so
+//! that a client's `link` equals its server's `ptr` and the reverse. `id` is the
+//! number in the `C-<id>`/`S-<id>` log prefixes; KILL_CLIENT takes it.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use bytes::BytesMut;
+
+use super::rows::{Cell, Table, Ty};
+use super::show_pools::pool_rows;
+use crate::app::App;
+use crate::net::PeerAddr;
+use crate::pool::ServerAddr;
+use crate::stats::conns::{ClientInfo, ClientState};
+
+const COLUMNS: [(&str, Ty); 21] = [
+    ("type", Ty::Text),
+    ("user", Ty::Text),
+    ("database", Ty::Text),
+    ("replication", Ty::Text),
+    ("state", Ty::Text),
+    ("addr", Ty::Text),
+    ("port", Ty::Int4),
+    ("local_addr", Ty::Text),
+    ("local_port", Ty::Int4),
+    ("connect_time", Ty::Text),
+    ("request_time", Ty::Text),
+    ("wait", Ty::Int4),
+    ("wait_us", Ty::Int4),
+    ("close_needed", Ty::Int4),
+    ("ptr", Ty::Text),
+    ("link", Ty::Text),
+    ("remote_pid", Ty::Int4),
+    ("tls", Ty::Text),
+    ("application_name", Ty::Text),
+    ("prepared_statements", Ty::Int4),
+    ("id", Ty::Int8),
+];
+
+/// The extra columns of SOCKETS and ACTIVE_SOCKETS (buffer positions; Sluice's
+/// buffers are per session and not exposed, so they read 0).
+const DEBUG_COLUMNS: [&str; 7] = [
+    "recv_pos",
+    "pkt_pos",
+    "pkt_remain",
+    "send_pos",
+    "send_remain",
+    "pkt_avail",
+    "send_avail",
+];
+
+fn header(out: &mut BytesMut, debug: bool) -> Table<'_> {
+    let mut cols: Vec<(&str, Ty)> = COLUMNS.to_vec();
+    if debug {
+        cols.extend(DEBUG_COLUMNS.iter().map(|c| (*c, Ty::Int4)));
+    }
+    Table::new(out, &cols)
+}
+
+fn client_ptr(id: u64) -> String {
+    format!("{:#x}", (1u64 << 40) | id)
+}
+
+fn server_ptr(id: u64) -> String {
+    format!("{:#x}", (2u64 << 40) | id)
+}
+
+/// PgBouncer's time format: `YYYY-MM-DD HH:MM:SS UTC`.
+fn time_text(t: SystemTime) -> String {
+    let s = crate::lifecycle::logging::timestamp(t);
+    match s.get(..19) {
+        Some(head) => format!("{head} UTC"),
+        None => s,
+    }
+}
+
+/// Wall-clock time of an `Instant` in the past.
+fn wall(at: Instant) -> SystemTime {
+    SystemTime::now()
+        .checked_sub(at.elapsed())
+        .unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+/// `(addr, port)` as PgBouncer prints them; UNIX sockets read `unix`.
+fn peer_text(p: &PeerAddr, listen_port: u16) -> (String, u16) {
+    match p {
+        PeerAddr::Tcp(a) => (a.ip().to_string(), a.port()),
+        PeerAddr::Unix => ("unix".to_owned(), listen_port),
+    }
+}
+
+fn local_text(a: Option<std::net::SocketAddr>, unix_port: u16) -> (String, u16) {
+    match a {
+        Some(a) => (a.ip().to_string(), a.port()),
+        None => ("unix".to_owned(), unix_port),
+    }
+}
+
+fn client_row(c: &ClientInfo, state: &str, listen_port: u16, debug: bool) -> Vec<Cell> {
+    let (addr, port) = peer_text(&c.meta.peer, listen_port);
+    let (laddr, lport) = local_text(c.meta.local_addr, listen_port);
+    let waited = c.waited();
+    let mut row = vec![
+        "C".into(),
+        c.meta.user.clone().into(),
+        c.meta.database.clone().into(),
+        "none".into(),
+        state.into(),
+        addr.into(),
+        port.into(),
+        laddr.into(),
+        lport.into(),
+        time_text(c.connect_time).into(),
+        time_text(c.request_time()).into(),
+        waited.as_secs().into(),
+        u64::from(waited.subsec_micros()).into(),
+        0u32.into(),
+        client_ptr(c.meta.id).into(),
+        c.linked()
+            .map(|s| server_ptr(s.id))
+            .unwrap_or_default()
+            .into(),
+        0u32.into(),
+        "".into(),
+        c.meta.application_name.clone().into(),
+        0u32.into(),
+        c.meta.id.into(),
+    ];
+    if debug {
+        row.extend((0..DEBUG_COLUMNS.len()).map(|_| Cell::UInt(0)));
+    }
+    row
+}
+
+/// One server as a row, whether idle in its pool or linked to a client.
+struct ServerView {
+    id: u64,
+    user: String,
+    database: String,
+    state: &'static str,
+    addr: ServerAddr,
+    local_addr: Option<std::net::SocketAddr>,
+    created: Instant,
+    request_time: SystemTime,
+    close_needed: bool,
+    link: Option<u64>,
+    backend_pid: u32,
+    application_name: String,
+}
+
+fn server_row(s: &ServerView, debug: bool) -> Vec<Cell> {
+    let (addr, port) = match &s.addr {
+        ServerAddr::Tcp(h, p) => (h.clone(), *p),
+        ServerAddr::Unix(_, p) => ("unix".to_owned(), *p),
+    };
+    let (laddr, lport) = local_text(s.local_addr, 0);
+    let mut row = vec![
+        "S".into(),
+        s.user.clone().into(),
+        s.database.clone().into(),
+        "none".into(),
+        s.state.into(),
+        addr.into(),
+        port.into(),
+        laddr.into(),
+        lport.into(),
+        time_text(wall(s.created)).into(),
+        time_text(s.request_time).into(),
+        0u32.into(),
+        0u32.into(),
+        s.close_needed.into(),
+        server_ptr(s.id).into(),
+        s.link.map(client_ptr).unwrap_or_default().into(),
+        s.backend_pid.into(),
+        "".into(),
+        s.application_name.clone().into(),
+        0u32.into(),
+        s.id.into(),
+    ];
+    if debug {
+        row.extend((0..DEBUG_COLUMNS.len()).map(|_| Cell::UInt(0)));
+    }
+    row
+}
+
+/// Every server: linked ones (from their clients) and idle ones (from their pools).
+fn server_views(app: &App) -> Vec<ServerView> {
+    let mut views = Vec::new();
+    let clients = app.client_reg.all();
+    for row in pool_rows(app) {
+        let Some(pool) = row.pool else { continue };
+        let cfg = pool.config();
+        let generation = pool.generation();
+        for c in clients.iter().filter(|c| {
+            !c.meta.admin && c.meta.database == row.database && c.meta.pool_user == row.user
+        }) {
+            if let Some(s) = c.linked() {
+                views.push(ServerView {
+                    id: s.id,
+                    user: row.user.clone(),
+                    database: row.database.clone(),
+                    state: "active",
+                    addr: cfg.addr.clone(),
+                    local_addr: s.local_addr,
+                    created: s.created,
+                    request_time: c.request_time(),
+                    close_needed: s.generation != generation,
+                    link: Some(c.meta.id),
+                    backend_pid: s.backend_pid,
+                    application_name: c.meta.application_name.clone(),
+                });
+            }
+        }
+        let now = Instant::now();
+        for s in pool.idle_servers() {
+            let used = cfg.server_check_query.is_some()
+                && now.duration_since(s.last_used) >= cfg.server_check_delay;
+            views.push(ServerView {
+                id: s.id,
+                user: row.user.clone(),
+                database: row.database.clone(),
+                state: if used { "used" } else { "idle" },
+                addr: cfg.addr.clone(),
+                local_addr: s.local_addr,
+                created: s.created,
+                request_time: wall(s.last_used),
+                close_needed: s.generation != generation,
+                link: None,
+                backend_pid: s.backend_pid,
+                application_name: String::new(),
+            });
+        }
+    }
+    views
+}
+
+/// SHOW CLIENTS.
+pub fn clients(app: &App, out: &mut BytesMut) {
+    let port = app.config().settings.listen_port;
+    let mut t = header(out, false);
+    for c in app.client_reg.all() {
+        t.row(client_row(&c, c.state().as_str(), port, false));
+    }
+    t.finish();
+}
+
+/// SHOW SERVERS.
+pub fn servers(app: &App, out: &mut BytesMut) {
+    let mut t = header(out, false);
+    for s in server_views(app) {
+        t.row(server_row(&s, false));
+    }
+    t.finish();
+}
+
+/// SHOW SOCKETS (every connection) or ACTIVE_SOCKETS (those busy with a request),
+/// with PgBouncer's list names as the state.
+pub fn sockets(app: &App, out: &mut BytesMut, only_active: bool) {
+    let port = app.config().settings.listen_port;
+    let clients: Vec<Arc<ClientInfo>> = app.client_reg.all();
+    let mut t = header(out, true);
+    for c in &clients {
+        let state = match c.state() {
+            ClientState::Waiting => "cl_waiting",
+            ClientState::Active | ClientState::Idle => "cl_active",
+        };
+        if only_active && c.state() != ClientState::Active {
+            continue;
+        }
+        t.row(client_row(c, state, port, true));
+    }
+    for mut s in server_views(app) {
+        if only_active && s.state != "active" {
+            continue;
+        }
+        s.state = match s.state {
+            "active" => "sv_active",
+            "used" => "sv_used",
+            _ => "sv_idle",
+        };
+        t.row(server_row(&s, true));
+    }
+    t.finish();
+}

@@ -1,0 +1,284 @@
+//! Live client connections, for the admin console (SHOW CLIENTS/SERVERS/POOLS,
+//! KILL_CLIENT) and the metrics endpoint.
+//!
+//! Each logged-in client owns one [`ClientInfo`], registered for the life of its
+//! session. The session updates it only where its state changes (waiting for a server,
+//! linked to one, unlinked), never per message, so the relay's hot path pays nothing;
+//! the console reads it whenever asked.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::Notify;
+
+use crate::net::PeerAddr;
+
+/// Where a client stands, as SHOW CLIENTS words it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientState {
+    /// Logged in, holding no server.
+    Idle,
+    /// Has sent a request and waits for a server (or for PAUSE to end).
+    Waiting,
+    /// Linked to a server.
+    Active,
+}
+
+impl ClientState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientState::Idle => "idle",
+            ClientState::Waiting => "waiting",
+            ClientState::Active => "active",
+        }
+    }
+}
+
+/// The server a client is linked to, copied at link time (all `Copy`, no allocation).
+#[derive(Debug, Clone, Copy)]
+pub struct LinkedServer {
+    pub id: u64,
+    pub backend_pid: u32,
+    pub created: Instant,
+    pub local_addr: Option<SocketAddr>,
+    /// The pool generation the server belongs to; older than the pool's means it will
+    /// be closed at release (RECONNECT, reload).
+    pub generation: u64,
+}
+
+/// What is known about a client when it registers; fixed for its life.
+#[derive(Debug, Clone)]
+pub struct ClientMeta {
+    pub id: u64,
+    /// The user the client logged in as.
+    pub user: String,
+    pub database: String,
+    /// The user of the pool it uses (the forced user, else `user`).
+    pub pool_user: String,
+    pub peer: PeerAddr,
+    pub local_addr: Option<SocketAddr>,
+    pub application_name: String,
+    /// A console connection rather than a pooled one.
+    pub admin: bool,
+}
+
+/// One registered client.
+#[derive(Debug)]
+pub struct ClientInfo {
+    pub meta: ClientMeta,
+    pub connect_time: SystemTime,
+    state: AtomicU8,
+    /// Unix time in microseconds of the last request (when it started waiting).
+    request_us: AtomicU64,
+    link: Mutex<Option<LinkedServer>>,
+    kill: Notify,
+    kill_reason: Mutex<Option<&'static str>>,
+}
+
+fn unix_us(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+impl ClientInfo {
+    fn new(meta: ClientMeta) -> ClientInfo {
+        let now = SystemTime::now();
+        ClientInfo {
+            meta,
+            connect_time: now,
+            state: AtomicU8::new(0),
+            request_us: AtomicU64::new(unix_us(now)),
+            link: Mutex::new(None),
+            kill: Notify::new(),
+            kill_reason: Mutex::new(None),
+        }
+    }
+
+    pub fn state(&self) -> ClientState {
+        match self.state.load(Ordering::Relaxed) {
+            1 => ClientState::Waiting,
+            2 => ClientState::Active,
+            _ => ClientState::Idle,
+        }
+    }
+
+    /// A request arrived and the client now waits for a server.
+    pub fn set_waiting(&self) {
+        self.request_us
+            .store(unix_us(SystemTime::now()), Ordering::Relaxed);
+        self.state.store(1, Ordering::Relaxed);
+    }
+
+    /// Marks an admin client busy running a command (no server is involved).
+    pub fn set_active(&self) {
+        self.request_us
+            .store(unix_us(SystemTime::now()), Ordering::Relaxed);
+        self.state.store(2, Ordering::Relaxed);
+    }
+
+    /// The client got a server.
+    pub fn link(&self, server: LinkedServer) {
+        *lock(&self.link) = Some(server);
+        self.state.store(2, Ordering::Relaxed);
+    }
+
+    /// The client gave its server back.
+    pub fn unlink(&self) {
+        self.state.store(0, Ordering::Relaxed);
+        *lock(&self.link) = None;
+    }
+
+    /// The linked server, if any.
+    pub fn linked(&self) -> Option<LinkedServer> {
+        *lock(&self.link)
+    }
+
+    /// When the last request started.
+    pub fn request_time(&self) -> SystemTime {
+        UNIX_EPOCH + std::time::Duration::from_micros(self.request_us.load(Ordering::Relaxed))
+    }
+
+    /// How long it has been waiting for a server (zero unless waiting).
+    pub fn waited(&self) -> std::time::Duration {
+        if self.state() != ClientState::Waiting {
+            return std::time::Duration::ZERO;
+        }
+        SystemTime::now()
+            .duration_since(self.request_time())
+            .unwrap_or_default()
+    }
+
+    /// Asks the client's session to end with `reason` (KILL, KILL_CLIENT).
+    pub fn kill(&self, reason: &'static str) {
+        *lock(&self.kill_reason) = Some(reason);
+        // notify_one keeps a permit if the session is not waiting on it right now.
+        self.kill.notify_one();
+    }
+
+    /// Resolves with the reason once the client is killed.
+    pub async fn killed(&self) -> &'static str {
+        loop {
+            self.kill.notified().await;
+            if let Some(r) = *lock(&self.kill_reason) {
+                return r;
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Plain data behind these locks; a panic elsewhere cannot leave it inconsistent.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Every registered client, by id.
+#[derive(Debug, Default)]
+pub struct ClientRegistry {
+    map: Mutex<HashMap<u64, Arc<ClientInfo>>>,
+}
+
+/// Keeps a client registered until dropped.
+#[derive(Debug)]
+pub struct Registered<'a> {
+    registry: &'a ClientRegistry,
+    pub info: Arc<ClientInfo>,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        lock(&self.registry.map).remove(&self.info.meta.id);
+    }
+}
+
+impl std::ops::Deref for Registered<'_> {
+    type Target = ClientInfo;
+    fn deref(&self) -> &ClientInfo {
+        &self.info
+    }
+}
+
+impl ClientRegistry {
+    /// Registers a client for as long as the returned guard lives.
+    pub fn register(&self, meta: ClientMeta) -> Registered<'_> {
+        let info = Arc::new(ClientInfo::new(meta));
+        lock(&self.map).insert(info.meta.id, info.clone());
+        Registered {
+            registry: self,
+            info,
+        }
+    }
+
+    /// Every registered client, ordered by id.
+    pub fn all(&self) -> Vec<Arc<ClientInfo>> {
+        let mut v: Vec<_> = lock(&self.map).values().cloned().collect();
+        v.sort_by_key(|c| c.meta.id);
+        v
+    }
+
+    pub fn get(&self, id: u64) -> Option<Arc<ClientInfo>> {
+        lock(&self.map).get(&id).cloned()
+    }
+
+    pub fn len(&self) -> usize {
+        lock(&self.map).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(id: u64) -> ClientMeta {
+        ClientMeta {
+            id,
+            user: "u".into(),
+            database: "d".into(),
+            pool_user: "u".into(),
+            peer: PeerAddr::Unix,
+            local_addr: None,
+            application_name: String::new(),
+            admin: false,
+        }
+    }
+
+    #[test]
+    fn register_state_and_unregister() {
+        let r = ClientRegistry::default();
+        {
+            let g = r.register(meta(7));
+            assert_eq!(r.len(), 1);
+            assert_eq!(g.state(), ClientState::Idle);
+            g.set_waiting();
+            assert_eq!(g.state(), ClientState::Waiting);
+            g.link(LinkedServer {
+                id: 3,
+                backend_pid: 42,
+                created: Instant::now(),
+                local_addr: None,
+                generation: 0,
+            });
+            assert_eq!(r.get(7).unwrap().linked().unwrap().id, 3);
+            assert_eq!(g.state(), ClientState::Active);
+            assert!(g.waited().is_zero());
+            g.unlink();
+            assert!(g.linked().is_none());
+        }
+        assert!(r.is_empty());
+    }
+
+    #[tokio::test]
+    async fn kill_wakes_the_session_even_if_sent_first() {
+        let r = ClientRegistry::default();
+        let g = r.register(meta(1));
+        g.kill("admin forced disconnect");
+        assert_eq!(g.killed().await, "admin forced disconnect");
+    }
+}

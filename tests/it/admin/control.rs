@@ -1,0 +1,283 @@
+//! Control commands: PAUSE/RESUME (and SIGUSR1/SIGUSR2), SUSPEND, DISABLE/ENABLE,
+//! KILL, KILL_CLIENT, RECONNECT/WAIT_CLOSE, RELOAD, SET and the three SHUTDOWNs.
+
+use std::time::{Duration, Instant};
+
+use super::{builder, console, pooled, psql, psql_err, psql_ok, select1, ADMIN, ADMIN_PW};
+use crate::support::probe::within;
+use crate::support::{self, wait_until, MD5_PASSWORD, MD5_USER, TEST_DB};
+
+fn state(s: &crate::support::Sluice, key: &str) -> Option<String> {
+    psql_ok(s, "SHOW STATE").cell("key", key, "value")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_waits_for_servers_and_blocks_queries_until_resume() {
+    let s = builder().setting("pool_mode", "transaction").start();
+    let a = pooled(&s, None).await;
+    let b = pooled(&s, None).await;
+    select1(&b).await;
+
+    // PAUSE waits for the open transaction to finish.
+    within(Duration::from_secs(10), "BEGIN", a.simple_query("BEGIN"))
+        .await
+        .expect("BEGIN");
+    let admin = console(&s, ADMIN, ADMIN_PW).await;
+    let pause = tokio::spawn(async move {
+        admin.simple_query("PAUSE").await.expect("PAUSE");
+        admin
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!pause.is_finished(), "PAUSE returned with a transaction open");
+    within(Duration::from_secs(10), "COMMIT", a.simple_query("COMMIT"))
+        .await
+        .expect("COMMIT");
+    let admin = within(Duration::from_secs(10), "PAUSE completes", pause)
+        .await
+        .expect("join");
+    assert_eq!(state(&s, "paused"), Some("yes".into()));
+    // Paused: servers were closed, and new queries wait.
+    let pools = psql_ok(&s, "SHOW POOLS");
+    assert_eq!(pools.cell("database", TEST_DB, "sv_idle"), Some("0".into()));
+    let q = tokio::spawn(async move {
+        b.simple_query("SELECT 1").await.expect("query after RESUME");
+        b
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(!q.is_finished(), "a query ran while paused");
+    assert_eq!(
+        psql_ok(&s, "SHOW POOLS").cell("database", TEST_DB, "cl_waiting"),
+        Some("1".into())
+    );
+    // Already paused; then RESUME releases the waiting query.
+    psql_err(&s, ADMIN, ADMIN_PW, "PAUSE", "already suspended/paused");
+    admin.simple_query("RESUME").await.expect("RESUME");
+    within(Duration::from_secs(10), "query after RESUME", q)
+        .await
+        .expect("join");
+    assert_eq!(state(&s, "paused"), Some("no".into()));
+    psql_err(&s, ADMIN, ADMIN_PW, "RESUME", "pooler is not paused/suspended");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_and_resume_one_database() {
+    let s = builder()
+        .setting("pool_mode", "transaction")
+        .database("other", "host=127.0.0.1 port=@PG_PORT@ dbname=sluice_test")
+        .start();
+    psql_err(&s, ADMIN, ADMIN_PW, "PAUSE nosuch", "no such database: nosuch");
+    psql_err(&s, ADMIN, ADMIN_PW, "PAUSE pgbouncer", "cannot pause admin db: pgbouncer");
+    psql_ok(&s, "PAUSE sluice_test");
+    let dbs = psql_ok(&s, "SHOW DATABASES");
+    assert_eq!(dbs.cell("name", TEST_DB, "paused"), Some("1".into()));
+    assert_eq!(dbs.cell("name", "other", "paused"), Some("0".into()));
+    // The other database still serves.
+    let other = support::connect(&s.config(MD5_USER, MD5_PASSWORD, "other")).await;
+    select1(&other).await;
+    let c = pooled(&s, None).await;
+    let q = tokio::spawn(async move { c.simple_query("SELECT 1").await.map(|_| ()) });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!q.is_finished());
+    psql_err(&s, ADMIN, ADMIN_PW, "RESUME other", "database other is not paused");
+    psql_ok(&s, "RESUME sluice_test");
+    within(Duration::from_secs(10), "resumed query", q)
+        .await
+        .expect("join")
+        .expect("query");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigusr1_pauses_and_sigusr2_resumes() {
+    let mut s = builder().start();
+    s.signal(libc::SIGUSR1);
+    assert!(wait_until(Duration::from_secs(5), || state(&s, "paused")
+        == Some("yes".into())));
+    s.signal(libc::SIGUSR2);
+    assert!(wait_until(Duration::from_secs(5), || state(&s, "paused")
+        == Some("no".into())));
+    psql_ok(&s, "SUSPEND");
+    assert_eq!(state(&s, "suspended"), Some("yes".into()));
+    assert_eq!(state(&s, "active"), Some("no".into()));
+    psql_ok(&s, "RESUME");
+    assert_eq!(state(&s, "active"), Some("yes".into()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_client_drops_only_that_client() {
+    let s = builder().start();
+    let victim = pooled(&s, Some("victim")).await;
+    select1(&victim).await;
+    let bystander = pooled(&s, Some("bystander")).await;
+    select1(&bystander).await;
+    let id = psql_ok(&s, "SHOW CLIENTS")
+        .cell("application_name", "victim", "id")
+        .expect("victim listed");
+    psql_ok(&s, &format!("KILL_CLIENT {id}"));
+    let err = within(
+        Duration::from_secs(10),
+        "victim query",
+        victim.simple_query("SELECT 1"),
+    )
+    .await;
+    assert!(err.is_err(), "the killed client still works");
+    select1(&bystander).await;
+    assert!(wait_until(Duration::from_secs(5), || psql_ok(&s, "SHOW CLIENTS")
+        .cell("application_name", "victim", "id")
+        .is_none()));
+    assert!(s.log().contains("admin forced disconnect"), "{}", s.log());
+    psql_err(&s, ADMIN, ADMIN_PW, "KILL_CLIENT 999999", "client not found");
+    psql_err(&s, ADMIN, ADMIN_PW, "KILL_CLIENT abc", "invalid client pointer supplied");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disable_refuses_new_logins_until_enable() {
+    let s = builder().start();
+    let old = pooled(&s, None).await;
+    psql_err(&s, ADMIN, ADMIN_PW, "DISABLE", "a database is required");
+    psql_ok(&s, "DISABLE sluice_test");
+    assert_eq!(
+        psql_ok(&s, "SHOW DATABASES").cell("name", TEST_DB, "disabled"),
+        Some("1".into())
+    );
+    let refused = support::try_connect(&s.config(MD5_USER, MD5_PASSWORD, TEST_DB)).await;
+    let msg = refused.err().map(|e| format!("{e:?}")).unwrap_or_default();
+    assert!(msg.contains("database \\\"sluice_test\\\" is disabled") || msg.contains("is disabled"), "{msg}");
+    // Connected clients keep working.
+    select1(&old).await;
+    psql_ok(&s, "ENABLE sluice_test");
+    let again = pooled(&s, None).await;
+    select1(&again).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_db_drops_clients_and_pauses_until_resume() {
+    let s = builder().start();
+    let c = pooled(&s, None).await;
+    select1(&c).await;
+    psql_ok(&s, "KILL sluice_test");
+    let r = within(Duration::from_secs(10), "killed query", c.simple_query("SELECT 1")).await;
+    assert!(r.is_err(), "client survived KILL");
+    assert!(wait_until(Duration::from_secs(5), || psql_ok(&s, "SHOW SERVERS")
+        .rows
+        .is_empty()));
+    // Still paused: a new client logs in but its query waits for RESUME.
+    let d = pooled(&s, None).await;
+    let q = tokio::spawn(async move { d.simple_query("SELECT 1").await.map(|_| ()) });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!q.is_finished());
+    psql_ok(&s, "RESUME sluice_test");
+    within(Duration::from_secs(10), "query after RESUME", q)
+        .await
+        .expect("join")
+        .expect("query");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_marks_servers_and_wait_close_waits_for_them() {
+    // Session mode: the client keeps its server until it disconnects.
+    let s = builder().start();
+    let c = pooled(&s, None).await;
+    select1(&c).await;
+    psql_ok(&s, "RECONNECT sluice_test");
+    let servers = psql_ok(&s, "SHOW SERVERS");
+    assert_eq!(servers.cell("type", "S", "close_needed"), Some("1".into()));
+    let admin = console(&s, ADMIN, ADMIN_PW).await;
+    let wait = tokio::spawn(async move { admin.simple_query("WAIT_CLOSE sluice_test").await.map(|_| ()) });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!wait.is_finished(), "WAIT_CLOSE returned with the old server in use");
+    drop(c);
+    within(Duration::from_secs(10), "WAIT_CLOSE", wait)
+        .await
+        .expect("join")
+        .expect("WAIT_CLOSE");
+    // The old server was closed at release rather than pooled.
+    assert!(psql_ok(&s, "SHOW SERVERS").rows.is_empty());
+    psql_ok(&s, "RECONNECT");
+    psql_ok(&s, "WAIT_CLOSE");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_picks_up_changes_and_reports_a_broken_file() {
+    let s = builder().setting("default_pool_size", "20").start();
+    let ini = std::fs::read_to_string(s.ini_path()).expect("ini");
+    s.rewrite_ini(&ini.replace("default_pool_size = 20", "default_pool_size = 9"));
+    psql_ok(&s, "RELOAD");
+    assert_eq!(
+        psql_ok(&s, "SHOW CONFIG").cell("key", "default_pool_size", "value"),
+        Some("9".into())
+    );
+    s.rewrite_ini(&format!("{ini}\nlisten_port = abc\n"));
+    let admin = console(&s, ADMIN, ADMIN_PW).await;
+    let err = admin.simple_query("RELOAD").await.expect_err("RELOAD must fail");
+    let db = err.as_db_error().expect("a server error");
+    assert_eq!(db.code().code(), "F0000");
+    assert_eq!(db.message(), "RELOAD failed");
+    assert!(
+        db.detail().is_some_and(|d| d.contains("listen_port")),
+        "{:?}",
+        db.detail()
+    );
+    // The old config stays.
+    assert_eq!(
+        psql_ok(&s, "SHOW CONFIG").cell("key", "default_pool_size", "value"),
+        Some("9".into())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_changes_the_running_config() {
+    let s = builder().start();
+    let o = psql_ok(&s, "SET default_pool_size = 7");
+    assert_eq!(
+        psql_ok(&s, "SHOW CONFIG").cell("key", "default_pool_size", "value"),
+        Some("7".into())
+    );
+    assert!(o.ok);
+    psql_ok(&s, "SET query_timeout = '0.5'");
+    assert_eq!(
+        psql_ok(&s, "SHOW CONFIG").cell("key", "query_timeout", "value"),
+        Some("0.5".into())
+    );
+    psql_err(&s, ADMIN, ADMIN_PW, "SET default_pool_size = lots", "SET failed");
+    psql_err(&s, ADMIN, ADMIN_PW, "SET no_such_setting = 1", "SET failed");
+    psql_err(&s, ADMIN, ADMIN_PW, "SET listen_port = 1", "SET failed");
+    // A new pool uses the new size.
+    assert_eq!(
+        psql_ok(&s, "SHOW DATABASES").cell("name", TEST_DB, "pool_size"),
+        Some("7".into())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_exits_at_once() {
+    let mut s = builder().start();
+    let o = psql(&s, "SHUTDOWN");
+    assert!(o.ok, "{}", o.stderr);
+    assert!(s.wait_exit(Duration::from_secs(5)).is_some(), "still running");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_wait_for_clients_waits_for_the_last_client() {
+    let mut s = builder().start();
+    let c = pooled(&s, None).await;
+    select1(&c).await;
+    psql_ok(&s, "SHUTDOWN WAIT_FOR_CLIENTS");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(s.is_running(), "exited with a client connected");
+    drop(c);
+    assert!(s.wait_exit(Duration::from_secs(10)).is_some(), "did not exit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_wait_for_servers_waits_for_the_transaction() {
+    let mut s = builder().setting("pool_mode", "transaction").start();
+    let c = pooled(&s, None).await;
+    c.simple_query("BEGIN").await.expect("BEGIN");
+    psql_ok(&s, "SHUTDOWN WAIT_FOR_SERVERS");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(s.is_running(), "exited with a server lent");
+    let started = Instant::now();
+    c.simple_query("COMMIT").await.expect("COMMIT");
+    assert!(s.wait_exit(Duration::from_secs(10)).is_some(), "did not exit");
+    assert!(started.elapsed() < Duration::from_secs(10));
+}

@@ -1,0 +1,192 @@
+//! Query cancellation through Sluice (session mode): a client's cancel key, sent to
+//! Sluice over TCP or the unix socket, cancels that client's running query and
+//! nobody else's; unknown keys are ignored.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::support::probe::within;
+use crate::support::wire::{self, RawClient};
+use crate::support::{self, Sluice, SluiceBuilder, MD5_PASSWORD, MD5_USER, TEST_DB};
+use tokio_postgres::NoTls;
+
+const T: Duration = Duration::from_secs(30);
+
+fn start_sluice() -> Sluice {
+    SluiceBuilder::new()
+        .userlist(MD5_USER, MD5_PASSWORD)
+        .start()
+}
+
+async fn connect(cfg: &tokio_postgres::Config) -> Arc<tokio_postgres::Client> {
+    Arc::new(within(T, "connect", support::connect(cfg)).await)
+}
+
+/// Starts `sql` on `c` in a task; returns the task after letting the query begin.
+async fn start_query(
+    c: &Arc<tokio_postgres::Client>,
+    sql: &'static str,
+) -> tokio::task::JoinHandle<Result<(), tokio_postgres::Error>> {
+    let c = c.clone();
+    let h = tokio::spawn(async move { c.batch_execute(sql).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    h
+}
+
+/// Waits for a query task and returns its SQLSTATE ("ok" on success).
+async fn outcome(
+    h: tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
+    limit: Duration,
+) -> String {
+    match within(limit, "query outcome", h).await.expect("query task") {
+        Ok(()) => "ok".into(),
+        Err(e) => e
+            .code()
+            .map(|c| c.code().to_owned())
+            .unwrap_or_else(|| format!("error without SQLSTATE: {e}")),
+    }
+}
+
+async fn cancel_and_check(c: &Arc<tokio_postgres::Client>) {
+    let h = start_query(c, "SELECT pg_sleep(30)").await;
+    let started = Instant::now();
+    within(T, "cancel_query", c.cancel_token().cancel_query(NoTls))
+        .await
+        .expect("send cancel");
+    assert_eq!(outcome(h, Duration::from_secs(10)).await, "57014");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "cancel took {:?}",
+        started.elapsed()
+    );
+    // The session goes on.
+    let row = within(T, "after cancel", c.query_one("SELECT 1::int4", &[]))
+        .await
+        .expect("query after cancel");
+    assert_eq!(row.get::<_, i32>(0), 1);
+}
+
+#[tokio::test]
+async fn cancel_over_tcp() {
+    let s = start_sluice();
+    let c = connect(&s.config(MD5_USER, MD5_PASSWORD, TEST_DB)).await;
+    cancel_and_check(&c).await;
+    // And a second time on the same session.
+    cancel_and_check(&c).await;
+}
+
+#[tokio::test]
+async fn cancel_over_unix_socket() {
+    let s = start_sluice();
+    let c = connect(&s.socket_config(MD5_USER, MD5_PASSWORD, TEST_DB)).await;
+    cancel_and_check(&c).await;
+
+    // A hand-made CancelRequest over the socket, for a raw TCP client.
+    let mut raw = RawClient::login(s.port(), MD5_USER, MD5_PASSWORD, TEST_DB, &[])
+        .await
+        .expect("raw login");
+    raw.query("SELECT pg_sleep(30)").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    wire::send_cancel_unix(s.socket_dir(), s.port(), raw.pid, raw.key).await;
+    let msgs = raw.until_ready(Duration::from_secs(10)).await;
+    let err = wire::first_error(&msgs).expect("an error");
+    assert_eq!(err.field(b'C').as_deref(), Some("57014"), "{msgs:?}");
+}
+
+#[tokio::test]
+async fn unknown_cancel_keys_are_ignored() {
+    let s = start_sluice();
+    let c = connect(&s.config(MD5_USER, MD5_PASSWORD, TEST_DB)).await;
+    let mut raw = RawClient::login(s.port(), MD5_USER, MD5_PASSWORD, TEST_DB, &[])
+        .await
+        .expect("raw login");
+
+    let h = start_query(&c, "SELECT pg_sleep(2)").await;
+    raw.query("SELECT pg_sleep(2)").await.unwrap();
+    // Random keys, and the raw client's pid with a wrong key.
+    for (pid, key) in [
+        (rand::random::<u32>() & 0x7fff_ffff, rand::random::<u32>()),
+        (1, 1),
+        (raw.pid, raw.key ^ 1),
+        (raw.pid ^ 1, raw.key),
+    ] {
+        within(
+            T,
+            "send unknown cancel",
+            wire::send_cancel_tcp(s.port(), pid, key),
+        )
+        .await;
+    }
+    assert_eq!(outcome(h, Duration::from_secs(10)).await, "ok");
+    let msgs = raw.until_ready(Duration::from_secs(10)).await;
+    assert!(wire::first_error(&msgs).is_none(), "{msgs:?}");
+    // Both still work.
+    within(T, "after", c.batch_execute("SELECT 1"))
+        .await
+        .unwrap();
+    let msgs = raw.simple("SELECT 1", T).await;
+    assert!(wire::first_error(&msgs).is_none(), "{msgs:?}");
+}
+
+#[tokio::test]
+async fn cancel_hits_only_its_own_client() {
+    let s = start_sluice();
+    let cfg = s.config(MD5_USER, MD5_PASSWORD, TEST_DB);
+    let a = connect(&cfg).await;
+    let b = connect(&cfg).await;
+    let ha = start_query(&a, "SELECT pg_sleep(30)").await;
+    let hb = start_query(&b, "SELECT pg_sleep(2)").await;
+    within(T, "cancel a", a.cancel_token().cancel_query(NoTls))
+        .await
+        .expect("send cancel");
+    assert_eq!(outcome(ha, Duration::from_secs(10)).await, "57014");
+    assert_eq!(outcome(hb, Duration::from_secs(10)).await, "ok");
+}
+
+#[tokio::test]
+async fn stale_and_idle_cancels_are_harmless() {
+    let s = start_sluice();
+    let cfg = s.config(MD5_USER, MD5_PASSWORD, TEST_DB);
+    let a = connect(&cfg).await;
+    // Cancel while idle: nothing to cancel; the next query is unaffected.
+    within(T, "idle cancel", a.cancel_token().cancel_query(NoTls))
+        .await
+        .expect("send cancel");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    within(
+        T,
+        "after idle cancel",
+        a.batch_execute("SELECT pg_sleep(0.5)"),
+    )
+    .await
+    .expect("query after an idle-time cancel");
+
+    // A departed client's key cancels nothing, even if its server was reused.
+    let gone = connect(&cfg).await;
+    within(T, "gone query", gone.batch_execute("SELECT 1"))
+        .await
+        .unwrap();
+    let token = gone.cancel_token();
+    drop(gone);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let c = connect(&cfg).await;
+    let h = start_query(&c, "SELECT pg_sleep(2)").await;
+    within(T, "stale cancel", token.cancel_query(NoTls))
+        .await
+        .expect("send stale cancel");
+    assert_eq!(outcome(h, Duration::from_secs(10)).await, "ok");
+}
+
+#[tokio::test]
+async fn cancel_reaches_a_server_behind_a_unix_socket() {
+    // Sluice talks to PostgreSQL over its unix socket: the forwarded cancel must too.
+    let s = SluiceBuilder::new()
+        .userlist(MD5_USER, MD5_PASSWORD)
+        .database(
+            "sockdb",
+            &format!("host=@PG_SOCKET_DIR@ port=@PG_PORT@ dbname={TEST_DB}"),
+        )
+        .start();
+    let c = connect(&s.config(MD5_USER, MD5_PASSWORD, "sockdb")).await;
+    cancel_and_check(&c).await;
+}

@@ -1,0 +1,15 @@
+//! Transaction and statement pooling, end to end with real clients (PgBouncer's
+//! behaviour is the reference). Each test has its own Sluice and its own
+//! PostgreSQL database (see `common::fresh_db`), so it counts only its own servers.
+
+mod bad;
+mod basic;
+mod common;
+mod dirty;
+mod limits;
+mod load;
+mod params;
+mod protocol;
+mod reset;
+mod statement;
+mod timeouts;

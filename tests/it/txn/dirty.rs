@@ -1,0 +1,142 @@
+//! A client that leaves in the middle of something never hands a dirty server to
+//! the next client: not mid-transaction, not with unread results, not after
+//! garbage.
+
+use std::time::Duration;
+
+use super::common::*;
+use crate::support::probe::{within, Observer};
+use crate::support::Sluice;
+
+/// The next client of a pool of one sees a clean server: no transaction open, no
+/// leftover rows, the abandoned row not committed.
+async fn assert_clean_next(s: &Sluice, db: &str) {
+    let mut next = raw(s, db, &[]).await;
+    let r = next
+        .simple(
+            "SELECT txid_current_if_assigned() IS NULL; \
+             SELECT count(*) FROM t; \
+             SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() \
+               AND locktype = 'transactionid'",
+            STEP,
+        )
+        .await;
+    assert!(first_error(&r).is_none(), "{r:?}");
+    assert_eq!(col(&r), ["t", "0", "0"], "{r:?}");
+    assert_eq!(status(&r), b'I');
+    // Exactly one answer per query afterwards: nothing left over in the stream.
+    for i in 0..3 {
+        let r = next.simple(&format!("SELECT {i}"), STEP).await;
+        assert_eq!(col(&r), [i.to_string()]);
+    }
+    let c = client(s, db).await;
+    assert_eq!(one(&c, "SELECT count(*) FROM t").await, "0");
+}
+
+fn table(db: &str) {
+    direct(db, "CREATE TABLE t (v int); GRANT ALL ON t TO sluice_md5;");
+}
+
+#[tokio::test]
+async fn socket_closed_mid_transaction() {
+    let db = fresh_db("txn_dirty_sock");
+    table(&db);
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let mut a = raw(&s, &db, &[]).await;
+    let r = a.simple("BEGIN; INSERT INTO t VALUES (1)", STEP).await;
+    assert_eq!(status(&r), b'T');
+    drop(a);
+    assert_clean_next(&s, &db).await;
+}
+
+#[tokio::test]
+async fn terminate_mid_transaction() {
+    let db = fresh_db("txn_dirty_term");
+    table(&db);
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let c = client(&s, &db).await;
+    within(
+        STEP,
+        "BEGIN",
+        c.batch_execute("BEGIN; INSERT INTO t VALUES (1)"),
+    )
+    .await
+    .unwrap();
+    // tokio-postgres sends Terminate when the client is dropped.
+    drop(c);
+    assert_clean_next(&s, &db).await;
+}
+
+#[tokio::test]
+async fn extended_batch_without_sync_then_gone() {
+    let db = fresh_db("txn_dirty_ext");
+    table(&db);
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let mut a = raw(&s, &db, &[]).await;
+    let mut bytes = extended("INSERT INTO t VALUES (1)");
+    bytes.extend(flush_msg());
+    a.send(&bytes).await.unwrap();
+    read_n(&mut a, 4, STEP).await; // 1, 2, n (NoData), C
+    drop(a);
+    assert_clean_next(&s, &db).await;
+}
+
+#[tokio::test]
+async fn vanishes_with_unread_results() {
+    let db = fresh_db("txn_dirty_rows");
+    table(&db);
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    for _ in 0..3 {
+        let mut a = raw(&s, &db, &[]).await;
+        a.query("SELECT g, repeat('x', 500) FROM generate_series(1, 300000) g")
+            .await
+            .unwrap();
+        drop(a);
+        assert_clean_next(&s, &db).await;
+    }
+    // Also after reading a little of the result first.
+    let mut a = raw(&s, &db, &[]).await;
+    a.query("SELECT g, repeat('x', 500) FROM generate_series(1, 300000) g")
+        .await
+        .unwrap();
+    read_n(&mut a, 100, STEP).await;
+    drop(a);
+    assert_clean_next(&s, &db).await;
+}
+
+/// Garbage after BEGIN (a message with a bogus length): the client gets an error
+/// or is closed, and the server it held is not reused with the transaction open.
+#[tokio::test]
+async fn garbage_mid_transaction() {
+    let db = fresh_db("txn_dirty_garbage");
+    table(&db);
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let garbage: [&[u8]; 3] = [
+        // A Query whose length is less than 4.
+        &[b'Q', 0, 0, 0, 2, 0xde, 0xad, 0xbe, 0xef],
+        // A huge length (beyond max_packet_size's usual sizes) then noise.
+        &[b'Q', 0x7f, 0xff, 0xff, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8],
+        // An unknown tag with random-looking bytes.
+        &[0xf3, 0, 0, 0, 9, 0x13, 0x37, 0x42, 0x99, 0xaa, 0xbb],
+    ];
+    for g in garbage {
+        let mut a = raw(&s, &db, &[]).await;
+        let r = a.simple("BEGIN; INSERT INTO t VALUES (1)", STEP).await;
+        assert_eq!(status(&r), b'T');
+        a.send(g).await.unwrap();
+        // Either an error and a close, or (huge length) the pooler or server may wait
+        // for the rest: then the client gives up and leaves.
+        match a.try_recv(Duration::from_secs(3)).await {
+            Ok(Some(m)) => {
+                assert!(m.tag == b'E', "answer to garbage: {m:?}");
+                eprintln!("garbage {g:?}: error {:?}", m.field(b'M'));
+            }
+            Ok(None) => eprintln!("garbage {g:?}: closed without a word"),
+            Err(()) => eprintln!("garbage {g:?}: no answer in 3 s"),
+        }
+        drop(a);
+        assert_clean_next(&s, &db).await;
+    }
+    let obs = Observer::new().await;
+    assert!(backends(&obs, &db).await <= 1);
+}

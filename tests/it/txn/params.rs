@@ -1,0 +1,160 @@
+//! Tracked session parameters follow their client in transaction mode: each client
+//! always sees its own TimeZone, DateStyle, application_name and IntervalStyle
+//! (tracked by default through `track_extra_parameters`), whoever used the server
+//! before it.
+
+use std::time::Duration;
+
+use super::common::*;
+use crate::support::run_bounded;
+use crate::support::{MD5_PASSWORD, MD5_USER};
+
+const SHOW: &str = "SHOW TimeZone; SHOW DateStyle; \
+                    SELECT current_setting('application_name'); SHOW IntervalStyle; \
+                    SELECT pg_backend_pid()";
+
+/// (TimeZone, DateStyle, application_name, IntervalStyle, backend pid).
+async fn show(c: &mut RawClient) -> (String, String, String, String, String) {
+    let msgs = c.simple(SHOW, STEP).await;
+    assert!(first_error(&msgs).is_none(), "{msgs:?}");
+    let v = col(&msgs);
+    assert_eq!(v.len(), 5, "{msgs:?}");
+    (
+        v[0].clone(),
+        v[1].clone(),
+        v[2].clone(),
+        v[3].clone(),
+        v[4].clone(),
+    )
+}
+
+#[tokio::test]
+async fn startup_parameters_follow_each_client_over_one_server() {
+    let db = fresh_db("txn_params");
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let a_params = [
+        ("TimeZone", "America/New_York"),
+        ("DateStyle", "SQL, DMY"),
+        ("application_name", "client_a"),
+        ("IntervalStyle", "iso_8601"),
+    ];
+    let b_params = [
+        ("timezone", "Asia/Tokyo"),
+        ("datestyle", "German, DMY"),
+        ("application_name", "client_b"),
+        ("intervalstyle", "sql_standard"),
+    ];
+    let mut a = raw(&s, &db, &a_params).await;
+    let mut b = raw(&s, &db, &b_params).await;
+    let mut plain = raw(&s, &db, &[]).await;
+    // What the client was told at login is its own value.
+    assert_eq!(a.param("TimeZone"), Some("America/New_York"), "{a:?}");
+    assert_eq!(b.param("application_name"), Some("client_b"), "{b:?}");
+    let default_tz = plain
+        .param("TimeZone")
+        .expect("TimeZone at login")
+        .to_owned();
+    let default_ds = plain
+        .param("DateStyle")
+        .expect("DateStyle at login")
+        .to_owned();
+
+    let mut pids = std::collections::HashSet::new();
+    for round in 0..4 {
+        let (tz, ds, app, is, pid) = show(&mut a).await;
+        assert_eq!(
+            (tz.as_str(), ds.as_str(), app.as_str(), is.as_str()),
+            ("America/New_York", "SQL, DMY", "client_a", "iso_8601"),
+            "client A, round {round}"
+        );
+        pids.insert(pid);
+        let (tz, ds, app, is, pid) = show(&mut b).await;
+        assert_eq!(
+            (tz.as_str(), ds.as_str(), app.as_str(), is.as_str()),
+            ("Asia/Tokyo", "German, DMY", "client_b", "sql_standard"),
+            "client B, round {round}"
+        );
+        pids.insert(pid);
+        let (tz, ds, _app, is, pid) = show(&mut plain).await;
+        assert_eq!(
+            (tz.as_str(), ds.as_str(), is.as_str()),
+            (default_tz.as_str(), default_ds.as_str(), "postgres"),
+            "client without parameters, round {round}"
+        );
+        pids.insert(pid);
+    }
+    assert_eq!(pids.len(), 1, "a pool of one used {pids:?}");
+
+    // SET outside a transaction is tracked too (the server reports it).
+    let r = a.simple("SET TimeZone = 'Europe/Paris'", STEP).await;
+    assert!(first_error(&r).is_none());
+    show(&mut b).await;
+    assert_eq!(show(&mut a).await.0, "Europe/Paris");
+    assert_eq!(show(&mut b).await.0, "Asia/Tokyo");
+    // A SET rolled back with its transaction leaves the earlier value.
+    let r = a
+        .simple("BEGIN; SET TimeZone = 'UTC'; ROLLBACK", STEP)
+        .await;
+    assert_eq!(status(&r), b'I');
+    show(&mut b).await;
+    assert_eq!(show(&mut a).await.0, "Europe/Paris");
+    // SET IntervalStyle (tracked by default) follows as well.
+    a.simple("SET IntervalStyle = 'postgres_verbose'", STEP)
+        .await;
+    assert_eq!(show(&mut b).await.3, "sql_standard");
+    assert_eq!(show(&mut a).await.3, "postgres_verbose");
+    assert_eq!(show(&mut plain).await.3, "postgres");
+}
+
+/// psql sends PGTZ, PGDATESTYLE and PGAPPNAME as startup parameters; interleaved
+/// with a raw client holding other values, over one server.
+#[tokio::test]
+async fn psql_environment_parameters_follow_the_client() {
+    let db = fresh_db("txn_psqlenv");
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let mut b = raw(
+        &s,
+        &db,
+        &[
+            ("TimeZone", "Asia/Tokyo"),
+            ("DateStyle", "German, DMY"),
+            ("application_name", "raw_b"),
+        ],
+    )
+    .await;
+    let psql = |tz: &str, ds: &str, app: &str| -> Vec<String> {
+        let mut cmd = s.psql(MD5_USER, MD5_PASSWORD, &db);
+        cmd.env("PGTZ", tz)
+            .env("PGDATESTYLE", ds)
+            .env("PGAPPNAME", app)
+            .args(["-c", SHOW]);
+        let out = run_bounded(&mut cmd, None, Duration::from_secs(30)).expect("psql hung");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    for (tz, ds, app) in [
+        ("America/New_York", "SQL, DMY", "psql_one"),
+        ("Australia/Sydney", "Postgres, MDY", "psql_two"),
+    ] {
+        let (btz, bds, bapp, _, bpid) = show(&mut b).await;
+        assert_eq!(
+            (btz.as_str(), bds.as_str(), bapp.as_str()),
+            ("Asia/Tokyo", "German, DMY", "raw_b")
+        );
+        let out = psql(tz, ds, app);
+        assert_eq!(out[..3], [tz, ds, app], "psql saw {out:?}");
+        assert_eq!(out[4], bpid, "not the same server");
+        let (btz, bds, bapp, _, _) = show(&mut b).await;
+        assert_eq!(
+            (btz.as_str(), bds.as_str(), bapp.as_str()),
+            ("Asia/Tokyo", "German, DMY", "raw_b")
+        );
+    }
+}

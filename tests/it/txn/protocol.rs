@@ -1,0 +1,260 @@
+//! Transaction pooling with the extended protocol: pipelines with several Syncs,
+//! Flush without Sync, COPY both ways (psql), and named prepared statements.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_postgres::types::Type;
+
+use super::common::*;
+use crate::support::probe::within;
+use crate::support::{run_bounded, MD5_PASSWORD, MD5_USER};
+
+/// tokio-postgres pipelines concurrent queries of one client: several
+/// Parse/Bind/Describe/Execute/Sync batches in flight at once, on four clients
+/// sharing one server. Every answer goes to the query that asked for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pipelined_extended_queries_with_several_syncs() {
+    let db = fresh_db("txn_pipe");
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let mut tasks = Vec::new();
+    for id in 0..4i32 {
+        let c = client(&s, &db).await;
+        tasks.push(tokio::spawn(async move {
+            for round in 0..25i32 {
+                let base = id * 100_000 + round * 10;
+                let q = "SELECT $1::int4 + 0";
+                let v: [i32; 4] = [base, base + 1, base + 2, base + 3];
+                let p: Vec<[(&(dyn tokio_postgres::types::ToSql + Sync), Type); 1]> =
+                    v.iter().map(|x| [(x as _, Type::INT4)]).collect();
+                let (a, b, c3, d) = tokio::join!(
+                    c.query_typed(q, &p[0]),
+                    c.query_typed(q, &p[1]),
+                    c.query_typed(q, &p[2]),
+                    c.query_typed(q, &p[3]),
+                );
+                for (i, r) in [a, b, c3, d].into_iter().enumerate() {
+                    let rows = r.unwrap_or_else(|e| panic!("client {id}: {e} {e:?}"));
+                    assert_eq!(rows.len(), 1);
+                    assert_eq!(rows[0].get::<_, i32>(0), base + i as i32, "client {id}");
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        within(Duration::from_secs(60), "pipelining client", t)
+            .await
+            .expect("pipelining client panicked");
+    }
+}
+
+/// Raw pipeline in one write: three extended batches, each with its own Sync, then
+/// a simple query. All four answers come back in order; then another client gets
+/// the (single) server.
+#[tokio::test]
+async fn raw_pipeline_in_one_write() {
+    let db = fresh_db("txn_rawpipe");
+    direct(&db, "CREATE TABLE t (v int); GRANT ALL ON t TO sluice_md5;");
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let mut a = raw(&s, &db, &[]).await;
+    let mut bytes = Vec::new();
+    for sql in [
+        "BEGIN",
+        "INSERT INTO t VALUES (1)",
+        "SELECT count(*) FROM t",
+    ] {
+        bytes.extend(extended(sql));
+        bytes.extend(sync_msg());
+    }
+    bytes.extend(crate::support::wire::query_msg("COMMIT; SELECT 'done'"));
+    a.send(&bytes).await.expect("send pipeline");
+    let mut statuses = Vec::new();
+    let mut data = Vec::new();
+    for _ in 0..4 {
+        let msgs = a.until_ready(STEP).await;
+        assert!(first_error(&msgs).is_none(), "{msgs:?}");
+        data.extend(col(&msgs));
+        statuses.push(status(&msgs));
+    }
+    assert_eq!(statuses, [b'T', b'T', b'T', b'I']);
+    assert_eq!(data, ["1", "done"]);
+    let b = client(&s, &db).await;
+    assert_eq!(one(&b, "SELECT count(*) FROM t").await, "1");
+}
+
+/// Parse/Bind/Execute + Flush: the results arrive without a ReadyForQuery and the
+/// server stays with the client (others wait) until it sends Sync.
+#[tokio::test]
+async fn flush_without_sync_keeps_the_server() {
+    let db = fresh_db("txn_flush");
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let mut a = raw(&s, &db, &[]).await;
+    let b = Arc::new(client(&s, &db).await);
+    let mut bytes = extended("SELECT 42");
+    bytes.extend(flush_msg());
+    a.send(&bytes).await.unwrap();
+    // ParseComplete, BindComplete, RowDescription, DataRow, CommandComplete.
+    let msgs = read_n(&mut a, 5, STEP).await;
+    let tags: Vec<char> = msgs.iter().map(|m| m.tag as char).collect();
+    assert_eq!(tags, ['1', '2', 'T', 'D', 'C'], "{msgs:?}");
+    assert_eq!(col(&msgs), ["42"]);
+
+    let b2 = b.clone();
+    let waiting = tokio::spawn(async move { one(&b2, "SELECT 7").await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the server was lent away between Flush and Sync"
+    );
+    // More extended messages on the same server, still unsynced, then Sync.
+    let mut bytes = extended("SELECT 43");
+    bytes.extend(sync_msg());
+    a.send(&bytes).await.unwrap();
+    let msgs = a.until_ready(STEP).await;
+    assert_eq!(col(&msgs), ["43"]);
+    assert_eq!(status(&msgs), b'I');
+    assert_eq!(within(STEP, "B after Sync", waiting).await.unwrap(), "7");
+}
+
+fn psql_run(s: &crate::support::Sluice, db: &str, sql: &str, stdin: Option<&str>) -> String {
+    let mut cmd = s.psql(MD5_USER, MD5_PASSWORD, db);
+    cmd.args(["-c", sql]);
+    let out = run_bounded(&mut cmd, stdin, Duration::from_secs(60)).expect("psql hung");
+    assert!(
+        out.status.success(),
+        "psql {sql:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// COPY FROM STDIN and COPY TO STDOUT with psql, several at once over one server,
+/// and a failing COPY that leaves the server usable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn copy_in_and_out_with_psql() {
+    let db = fresh_db("txn_copy");
+    direct(
+        &db,
+        "CREATE TABLE t (k int, v text); GRANT ALL ON t TO sluice_md5;",
+    );
+    let s = Arc::new(txn_sluice(&db).setting("default_pool_size", "1").start());
+    let mut threads = Vec::new();
+    for k in 0..4 {
+        let (s, db) = (s.clone(), db.clone());
+        threads.push(std::thread::spawn(move || {
+            let data: String = (0..2000).map(|i| format!("{k}\trow {k}-{i}\n")).collect();
+            psql_run(&s, &db, "COPY t FROM STDIN", Some(&data));
+        }));
+    }
+    for t in threads {
+        t.join().expect("COPY thread");
+    }
+    let out = psql_run(
+        &s,
+        &db,
+        "COPY (SELECT k, count(*) FROM t GROUP BY k ORDER BY k) TO STDOUT",
+        None,
+    );
+    assert_eq!(out, "0\t2000\n1\t2000\n2\t2000\n3\t2000\n");
+    let out = psql_run(&s, &db, "COPY t TO STDOUT", None);
+    assert_eq!(out.lines().count(), 8000);
+    assert!(out.contains("3\trow 3-1999\n"));
+
+    // A COPY the server rejects half-way (bad data) ends in an error, not a hang.
+    let mut cmd = s.psql(MD5_USER, MD5_PASSWORD, &db);
+    cmd.args(["-c", "COPY t FROM STDIN"]);
+    let out = run_bounded(
+        &mut cmd,
+        Some("9\tok\nnot-a-number\tx\n"),
+        Duration::from_secs(60),
+    )
+    .expect("psql hung");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid input syntax"));
+
+    let c = client(&s, &db).await;
+    assert_eq!(one(&c, "SELECT count(*) FROM t").await, "8000");
+    assert_eq!(one(&c, "SELECT 1").await, "1");
+}
+
+/// Named prepared statements outside transactions (tokio-postgres `prepare`, as
+/// with pgbench -M prepared or most drivers). PgBouncer (max_prepared_statements,
+/// default 200) makes them follow the client from server to server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn named_prepared_statements_follow_the_client() {
+    let db = fresh_db("txn_prep");
+    let s = txn_sluice(&db)
+        .setting("default_pool_size", "2")
+        .setting("max_prepared_statements", "200")
+        .start();
+    let mut tasks = Vec::new();
+    for id in 0..6i32 {
+        let c = client(&s, &db).await;
+        tasks.push(tokio::spawn(async move {
+            // Every client names its statements s0, s1, ... (tokio-postgres), with
+            // texts of its own: the same name means different things per client.
+            let mul = c
+                .prepare(&format!("SELECT $1::int4 * {}", id + 2))
+                .await
+                .expect("prepare");
+            let add = c
+                .prepare(&format!("SELECT $1::int4 + {}", id * 1000))
+                .await
+                .expect("prepare");
+            for i in 0..20i32 {
+                let row = c
+                    .query_one(&mul, &[&i])
+                    .await
+                    .unwrap_or_else(|e| panic!("client {id} execute {i}: {}", err_text(&e)));
+                assert_eq!(row.get::<_, i32>(0), i * (id + 2), "client {id}");
+                let row = c
+                    .query_one(&add, &[&i])
+                    .await
+                    .unwrap_or_else(|e| panic!("client {id} execute {i}: {}", err_text(&e)));
+                assert_eq!(row.get::<_, i32>(0), i + id * 1000, "client {id}");
+                // One-shot statements (prepared, used once, closed) in between.
+                let row = c
+                    .query_one("SELECT $1::int4 - 1", &[&i])
+                    .await
+                    .unwrap_or_else(|e| panic!("client {id} one-shot {i}: {}", err_text(&e)));
+                assert_eq!(row.get::<_, i32>(0), i - 1);
+            }
+        }));
+    }
+    for t in tasks {
+        within(Duration::from_secs(60), "prepared statement client", t)
+            .await
+            .expect("prepared statement client failed");
+    }
+}
+
+/// COPY FROM STDIN ended by the client's CopyFail: the server answers with an
+/// error and ReadyForQuery, and is then clean for the next client.
+#[tokio::test]
+async fn copy_fail_from_the_client() {
+    let db = fresh_db("txn_copyfail");
+    direct(&db, "CREATE TABLE t (v int); GRANT ALL ON t TO sluice_md5;");
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let mut a = raw(&s, &db, &[]).await;
+    a.query("COPY t FROM STDIN").await.unwrap();
+    let m = a.recv(STEP).await.expect("CopyInResponse");
+    assert_eq!(m.tag, b'G', "{m:?}");
+    let mut bytes = crate::support::wire::frame(b'd', b"1\n2\n");
+    bytes.extend(crate::support::wire::frame(b'f', b"client gave up\0"));
+    a.send(&bytes).await.unwrap();
+    let r = a.until_ready(STEP).await;
+    let e = first_error(&r).expect("an error for CopyFail");
+    assert!(e.field(b'M').unwrap_or_default().contains("client gave up"));
+    assert_eq!(status(&r), b'I');
+    let b = client(&s, &db).await;
+    assert_eq!(one(&b, "SELECT count(*) FROM t").await, "0");
+    // And a COPY that completes, on the same server.
+    a.query("COPY t FROM STDIN").await.unwrap();
+    assert_eq!(a.recv(STEP).await.expect("CopyInResponse").tag, b'G');
+    let mut bytes = crate::support::wire::frame(b'd', b"1\n2\n");
+    bytes.extend(crate::support::wire::frame(b'c', b""));
+    a.send(&bytes).await.unwrap();
+    let r = a.until_ready(STEP).await;
+    assert!(first_error(&r).is_none(), "{r:?}");
+    assert_eq!(one(&b, "SELECT count(*) FROM t").await, "2");
+}
