@@ -62,7 +62,8 @@ impl ConnLimit {
 
     /// Marks the caller as waiting for a unit until the guard drops.
     pub fn wait_guard(&self) -> WaitGuard<'_> {
-        self.waiting.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.waiting
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         WaitGuard(self)
     }
 
@@ -80,7 +81,9 @@ pub struct WaitGuard<'a>(&'a ConnLimit);
 
 impl Drop for WaitGuard<'_> {
     fn drop(&mut self) {
-        self.0.waiting.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        self.0
+            .waiting
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 

@@ -16,6 +16,7 @@
 
 pub mod responses;
 pub mod rewrite;
+pub mod sql;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,6 +28,10 @@ use bytes::Bytes;
 /// gets an error. Bounds a client's memory whatever it sends.
 pub const MAX_CLIENT_STATEMENTS: usize = 10_000;
 
+/// Key prefix for SQL-level statements: a Parse body starts with query text, which
+/// cannot hold a NUL, so the two kinds never collide.
+const SQL_KEY: &[u8] = b"\0sql:";
+
 /// Entries the registry keeps before dropping statements no client holds any more.
 const REGISTRY_SOFT_LIMIT: usize = 10_000;
 
@@ -34,16 +39,31 @@ const REGISTRY_SOFT_LIMIT: usize = 10_000;
 #[derive(Debug)]
 pub struct Statement {
     pub id: u64,
-    /// The name used on servers.
+    /// The name used on servers: `SLUICE_<id>` for protocol-level statements,
+    /// `sluice_<id>` (a plain SQL identifier) for SQL-level ones.
     pub server_name: String,
+    /// Prepared with SQL `PREPARE` (body is the text after the name).
+    pub sql: bool,
     /// Query text and parameter types as the Parse body holds them after the name.
     pub body: Bytes,
 }
 
 impl Statement {
-    /// The Parse message that prepares this statement on a server.
+    /// The message that prepares this statement on a server: a Parse, or a Query
+    /// with `PREPARE` for SQL-level statements.
     pub fn parse_message(&self, out: &mut bytes::BytesMut) {
         use bytes::BufMut;
+        if self.sql {
+            out.put_u8(b'Q');
+            let text = &self.body[SQL_KEY.len()..];
+            out.put_u32((4 + 8 + self.server_name.len() + 1 + text.len() + 1) as u32);
+            out.extend_from_slice(b"PREPARE ");
+            out.extend_from_slice(self.server_name.as_bytes());
+            out.put_u8(b' ');
+            out.extend_from_slice(text);
+            out.put_u8(0);
+            return;
+        }
         out.put_u8(b'P');
         out.put_u32((4 + self.server_name.len() + 1 + self.body.len()) as u32);
         out.extend_from_slice(self.server_name.as_bytes());
@@ -62,6 +82,18 @@ pub struct Registry {
 impl Registry {
     /// The statement for a Parse body (after its name), created on first sight.
     pub fn intern(&self, body: Bytes) -> Arc<Statement> {
+        self.intern_kind(body, false)
+    }
+
+    /// The statement for an SQL `PREPARE name <rest>`.
+    pub fn intern_sql(&self, rest: &str) -> Arc<Statement> {
+        let mut key = Vec::with_capacity(SQL_KEY.len() + rest.len());
+        key.extend_from_slice(SQL_KEY);
+        key.extend_from_slice(rest.as_bytes());
+        self.intern_kind(Bytes::from(key), true)
+    }
+
+    fn intern_kind(&self, body: Bytes, sql: bool) -> Arc<Statement> {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(s) = map.get(&body) {
             return s.clone();
@@ -74,7 +106,8 @@ impl Registry {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let s = Arc::new(Statement {
             id,
-            server_name: format!("SLUICE_{id}"),
+            server_name: if sql { format!("sluice_{id}") } else { format!("SLUICE_{id}") },
+            sql,
             body: body.clone(),
         });
         map.insert(body, s.clone());
@@ -95,6 +128,8 @@ impl Registry {
 #[derive(Debug, Default)]
 pub struct ClientStatements {
     names: HashMap<String, Arc<Statement>>,
+    /// SQL-level names (PREPARE), folded as SQL identifiers.
+    sql: HashMap<String, Arc<Statement>>,
 }
 
 impl ClientStatements {
@@ -104,7 +139,7 @@ impl ClientStatements {
 
     /// Binds `name` to a statement; false when the client already holds too many.
     pub fn insert(&mut self, name: String, stmt: Arc<Statement>) -> bool {
-        if self.names.len() >= MAX_CLIENT_STATEMENTS && !self.names.contains_key(&name) {
+        if self.len() >= MAX_CLIENT_STATEMENTS && !self.names.contains_key(&name) {
             return false;
         }
         self.names.insert(name, stmt);
@@ -115,16 +150,34 @@ impl ClientStatements {
         self.names.remove(name);
     }
 
+    pub fn sql_get(&self, name: &str) -> Option<&Arc<Statement>> {
+        self.sql.get(name)
+    }
+
+    /// Binds an SQL-level name; false when the client already holds too many.
+    pub fn sql_insert(&mut self, name: String, stmt: Arc<Statement>) -> bool {
+        if self.len() >= MAX_CLIENT_STATEMENTS && !self.sql.contains_key(&name) {
+            return false;
+        }
+        self.sql.insert(name, stmt);
+        true
+    }
+
+    pub fn sql_remove(&mut self, name: &str) {
+        self.sql.remove(name);
+    }
+
     pub fn clear(&mut self) {
         self.names.clear();
+        self.sql.clear();
     }
 
     pub fn len(&self) -> usize {
-        self.names.len()
+        self.names.len() + self.sql.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.names.is_empty()
+        self.names.is_empty() && self.sql.is_empty()
     }
 }
 

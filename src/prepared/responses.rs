@@ -39,6 +39,8 @@ pub enum Undo {
     ForgetOnServer(u64),
     /// The client's statement was never created either (its own Parse failed).
     ForgetClientAndServer(String, u64),
+    /// The same for an SQL-level PREPARE.
+    ForgetSqlClientAndServer(String, u64),
 }
 
 /// One request awaiting its answer.
@@ -50,9 +52,17 @@ pub enum Expect {
     Swallow { kind: Kind, undo: Option<Undo> },
     /// Sluice answers in the server's stead: these bytes go out in this place.
     Synthesize(&'static [u8]),
-    /// A simple query with DISCARD ALL / DEALLOCATE ALL: the server forgets all its
-    /// statements if it succeeds.
-    ClearOnSuccess { failed: bool },
+    /// A client's simple query whose outcome matters: DISCARD ALL / DEALLOCATE ALL
+    /// (the server forgets all its statements if it succeeds) or an SQL-level
+    /// PREPARE (undone if it fails).
+    Query {
+        failed: bool,
+        clear_on_success: bool,
+        undo: Option<Undo>,
+    },
+    /// Sluice's own simple query (an injected PREPARE or DEALLOCATE): everything up
+    /// to and including its ReadyForQuery is dropped, except an error.
+    SwallowQuery { failed: bool, undo: Option<Undo> },
 }
 
 /// ParseComplete.
@@ -72,6 +82,8 @@ pub struct ResponseTracker {
     /// Header bytes held back at the end of the last chunk (never forwarded, since
     /// the message might have to be dropped).
     held: Vec<u8>,
+    /// Bytes of a dropped message still to come in the next chunks.
+    drop_left: usize,
     /// The current message completes a request and spans chunks: synthesized answers
     /// go out after it ends.
     flush_after_current: bool,
@@ -80,7 +92,7 @@ pub struct ResponseTracker {
 impl ResponseTracker {
     /// Whether every request has been answered.
     pub fn is_idle(&self) -> bool {
-        self.queue.is_empty() && self.held.is_empty()
+        self.queue.is_empty() && self.held.is_empty() && self.drop_left == 0
     }
 
     pub fn push(&mut self, e: Expect) {
@@ -115,6 +127,10 @@ impl ResponseTracker {
                 client.remove(&name);
                 server.forget(id);
             }
+            Some(Undo::ForgetSqlClientAndServer(name, id)) => {
+                client.sql_remove(&name);
+                server.forget(id);
+            }
             None => {}
         }
     }
@@ -131,7 +147,7 @@ impl ResponseTracker {
         client: &mut ClientStatements,
         server: &mut ServerStatements,
         edits: &mut Vec<Edit>,
-    ) {
+    ) -> bool {
         // The previous message completed a request and ended at this boundary.
         let boundary = at.unwrap_or(0);
         if self.flush_after_current {
@@ -162,15 +178,26 @@ impl ResponseTracker {
                 drop_it = true;
                 self.queue.pop_front();
             }
-            Some(Expect::ClearOnSuccess { failed }) => {
-                if tag == b'E' {
-                    *failed = true;
-                } else if tag == b'Z' {
-                    if !*failed {
+            Some(Expect::Query { failed, .. }) if tag == b'E' => *failed = true,
+            Some(Expect::SwallowQuery { failed, .. }) if tag == b'E' => *failed = true,
+            Some(Expect::Query { .. }) if tag == b'Z' => {
+                completes = true;
+                if let Some(Expect::Query { failed, clear_on_success, undo }) = self.queue.pop_front() {
+                    if failed {
+                        Self::undo(undo, client, server);
+                    } else if clear_on_success {
                         server.clear();
                     }
+                }
+            }
+            Some(Expect::SwallowQuery { .. }) => {
+                // Everything but an error belongs to Sluice's own query.
+                drop_it = true;
+                if tag == b'Z' {
                     completes = true;
-                    self.queue.pop_front();
+                    if let Some(Expect::SwallowQuery { failed: true, undo }) = self.queue.pop_front() {
+                        Self::undo(undo, client, server);
+                    }
                 }
             }
             Some(Expect::Forward { kind, .. } | Expect::Swallow { kind, .. })
@@ -215,7 +242,9 @@ impl ResponseTracker {
             _ => {}
         }
         if drop_it {
-            edits.push(Edit::Delete(start, start + header_here));
+            let end = start + header_here + len;
+            edits.push(Edit::Delete(start, end.min(chunk_len)));
+            self.drop_left = end.saturating_sub(chunk_len);
         } else if !held.is_empty() {
             edits.push(Edit::Insert(0, held));
         }
@@ -231,6 +260,7 @@ impl ResponseTracker {
                 self.flush_after_current = true;
             }
         }
+        drop_it
     }
 }
 
@@ -248,9 +278,21 @@ pub fn process_chunk(
     use crate::session::framer::Event;
     let mut edits = Vec::new();
     let chunk_len = chunk.len();
+    if tracker.drop_left > 0 {
+        // The rest of a dropped message.
+        let n = tracker.drop_left.min(chunk_len);
+        edits.push(Edit::Delete(0, n));
+        tracker.drop_left -= n;
+    }
+    let mut dropping = false;
     framer.feed(chunk, max_len, |e| {
         if let Event::Start { tag, len, at } = e {
-            tracker.on_message(tag, len, at, chunk_len, client, server, &mut edits);
+            dropping = tracker.on_message(tag, len, at, chunk_len, client, server, &mut edits);
+        }
+        if dropping {
+            // The relay never sees what Sluice asked for itself (its ReadyForQuery
+            // must not count against what the client is owed).
+            return crate::session::framer::Body::Skip;
         }
         on_event(e)
     })?;
@@ -418,7 +460,7 @@ mod tests {
                     undo: undo.clone(),
                 },
                 Expect::Synthesize(b) => Expect::Synthesize(b),
-                Expect::ClearOnSuccess { failed } => Expect::ClearOnSuccess { failed: *failed },
+                Expect::Query { .. } | Expect::SwallowQuery { .. } => unreachable!("not in tests"),
             })
             .collect()
     }

@@ -101,12 +101,12 @@ impl Rewriter {
             let entry = match tag {
                 TAG_EXECUTE => Some(fwd(Kind::Execute)),
                 TAG_SYNC | TAG_FUNCTION_CALL => Some(fwd(Kind::UntilReady)),
-                TAG_QUERY => Some(if whole && clears_statements(&input[HEADER_LEN..len + 1]) {
-                    ctx.client.clear();
-                    Expect::ClearOnSuccess { failed: false }
-                } else {
-                    fwd(Kind::UntilReady)
-                }),
+                TAG_QUERY if whole => {
+                    let msg = input.split_to(len + 1).freeze();
+                    handle_query(msg, out, ctx)?;
+                    continue;
+                }
+                TAG_QUERY => Some(fwd(Kind::UntilReady)),
                 _ => None,
             };
             if let Some(e) = entry {
@@ -121,6 +121,93 @@ impl Rewriter {
 
 fn fwd(kind: Kind) -> Expect {
     Expect::Forward { kind, undo: None }
+}
+
+/// Handles a whole simple Query: DISCARD ALL / DEALLOCATE ALL, SQL-level PREPARE,
+/// EXECUTE and DEALLOCATE get their special treatment; anything else passes.
+fn handle_query(msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> Result<(), RewriteError> {
+    let body = &msg[HEADER_LEN..];
+    let text = std::str::from_utf8(body.strip_suffix(b"\0").unwrap_or(body)).ok();
+    if clears_statements(body) {
+        ctx.client.clear();
+        out.extend_from_slice(&msg);
+        ctx.tracker.push(Expect::Query { failed: false, clear_on_success: true, undo: None });
+        return Ok(());
+    }
+    let Some(cmd) = text.and_then(super::sql::parse) else {
+        out.extend_from_slice(&msg);
+        ctx.tracker.push(fwd(Kind::UntilReady));
+        return Ok(());
+    };
+    use super::sql::SqlCommand;
+    match cmd {
+        SqlCommand::Prepare { name, rest } => {
+            let stmt = ctx.registry.intern_sql(rest);
+            if !ctx.client.sql_insert(name.clone(), stmt.clone()) {
+                return Err(RewriteError::TooManyStatements(super::MAX_CLIENT_STATEMENTS));
+            }
+            if ctx.server.touch(&stmt) {
+                // Another client's copy is there: drop it so this PREPARE is answered
+                // by the server itself, as PostgreSQL would answer it.
+                put_query(out, &["DEALLOCATE ", &stmt.server_name]);
+                ctx.tracker.push(Expect::SwallowQuery { failed: false, undo: None });
+            } else if let Some(evicted) = ctx.server.insert(&stmt, ctx.max_prepared) {
+                put_deallocate(out, &evicted);
+                ctx.tracker.push(Expect::SwallowQuery { failed: false, undo: None });
+            }
+            stmt.parse_message(out);
+            *ctx.server_parses += 1;
+            ctx.tracker.push(Expect::Query {
+                failed: false,
+                clear_on_success: false,
+                undo: Some(Undo::ForgetSqlClientAndServer(name, stmt.id)),
+            });
+        }
+        SqlCommand::Execute { name, rest } => match ctx.client.sql_get(&name).cloned() {
+            None => {
+                out.extend_from_slice(&msg);
+                ctx.tracker.push(fwd(Kind::UntilReady));
+            }
+            Some(stmt) => {
+                ensure_prepared(&stmt, out, ctx);
+                put_query(out, &["EXECUTE ", &stmt.server_name, " ", rest]);
+                ctx.tracker.push(fwd(Kind::UntilReady));
+            }
+        },
+        SqlCommand::Deallocate { name } => match ctx.client.sql_get(&name).cloned() {
+            None => {
+                out.extend_from_slice(&msg);
+                ctx.tracker.push(fwd(Kind::UntilReady));
+            }
+            Some(_) => {
+                // The server keeps its copy for other clients; the client still gets
+                // a real DEALLOCATE answer, from a throwaway statement.
+                ctx.client.sql_remove(&name);
+                put_query(out, &["PREPARE sluice_deallocate AS SELECT 1"]);
+                ctx.tracker.push(Expect::SwallowQuery { failed: false, undo: None });
+                put_query(out, &["DEALLOCATE sluice_deallocate"]);
+                ctx.tracker.push(fwd(Kind::UntilReady));
+            }
+        },
+    }
+    Ok(())
+}
+
+/// A simple Query made of `parts`.
+fn put_query(out: &mut BytesMut, parts: &[&str]) {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    out.put_u8(TAG_QUERY);
+    out.put_u32((4 + len + 1) as u32);
+    for p in parts {
+        out.extend_from_slice(p.as_bytes());
+    }
+    out.put_u8(0);
+}
+
+/// Removes an evicted statement from the server with a simple query (either kind:
+/// both share one namespace on the server).
+fn put_deallocate(out: &mut BytesMut, server_name: &str) {
+    put_query(out, &["DEALLOCATE \"", server_name, "\""]);
 }
 
 /// Whether a simple query drops every prepared statement of the session.
@@ -165,17 +252,21 @@ fn ensure_prepared(stmt: &super::Statement, out: &mut BytesMut, ctx: &mut Ctx<'_
         return;
     }
     if let Some(evicted) = ctx.server.insert(stmt, ctx.max_prepared) {
-        put_close(out, b'S', evicted.as_bytes());
-        ctx.tracker.push(Expect::Swallow {
-            kind: Kind::Close,
-            undo: None,
-        });
+        if stmt.sql {
+            put_deallocate(out, &evicted);
+            ctx.tracker.push(Expect::SwallowQuery { failed: false, undo: None });
+        } else {
+            put_close(out, b'S', evicted.as_bytes());
+            ctx.tracker.push(Expect::Swallow { kind: Kind::Close, undo: None });
+        }
     }
     stmt.parse_message(out);
     *ctx.server_parses += 1;
-    ctx.tracker.push(Expect::Swallow {
-        kind: Kind::Parse,
-        undo: Some(Undo::ForgetOnServer(stmt.id)),
+    let undo = Some(Undo::ForgetOnServer(stmt.id));
+    ctx.tracker.push(if stmt.sql {
+        Expect::SwallowQuery { failed: false, undo }
+    } else {
+        Expect::Swallow { kind: Kind::Parse, undo }
     });
 }
 

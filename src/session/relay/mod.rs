@@ -215,7 +215,10 @@ impl Relay {
     /// (end of stream or Terminate), so the wait should be abandoned.
     pub fn read_while_waiting(&mut self, client: &Stream) -> io::Result<bool> {
         let more = self.read_client(client)?;
-        let prepared_terminate = self.prepared.as_ref().is_some_and(|p| p.ends_with_terminate());
+        let prepared_terminate = self
+            .prepared
+            .as_ref()
+            .is_some_and(|p| p.ends_with_terminate());
         Ok(more && !self.terminated && !prepared_terminate)
     }
 
