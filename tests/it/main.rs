@@ -14,6 +14,7 @@ mod config_cli;
 mod harness_smoke;
 mod listeners;
 mod pooling;
+mod prepared_sql;
 mod relay;
 mod signals;
 mod startup;

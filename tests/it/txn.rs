@@ -4,7 +4,7 @@
 
 mod bad;
 mod basic;
-mod common;
+pub(crate) mod common;
 mod dirty;
 mod limits;
 mod load;
