@@ -265,6 +265,15 @@ class Postgres:
                 return
         die("could not start PostgreSQL:\n" + tail(self.logfile, 30))
 
+    def alive(self):
+        """The postmaster is up (its pid file names a live process) and accepts."""
+        try:
+            with open(os.path.join(self.data, "postmaster.pid")) as f:
+                os.kill(int(f.readline()), 0)
+        except (OSError, ValueError):
+            return False
+        return port_open(self.port)
+
     def stop(self):
         if self.started:
             subprocess.run(self.runner.cmd([
@@ -453,6 +462,8 @@ def run_pgbench(pgbench, scen, host, port, seconds, logdir, pooler):
     r["wall"] = round(wall, 2)
     # A non-zero exit means some client aborted (pgbench: "Run was aborted;
     # the above results are incomplete"): the figures would not be comparable.
+    if rc is not None and rc < 0:
+        return {"error": "pgbench killed by signal %d" % -rc, "rc": rc, "wall": round(wall, 2)}
     if rc != 0 or "tps" not in r or not r.get("tx"):
         return {"error": first_error(text) if rc != 0 or "tps" not in r else "no transactions",
                 "rc": rc, "wall": round(wall, 2)}
@@ -740,6 +751,104 @@ def render_svg(agg, subtitle):
 
 
 # --------------------------------------------------------------------------
+# the two phases
+
+
+def run_rounds(pgbench, pg, poolers, work, rounds, seconds):
+    """Every scenario against Sluice, PgBouncer and PostgreSQL, `rounds` times,
+    interleaved so that a slow stretch of the machine hits all three alike.
+    Returns {scenario key: {target: [one result per round]}}."""
+    raw = {s.key: {t: [] for t in TARGETS} for s in SCENARIOS}
+    total_runs = rounds * len(SCENARIOS) * len(TARGETS)
+    n = 0
+    t_runs = time.monotonic()
+    for rnd in range(1, rounds + 1):
+        for scen in SCENARIOS:
+            for t in TARGETS:
+                n += 1
+                pooler = poolers.get(t)
+                if not pg.alive():
+                    # Nothing after this could measure anything; stopping
+                    # now beats minutes of login timeouts in the poolers.
+                    die("PostgreSQL is gone (stopped from outside?); log tail:\n" + tail(pg.logfile))
+                if pooler is not None and not pooler.alive():
+                    # A crashed pooler is restarted so one failure does not
+                    # void every later scenario; the run is recorded as failed.
+                    say("bench: %s is not running; restarting it. Log tail:\n%s" % (t, tail(pooler.logfile)))
+                    pooler.start()
+                if t == "direct":
+                    host = pg.sock if scen.via == "unix" else "127.0.0.1"
+                    port = pg.port
+                else:
+                    host = pooler.sockdir if scen.via == "unix" else "127.0.0.1"
+                    port = pooler.port
+                r = run_pgbench(pgbench, scen, host, port, seconds, work, pooler)
+                if pooler is not None and not pooler.alive():
+                    r = {"error": "%s exited during the run" % t, "wall": r.get("wall")}
+                raw[scen.key][t].append(r)
+                eta = (time.monotonic() - t_runs) / n * (total_runs - n)
+                if "error" in r:
+                    what = "FAILED: " + r["error"]
+                else:
+                    what = "%9s tps  avg %6.2f ms  p99 %6.2f ms%s" % (
+                        fmt_num(r["tps"]), r.get("lat_avg_ms") or 0, r.get("lat_p99_ms") or 0,
+                        "  cpu %.3f s/10k tx" % r["cpu_per_10k"] if "cpu_per_10k" in r else "")
+                say("[%3d/%d] round %d/%d  %-48s %-10s %s  (%.0fs, ~%.0fs of runs left)" % (
+                    n, total_runs, rnd, rounds, scen.title, LABEL[t], what, r.get("wall") or 0, eta))
+    return raw
+
+
+def run_idle_tests(pgbench, poolers, idle, scale_idle, nofile):
+    """The idle-client tests, each on freshly restarted poolers. Returns the
+    table rows and a note for when the open-files limit caps the scale test."""
+    idle_rows = []
+    idle_note = ""
+    tests = []
+    if idle:
+        # Four client processes (the client side is Python), default source address.
+        tests.append(dict(count=idle, max_client_conn=MAX_CLIENT_CONN, sources=[None],
+                          workers_per_source=4, deadline=120, login_timeout=20))
+    if scale_idle:
+        # Five source addresses so the client side does not run out of
+        # ephemeral ports (about 28k per source address and destination).
+        # A short login timeout: at a descriptor limit, logins stall rather than fail.
+        tests.append(dict(count=scale_idle, max_client_conn=scale_idle + 1000,
+                          sources=["127.0.0.%d" % i for i in range(1, 6)],
+                          workers_per_source=1, deadline=120, login_timeout=10))
+        if nofile < scale_idle + 100:
+            idle_note = ("The open-files limit here is %d (the hard limit, which this run could "
+                         "not raise), below the %s connections requested: each pooler can hold "
+                         "at most that many sockets, and the table shows what each did at the limit."
+                         % (nofile, fmt_num(scale_idle)))
+    for test in tests:
+        count = test["count"]
+        for name in ("sluice", "pgbouncer"):
+            p = poolers[name]
+            # A fresh process, so the heap left by the pgbench runs does not
+            # absorb (and hide) the memory the idle clients cost.
+            p.stop()
+            p.start(max_client_conn=test["max_client_conn"])
+            # One login first, so that the pool has its server connection
+            # and server parameters before the baseline is taken.
+            subprocess.run([pgbench, "-n", "-S", "-c", "1", "-t", "10", "-h", "127.0.0.1", "-p",
+                            str(p.port), "-U", USER, DB], env=ENV, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=60)
+            time.sleep(0.5)
+            say("bench: %s idle clients -> %s ..." % (fmt_num(count), LABEL[name]))
+            res = idle_clients(p, count, test["sources"], test["deadline"],
+                               test["workers_per_source"], test["login_timeout"])
+            idle_rows.append({"count": count, "pooler": name, "result": res})
+            say("bench:   logged in %s, still connected %s, errors %s, RSS %.1f -> %s MB, %s KB/client, %.1f s"
+                % (fmt_num(res["accepted"]), fmt_num(res["still_connected"]), res["errors"] or "none",
+                   res["rss_before_kb"] / 1024,
+                   "-" if res["rss_after_kb"] is None else "%.1f" % (res["rss_after_kb"] / 1024),
+                   fmt_num(res.get("kb_per_client"), 2), res["open_s"]))
+            if not p.alive():
+                say("bench:   %s exited; log tail:\n%s" % (name, tail(p.logfile)))
+    return idle_rows, idle_note
+
+
+# --------------------------------------------------------------------------
 # main
 
 
@@ -775,7 +884,7 @@ def main():
     ap = argparse.ArgumentParser(description="Sluice vs PgBouncer vs PostgreSQL benchmark")
     ap.add_argument("--quick", action="store_true", help="1 round of 2 s runs, no 50k idle test")
     ap.add_argument("--rounds", type=int, help="rounds (default 3, quick 1)")
-    ap.add_argument("--seconds", type=int, help="pgbench -T per run (default 8, quick 2)")
+    ap.add_argument("--seconds", type=int, help="pgbench -T per run (default 7, quick 2)")
     ap.add_argument("--only", help="comma list of scenario keys to run (default all)")
     ap.add_argument("--idle", type=int, default=10000, help="idle clients per pooler (0: skip)")
     ap.add_argument("--scale-idle", type=int, help="the idle scale test (default 50000, quick 0)")
@@ -785,7 +894,9 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs) at the end")
     args = ap.parse_args()
     rounds = args.rounds or (1 if args.quick else 3)
-    seconds = args.seconds or (2 if args.quick else 8)
+    # 90 runs of 7 s (+ ~0.4 s each to connect and tear down) keep `make bench`
+    # within 15 minutes with the build and the idle-client tests.
+    seconds = args.seconds or (2 if args.quick else 7)
     scale_idle = args.scale_idle if args.scale_idle is not None else (0 if args.quick else 50000)
     global SCENARIOS
     if args.only:
@@ -811,7 +922,10 @@ def main():
 
     runner = Runner()
     base = "/tmp" if runner.root else None  # nobody must be able to reach it
-    work = tempfile.mkdtemp(prefix="sluice-bench.", dir=base)
+    # No "sluice" in the name: command lines of PostgreSQL, PgBouncer and
+    # pgbench carry this path, and a `pkill -f sluice` aimed at stray Sluice
+    # processes (say, from a test run nearby) must not take them down.
+    work = tempfile.mkdtemp(prefix="pooler-bench.", dir=base)
     os.chmod(work, 0o755)
     runner.own(work)
     pg = Postgres(work, runner, bindir)
@@ -846,83 +960,9 @@ def main():
             p.start()
             say("bench: %s listening on 127.0.0.1:%d and %s (pid %d)" % (p.name, p.port, p.sockdir, p.pid))
 
-        raw = {s.key: {t: [] for t in TARGETS} for s in SCENARIOS}
-        total_runs = rounds * len(SCENARIOS) * len(TARGETS)
-        n = 0
-        for rnd in range(1, rounds + 1):
-            for scen in SCENARIOS:
-                for t in TARGETS:
-                    n += 1
-                    pooler = poolers.get(t)
-                    if pooler is not None and not pooler.alive():
-                        # A crashed pooler is restarted so one failure does not
-                        # void every later scenario; the run is recorded as failed.
-                        say("bench: %s is not running; restarting it. Log tail:\n%s" % (t, tail(pooler.logfile)))
-                        pooler.start()
-                    if t == "direct":
-                        host = pg.sock if scen.via == "unix" else "127.0.0.1"
-                        port = pg.port
-                    else:
-                        host = pooler.sockdir if scen.via == "unix" else "127.0.0.1"
-                        port = pooler.port
-                    r = run_pgbench(pgbench, scen, host, port, seconds, work, pooler)
-                    if pooler is not None and not pooler.alive():
-                        r = {"error": "%s exited during the run" % t, "wall": r.get("wall")}
-                    raw[scen.key][t].append(r)
-                    elapsed = time.monotonic() - t_start
-                    eta = elapsed / n * (total_runs - n)
-                    if "error" in r:
-                        what = "FAILED: " + r["error"]
-                    else:
-                        what = "%9s tps  avg %6.2f ms  p99 %6.2f ms%s" % (
-                            fmt_num(r["tps"]), r.get("lat_avg_ms") or 0, r.get("lat_p99_ms") or 0,
-                            "  cpu %.3f s/10k tx" % r["cpu_per_10k"] if "cpu_per_10k" in r else "")
-                    say("[%3d/%d] round %d/%d  %-48s %-10s %s  (%.0fs, ~%.0fs of runs left)" % (
-                        n, total_runs, rnd, rounds, scen.title, LABEL[t], what, r.get("wall") or 0, eta))
-
+        raw = run_rounds(pgbench, pg, poolers, work, rounds, seconds)
         agg = aggregate(raw, rounds)
-
-        idle_rows = []
-        idle_note = ""
-        tests = []
-        if args.idle:
-            tests.append((args.idle, MAX_CLIENT_CONN, [None], 4, 120, 20))
-        if scale_idle:
-            # Five source addresses so the client side does not run out of
-            # ephemeral ports (about 28k per source address and destination).
-            tests.append((scale_idle, scale_idle + 1000,
-                          ["127.0.0.%d" % i for i in range(1, 6)], 1, 120, 10))
-            if nofile < scale_idle + 100:
-                idle_note = ("The open-files limit here is %d (the hard limit, which this run could "
-                             "not raise), below the %s connections requested: each pooler can hold "
-                             "at most that many sockets, and the table shows what each did at the limit."
-                             % (nofile, fmt_num(scale_idle)))
-        for count, mcc, sources, wps, deadline, login_timeout in tests:
-            for name in ("sluice", "pgbouncer"):
-                p = poolers[name]
-                # A fresh process, so the heap left by the pgbench runs does not
-                # absorb (and hide) the memory the idle clients cost.
-                p.stop()
-                p.start(max_client_conn=mcc)
-                # One login first, so that the pool has its server connection
-                # and server parameters before the baseline is taken.
-                subprocess.run([pgbench, "-n", "-S", "-c", "1", "-t", "10", "-h", "127.0.0.1", "-p",
-                                str(p.port), "-U", USER, DB], env=ENV, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, timeout=60)
-                time.sleep(0.5)
-                say("bench: %s idle clients -> %s ..." % (fmt_num(count), LABEL[name]))
-                res = idle_clients(p, count, sources, deadline, wps, login_timeout)
-                idle_rows.append({"count": count, "pooler": name, "result": res})
-                say("bench:   logged in %s, still connected %s, errors %s, RSS %.1f -> %s MB, %s KB/client, %.1f s"
-                    % (fmt_num(res["accepted"]), fmt_num(res["still_connected"]), res["errors"] or "none",
-                       res["rss_before_kb"] / 1024,
-                       "-" if res["rss_after_kb"] is None else "%.1f" % (res["rss_after_kb"] / 1024),
-                       fmt_num(res.get("kb_per_client"), 2), res["open_s"]))
-                if not p.alive():
-                    say("bench:   %s exited; log tail:\n%s" % (name, tail(p.logfile)))
-        # Stop them with no clients attached (restarting for the next test).
-        for p in poolers.values():
-            p.stop()
+        idle_rows, idle_note = run_idle_tests(pgbench, poolers, args.idle, scale_idle, nofile)
 
         meta = {
             "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
@@ -939,8 +979,11 @@ def main():
         md = render_markdown(meta, agg, idle_rows, "clients.svg")
         with open(os.path.join(args.out, "results.md"), "w") as f:
             f.write(md)
+        svg = os.path.join(args.out, "clients.svg")
+        if os.path.exists(svg):
+            os.unlink(svg)  # not left over from an earlier run when --only leaves it out
         if all(k in raw for k, _ in CHART):
-            with open(os.path.join(args.out, "clients.svg"), "w") as f:
+            with open(svg, "w") as f:
                 f.write(render_svg(agg, "pgbench -S -j %d -T %d, median of %d round(s); %s" % (
                     JOBS, seconds, rounds, machine_text().split(" (")[0])))
         with open(os.path.join(args.out, "results.json"), "w") as f:

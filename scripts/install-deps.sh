@@ -63,6 +63,21 @@ if [ "${#missing[@]}" -gt 0 ]; then
     fi
 fi
 
+# Optional: Debian's pgbouncer exporter, which an admin-console test points at Sluice
+# (skipped when absent). Its own service stays disabled; the test starts it itself.
+if [ ! -x /usr/bin/prometheus-pgbouncer-exporter ] && command -v apt-get >/dev/null 2>&1; then
+    exporter=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus-pgbouncer-exporter)
+    if "${SUDO[@]}" "${exporter[@]}" >/dev/null 2>&1 \
+        || { "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null 2>&1 \
+            && "${SUDO[@]}" "${exporter[@]}" >/dev/null 2>&1; }; then
+        if command -v systemctl >/dev/null 2>&1; then
+            "${SUDO[@]}" systemctl disable --now prometheus-pgbouncer-exporter >/dev/null 2>&1 || true
+        fi
+    else
+        echo "install-deps: prometheus-pgbouncer-exporter not installed (optional; its test is skipped)" >&2
+    fi
+fi
+
 if ! command -v cargo >/dev/null 2>&1; then
     cat >&2 <<'MSG'
 install-deps: `cargo` not found. Install a Rust toolchain (>= 1.80) with rustup:

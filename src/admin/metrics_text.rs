@@ -8,7 +8,8 @@
 use std::fmt::{Display, Write};
 
 use super::averages::current_totals;
-use super::show_pools::{database_rows, list_rows, pool_rows};
+use super::show_misc::list_rows;
+use super::show_pools::{database_rows, pool_rows};
 use crate::app::App;
 use crate::stats::histogram::HistogramSnapshot;
 use crate::stats::BUCKETS_US;

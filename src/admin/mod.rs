@@ -14,6 +14,7 @@ mod metrics_text;
 mod parse;
 mod rows;
 mod show_config;
+mod show_misc;
 mod show_pools;
 mod show_sockets;
 mod show_stats;
@@ -183,16 +184,16 @@ fn show(ctx: &mut Ctx<'_>, what: &str, query: &str) -> Result<(), CmdError> {
         "help" => show_config::help(out),
         "version" => show_config::version(out),
         "config" => show_config::config(app, out),
-        "state" => show_pools::state(app, out),
+        "state" => show_misc::state(app, out),
         "databases" => show_pools::databases(app, out),
         "pools" => show_pools::pools(app, out),
         "users" => show_pools::users(app, out),
-        "lists" => show_pools::lists(app, out),
-        "mem" => show_pools::mem(app, out),
-        "dns_hosts" => show_pools::dns_hosts(out),
-        "dns_zones" => show_pools::dns_zones(out),
-        "peers" => show_pools::peers(out),
-        "peer_pools" => show_pools::peer_pools(out),
+        "lists" => show_misc::lists(app, out),
+        "mem" => show_misc::mem(app, out),
+        "dns_hosts" => show_misc::dns_hosts(out),
+        "dns_zones" => show_misc::dns_zones(out),
+        "peers" => show_misc::peers(out),
+        "peer_pools" => show_misc::peer_pools(out),
         "clients" => show_sockets::clients(app, out),
         "servers" => show_sockets::servers(app, out),
         "sockets" => show_sockets::sockets(app, out, false),

@@ -1,6 +1,5 @@
-//! SHOW POOLS, DATABASES, USERS, LISTS, STATE, MEM, DNS_HOSTS, DNS_ZONES, PEERS and
-//! PEER_POOLS, with PgBouncer 1.25's columns. The row data is also what `/metrics`
-//! exports, so both always agree.
+//! SHOW POOLS, DATABASES and USERS, with PgBouncer 1.25's columns. The row data is
+//! also what `/metrics` exports, so both always agree.
 //!
 //! The console itself appears as PgBouncer shows it: database `pgbouncer` with user
 //! `pgbouncer`, pool size 2, statement mode.
@@ -11,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 
-use super::rows::{Cell, Table, Ty};
+use super::rows::{Table, Ty};
 use crate::app::App;
 use crate::config::{DatabaseEntry, ADMIN_DB};
 use crate::pool::Pool;
@@ -331,7 +330,7 @@ pub fn databases(app: &App, out: &mut BytesMut) {
 
 /// Every user known: the auth file, `[users]`, pool owners, logged-in clients, and
 /// the console's `pgbouncer`.
-fn user_names(app: &App) -> BTreeSet<String> {
+pub(super) fn user_names(app: &App) -> BTreeSet<String> {
     let cfg = app.config();
     let mut names: BTreeSet<String> = cfg.userlist.keys().cloned().collect();
     names.extend(cfg.users.keys().cloned());
@@ -387,155 +386,4 @@ pub fn users(app: &App, out: &mut BytesMut) {
         ]);
     }
     t.finish();
-}
-
-/// SHOW LISTS rows: PgBouncer's object counts. Sluice has no slab caches, so there
-/// are no free objects; DNS is the system resolver's, so nothing is cached.
-pub fn list_rows(app: &App) -> Vec<(&'static str, u64)> {
-    let pools = app.pools.all();
-    let used_clients = u64::from(app.clients.load(std::sync::atomic::Ordering::Relaxed));
-    let logged_in = app.client_reg.len() as u64;
-    let used_servers: u64 = pools.iter().map(|p| u64::from(p.counts().total)).sum();
-    vec![
-        ("databases", database_rows(app).len() as u64),
-        ("users", user_names(app).len() as u64),
-        ("peers", 0),
-        ("pools", pools.len() as u64 + 1),
-        ("peer_pools", 0),
-        ("free_clients", 0),
-        ("used_clients", used_clients),
-        ("login_clients", used_clients.saturating_sub(logged_in)),
-        ("free_servers", 0),
-        ("used_servers", used_servers),
-        ("dns_names", 0),
-        ("dns_zones", 0),
-        ("dns_queries", 0),
-        ("dns_pending", 0),
-    ]
-}
-
-/// SHOW LISTS.
-pub fn lists(app: &App, out: &mut BytesMut) {
-    let mut t = Table::new(out, &[("list", Ty::Text), ("items", Ty::Int4)]);
-    for (k, v) in list_rows(app) {
-        t.row(vec![k.into(), v.into()]);
-    }
-    t.finish();
-}
-
-/// SHOW STATE.
-pub fn state(app: &App, out: &mut BytesMut) {
-    let g = app.gate();
-    let yes = |b: bool| Cell::from(if b { "yes" } else { "no" });
-    let mut t = Table::new(out, &[("key", Ty::Text), ("value", Ty::Text)]);
-    t.row(vec!["active".into(), yes(!g.paused && !g.suspended)]);
-    t.row(vec!["paused".into(), yes(g.paused)]);
-    t.row(vec!["suspended".into(), yes(g.suspended)]);
-    t.finish();
-}
-
-/// SHOW MEM: PgBouncer's slab caches have no counterpart; the rows name the same
-/// objects with Sluice's in-memory sizes and live counts (nothing is kept free).
-pub fn mem(app: &App, out: &mut BytesMut) {
-    let pools = app.pools.all();
-    let servers: u64 = pools.iter().map(|p| u64::from(p.counts().total)).sum();
-    let clients = u64::from(app.clients.load(std::sync::atomic::Ordering::Relaxed));
-    let caches = [
-        ("user_cache", 64, user_names(app).len() as u64),
-        (
-            "db_cache",
-            std::mem::size_of::<DatabaseEntry>() as u64,
-            database_rows(app).len() as u64,
-        ),
-        (
-            "pool_cache",
-            std::mem::size_of::<Pool>() as u64,
-            pools.len() as u64 + 1,
-        ),
-        (
-            "server_cache",
-            std::mem::size_of::<crate::pool::ServerConn>() as u64,
-            servers,
-        ),
-        (
-            "client_cache",
-            std::mem::size_of::<crate::stats::conns::ClientInfo>() as u64,
-            clients,
-        ),
-    ];
-    let mut t = Table::new(
-        out,
-        &[
-            ("name", Ty::Text),
-            ("size", Ty::Int4),
-            ("used", Ty::Int4),
-            ("free", Ty::Int4),
-            ("memtotal", Ty::Int4),
-        ],
-    );
-    for (name, size, used) in caches {
-        t.row(vec![
-            name.into(),
-            size.into(),
-            used.into(),
-            0u64.into(),
-            (size * used).into(),
-        ]);
-    }
-    t.finish();
-}
-
-/// SHOW DNS_HOSTS: empty, lookups go to the system resolver uncached.
-pub fn dns_hosts(out: &mut BytesMut) {
-    Table::new(
-        out,
-        &[
-            ("hostname", Ty::Text),
-            ("ttl", Ty::Int8),
-            ("addrs", Ty::Text),
-        ],
-    )
-    .finish();
-}
-
-/// SHOW DNS_ZONES: empty, as DNS_HOSTS.
-pub fn dns_zones(out: &mut BytesMut) {
-    Table::new(
-        out,
-        &[
-            ("zonename", Ty::Text),
-            ("serial", Ty::Int8),
-            ("count", Ty::Int4),
-        ],
-    )
-    .finish();
-}
-
-/// SHOW PEERS: empty, Sluice is one process and needs no peering.
-pub fn peers(out: &mut BytesMut) {
-    Table::new(
-        out,
-        &[
-            ("peer_id", Ty::Int4),
-            ("host", Ty::Text),
-            ("port", Ty::Int4),
-            ("pool_size", Ty::Int4),
-        ],
-    )
-    .finish();
-}
-
-/// SHOW PEER_POOLS: empty, as PEERS.
-pub fn peer_pools(out: &mut BytesMut) {
-    Table::new(
-        out,
-        &[
-            ("peer_id", Ty::Int4),
-            ("cl_active_cancel_req", Ty::Int4),
-            ("cl_waiting_cancel_req", Ty::Int4),
-            ("sv_active_cancel", Ty::Int4),
-            ("sv_login", Ty::Int4),
-        ],
-    )
-    .finish();
 }

@@ -65,10 +65,14 @@ pub fn main_with(args: Args) -> i32 {
         config.databases.len() + usize::from(config.fallback_database.is_some()),
         config.userlist.len()
     );
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = std::env::var("SLUICE_WORKERS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
     {
+        builder.worker_threads(n.max(1));
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             tracing::error!("cannot start runtime: {e}");

@@ -106,7 +106,11 @@ impl Registry {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let s = Arc::new(Statement {
             id,
-            server_name: if sql { format!("sluice_{id}") } else { format!("SLUICE_{id}") },
+            server_name: if sql {
+                format!("sluice_{id}")
+            } else {
+                format!("SLUICE_{id}")
+            },
             sql,
             body: body.clone(),
         });

@@ -140,9 +140,7 @@ impl ResponseTracker {
     /// the chunk's length. Returns edits to apply to the chunk.
     fn on_message(
         &mut self,
-        tag: u8,
-        len: usize,
-        at: Option<usize>,
+        (tag, len, at): (u8, usize, Option<usize>),
         chunk_len: usize,
         client: &mut ClientStatements,
         server: &mut ServerStatements,
@@ -182,7 +180,12 @@ impl ResponseTracker {
             Some(Expect::SwallowQuery { failed, .. }) if tag == b'E' => *failed = true,
             Some(Expect::Query { .. }) if tag == b'Z' => {
                 completes = true;
-                if let Some(Expect::Query { failed, clear_on_success, undo }) = self.queue.pop_front() {
+                if let Some(Expect::Query {
+                    failed,
+                    clear_on_success,
+                    undo,
+                }) = self.queue.pop_front()
+                {
                     if failed {
                         Self::undo(undo, client, server);
                     } else if clear_on_success {
@@ -195,7 +198,9 @@ impl ResponseTracker {
                 drop_it = true;
                 if tag == b'Z' {
                     completes = true;
-                    if let Some(Expect::SwallowQuery { failed: true, undo }) = self.queue.pop_front() {
+                    if let Some(Expect::SwallowQuery { failed: true, undo }) =
+                        self.queue.pop_front()
+                    {
                         Self::undo(undo, client, server);
                     }
                 }
@@ -216,11 +221,10 @@ impl ResponseTracker {
                     ) {
                         break;
                     }
-                    match self.queue.pop_front() {
-                        Some(Expect::Forward { undo, .. } | Expect::Swallow { undo, .. }) => {
-                            Self::undo(undo, client, server)
-                        }
-                        _ => {}
+                    if let Some(Expect::Forward { undo, .. } | Expect::Swallow { undo, .. }) =
+                        self.queue.pop_front()
+                    {
+                        Self::undo(undo, client, server)
                     }
                 }
             }
@@ -287,7 +291,7 @@ pub fn process_chunk(
     let mut dropping = false;
     framer.feed(chunk, max_len, |e| {
         if let Event::Start { tag, len, at } = e {
-            dropping = tracker.on_message(tag, len, at, chunk_len, client, server, &mut edits);
+            dropping = tracker.on_message((tag, len, at), chunk_len, client, server, &mut edits);
         }
         if dropping {
             // The relay never sees what Sluice asked for itself (its ReadyForQuery

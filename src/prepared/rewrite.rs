@@ -78,15 +78,12 @@ impl Rewriter {
             };
             let len = check_len(len, max_len)?;
             let whole = input.len() > len;
-            match tag {
-                TAG_PARSE | TAG_BIND | TAG_DESCRIBE | TAG_CLOSE | TAG_QUERY if !whole => {
-                    if tag != TAG_QUERY || len <= 256 {
-                        // Wait for the whole message; small ones are inspected.
-                        input.reserve(len + 1 - input.len());
-                        return Ok(());
-                    }
-                }
-                _ => {}
+            let inspected = matches!(tag, TAG_PARSE | TAG_BIND | TAG_DESCRIBE | TAG_CLOSE)
+                || (tag == TAG_QUERY && len <= 256);
+            if inspected && !whole {
+                // Wait for the whole message; small ones are inspected.
+                input.reserve(len + 1 - input.len());
+                return Ok(());
             }
             on_tag(tag);
             if tag == TAG_TERMINATE {
@@ -131,7 +128,11 @@ fn handle_query(msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> Result<(),
     if clears_statements(body) {
         ctx.client.clear();
         out.extend_from_slice(&msg);
-        ctx.tracker.push(Expect::Query { failed: false, clear_on_success: true, undo: None });
+        ctx.tracker.push(Expect::Query {
+            failed: false,
+            clear_on_success: true,
+            undo: None,
+        });
         return Ok(());
     }
     let Some(cmd) = text.and_then(super::sql::parse) else {
@@ -144,16 +145,24 @@ fn handle_query(msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> Result<(),
         SqlCommand::Prepare { name, rest } => {
             let stmt = ctx.registry.intern_sql(rest);
             if !ctx.client.sql_insert(name.clone(), stmt.clone()) {
-                return Err(RewriteError::TooManyStatements(super::MAX_CLIENT_STATEMENTS));
+                return Err(RewriteError::TooManyStatements(
+                    super::MAX_CLIENT_STATEMENTS,
+                ));
             }
             if ctx.server.touch(&stmt) {
                 // Another client's copy is there: drop it so this PREPARE is answered
                 // by the server itself, as PostgreSQL would answer it.
                 put_query(out, &["DEALLOCATE ", &stmt.server_name]);
-                ctx.tracker.push(Expect::SwallowQuery { failed: false, undo: None });
+                ctx.tracker.push(Expect::SwallowQuery {
+                    failed: false,
+                    undo: None,
+                });
             } else if let Some(evicted) = ctx.server.insert(&stmt, ctx.max_prepared) {
                 put_deallocate(out, &evicted);
-                ctx.tracker.push(Expect::SwallowQuery { failed: false, undo: None });
+                ctx.tracker.push(Expect::SwallowQuery {
+                    failed: false,
+                    undo: None,
+                });
             }
             stmt.parse_message(out);
             *ctx.server_parses += 1;
@@ -184,7 +193,10 @@ fn handle_query(msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> Result<(),
                 // a real DEALLOCATE answer, from a throwaway statement.
                 ctx.client.sql_remove(&name);
                 put_query(out, &["PREPARE sluice_deallocate AS SELECT 1"]);
-                ctx.tracker.push(Expect::SwallowQuery { failed: false, undo: None });
+                ctx.tracker.push(Expect::SwallowQuery {
+                    failed: false,
+                    undo: None,
+                });
                 put_query(out, &["DEALLOCATE sluice_deallocate"]);
                 ctx.tracker.push(fwd(Kind::UntilReady));
             }
@@ -254,19 +266,31 @@ fn ensure_prepared(stmt: &super::Statement, out: &mut BytesMut, ctx: &mut Ctx<'_
     if let Some(evicted) = ctx.server.insert(stmt, ctx.max_prepared) {
         if stmt.sql {
             put_deallocate(out, &evicted);
-            ctx.tracker.push(Expect::SwallowQuery { failed: false, undo: None });
+            ctx.tracker.push(Expect::SwallowQuery {
+                failed: false,
+                undo: None,
+            });
         } else {
             put_close(out, b'S', evicted.as_bytes());
-            ctx.tracker.push(Expect::Swallow { kind: Kind::Close, undo: None });
+            ctx.tracker.push(Expect::Swallow {
+                kind: Kind::Close,
+                undo: None,
+            });
         }
     }
     stmt.parse_message(out);
     *ctx.server_parses += 1;
     let undo = Some(Undo::ForgetOnServer(stmt.id));
     ctx.tracker.push(if stmt.sql {
-        Expect::SwallowQuery { failed: false, undo }
+        Expect::SwallowQuery {
+            failed: false,
+            undo,
+        }
     } else {
-        Expect::Swallow { kind: Kind::Parse, undo }
+        Expect::Swallow {
+            kind: Kind::Parse,
+            undo,
+        }
     });
 }
 

@@ -16,7 +16,9 @@ pub enum SqlCommand<'a> {
 
 /// Recognises `text` (a Query body without its NUL) as one of the commands.
 pub fn parse(text: &str) -> Option<SqlCommand<'_>> {
-    let t = text.trim().trim_end_matches(|c: char| c == ';' || c.is_whitespace());
+    let t = text
+        .trim()
+        .trim_end_matches(|c: char| c == ';' || c.is_whitespace());
     if t.contains(';') {
         return None;
     }
@@ -25,12 +27,16 @@ pub fn parse(text: &str) -> Option<SqlCommand<'_>> {
         "PREPARE" => {
             let (name, rest) = ident(rest)?;
             let rest = rest.trim_start();
-            let starts_ok = rest.starts_with('(') || rest.get(..2).is_some_and(|w| w.eq_ignore_ascii_case("AS"));
+            let starts_ok = rest.starts_with('(')
+                || rest.get(..2).is_some_and(|w| w.eq_ignore_ascii_case("AS"));
             starts_ok.then_some(SqlCommand::Prepare { name, rest })
         }
         "EXECUTE" => {
             let (name, rest) = ident(rest)?;
-            Some(SqlCommand::Execute { name, rest: rest.trim_start() })
+            Some(SqlCommand::Execute {
+                name,
+                rest: rest.trim_start(),
+            })
         }
         "DEALLOCATE" => {
             let rest = rest.trim_start();
@@ -39,7 +45,9 @@ pub fn parse(text: &str) -> Option<SqlCommand<'_>> {
                 _ => rest,
             };
             let (name, tail) = ident(rest)?;
-            if !tail.trim().is_empty() || name.eq_ignore_ascii_case("all") && !rest.trim_start().starts_with('"') {
+            if !tail.trim().is_empty()
+                || name.eq_ignore_ascii_case("all") && !rest.trim_start().starts_with('"')
+            {
                 return None;
             }
             Some(SqlCommand::Deallocate { name })
@@ -51,7 +59,9 @@ pub fn parse(text: &str) -> Option<SqlCommand<'_>> {
 /// The first word of `s` (letters only) and the rest.
 fn split_word(s: &str) -> Option<(&str, &str)> {
     let s = s.trim_start();
-    let end = s.find(|c: char| !c.is_ascii_alphabetic()).unwrap_or(s.len());
+    let end = s
+        .find(|c: char| !c.is_ascii_alphabetic())
+        .unwrap_or(s.len());
     (end > 0).then(|| (&s[..end], &s[end..]))
 }
 
@@ -98,19 +108,40 @@ mod tests {
     fn recognises_the_three_commands() {
         assert_eq!(
             parse("PREPARE Foo (int) AS SELECT $1;"),
-            Some(SqlCommand::Prepare { name: "foo".into(), rest: "(int) AS SELECT $1" })
+            Some(SqlCommand::Prepare {
+                name: "foo".into(),
+                rest: "(int) AS SELECT $1"
+            })
         );
         assert_eq!(
             parse("prepare \"Q\"\"x\" as select 1"),
-            Some(SqlCommand::Prepare { name: "Q\"x".into(), rest: "as select 1" })
+            Some(SqlCommand::Prepare {
+                name: "Q\"x".into(),
+                rest: "as select 1"
+            })
         );
         assert_eq!(
             parse("  execute foo(1, 'a')  "),
-            Some(SqlCommand::Execute { name: "foo".into(), rest: "(1, 'a')" })
+            Some(SqlCommand::Execute {
+                name: "foo".into(),
+                rest: "(1, 'a')"
+            })
         );
-        assert_eq!(parse("EXECUTE foo"), Some(SqlCommand::Execute { name: "foo".into(), rest: "" }));
-        assert_eq!(parse("DEALLOCATE foo"), Some(SqlCommand::Deallocate { name: "foo".into() }));
-        assert_eq!(parse("deallocate prepare foo;"), Some(SqlCommand::Deallocate { name: "foo".into() }));
+        assert_eq!(
+            parse("EXECUTE foo"),
+            Some(SqlCommand::Execute {
+                name: "foo".into(),
+                rest: ""
+            })
+        );
+        assert_eq!(
+            parse("DEALLOCATE foo"),
+            Some(SqlCommand::Deallocate { name: "foo".into() })
+        );
+        assert_eq!(
+            parse("deallocate prepare foo;"),
+            Some(SqlCommand::Deallocate { name: "foo".into() })
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod access;
 mod control;
 mod metrics;
 mod show;
+mod values;
 
 use std::process::Command;
 use std::time::Duration;

@@ -35,9 +35,21 @@ async fn other_users_are_refused_after_authenticating() {
     // A valid pooled user, but not a console user.
     psql_err(&s, MD5_USER, MD5_PASSWORD, "SHOW VERSION", "not allowed");
     // A console user with the wrong password fails authentication first.
-    psql_err(&s, ADMIN, "wrong", "SHOW VERSION", "password authentication failed");
+    psql_err(
+        &s,
+        ADMIN,
+        "wrong",
+        "SHOW VERSION",
+        "password authentication failed",
+    );
     // `pgbouncer` over TCP is an ordinary user name: not in the auth file.
-    psql_err(&s, "pgbouncer", "x", "SHOW VERSION", "password authentication failed");
+    psql_err(
+        &s,
+        "pgbouncer",
+        "x",
+        "SHOW VERSION",
+        "password authentication failed",
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

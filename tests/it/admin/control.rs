@@ -28,7 +28,10 @@ async fn pause_waits_for_servers_and_blocks_queries_until_resume() {
         admin
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!pause.is_finished(), "PAUSE returned with a transaction open");
+    assert!(
+        !pause.is_finished(),
+        "PAUSE returned with a transaction open"
+    );
     within(Duration::from_secs(10), "COMMIT", a.simple_query("COMMIT"))
         .await
         .expect("COMMIT");
@@ -40,7 +43,9 @@ async fn pause_waits_for_servers_and_blocks_queries_until_resume() {
     let pools = psql_ok(&s, "SHOW POOLS");
     assert_eq!(pools.cell("database", TEST_DB, "sv_idle"), Some("0".into()));
     let q = tokio::spawn(async move {
-        b.simple_query("SELECT 1").await.expect("query after RESUME");
+        b.simple_query("SELECT 1")
+            .await
+            .expect("query after RESUME");
         b
     });
     tokio::time::sleep(Duration::from_millis(700)).await;
@@ -56,7 +61,13 @@ async fn pause_waits_for_servers_and_blocks_queries_until_resume() {
         .await
         .expect("join");
     assert_eq!(state(&s, "paused"), Some("no".into()));
-    psql_err(&s, ADMIN, ADMIN_PW, "RESUME", "pooler is not paused/suspended");
+    psql_err(
+        &s,
+        ADMIN,
+        ADMIN_PW,
+        "RESUME",
+        "pooler is not paused/suspended",
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -65,8 +76,20 @@ async fn pause_and_resume_one_database() {
         .setting("pool_mode", "transaction")
         .database("other", "host=127.0.0.1 port=@PG_PORT@ dbname=sluice_test")
         .start();
-    psql_err(&s, ADMIN, ADMIN_PW, "PAUSE nosuch", "no such database: nosuch");
-    psql_err(&s, ADMIN, ADMIN_PW, "PAUSE pgbouncer", "cannot pause admin db: pgbouncer");
+    psql_err(
+        &s,
+        ADMIN,
+        ADMIN_PW,
+        "PAUSE nosuch",
+        "no such database: nosuch",
+    );
+    psql_err(
+        &s,
+        ADMIN,
+        ADMIN_PW,
+        "PAUSE pgbouncer",
+        "cannot pause admin db: pgbouncer",
+    );
     psql_ok(&s, "PAUSE sluice_test");
     let dbs = psql_ok(&s, "SHOW DATABASES");
     assert_eq!(dbs.cell("name", TEST_DB, "paused"), Some("1".into()));
@@ -78,7 +101,13 @@ async fn pause_and_resume_one_database() {
     let q = tokio::spawn(async move { c.simple_query("SELECT 1").await.map(|_| ()) });
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!q.is_finished());
-    psql_err(&s, ADMIN, ADMIN_PW, "RESUME other", "database other is not paused");
+    psql_err(
+        &s,
+        ADMIN,
+        ADMIN_PW,
+        "RESUME other",
+        "database other is not paused",
+    );
     psql_ok(&s, "RESUME sluice_test");
     within(Duration::from_secs(10), "resumed query", q)
         .await
@@ -121,12 +150,27 @@ async fn kill_client_drops_only_that_client() {
     .await;
     assert!(err.is_err(), "the killed client still works");
     select1(&bystander).await;
-    assert!(wait_until(Duration::from_secs(5), || psql_ok(&s, "SHOW CLIENTS")
-        .cell("application_name", "victim", "id")
-        .is_none()));
+    assert!(wait_until(Duration::from_secs(5), || psql_ok(
+        &s,
+        "SHOW CLIENTS"
+    )
+    .cell("application_name", "victim", "id")
+    .is_none()));
     assert!(s.log().contains("admin forced disconnect"), "{}", s.log());
-    psql_err(&s, ADMIN, ADMIN_PW, "KILL_CLIENT 999999", "client not found");
-    psql_err(&s, ADMIN, ADMIN_PW, "KILL_CLIENT abc", "invalid client pointer supplied");
+    psql_err(
+        &s,
+        ADMIN,
+        ADMIN_PW,
+        "KILL_CLIENT 999999",
+        "client not found",
+    );
+    psql_err(
+        &s,
+        ADMIN,
+        ADMIN_PW,
+        "KILL_CLIENT abc",
+        "invalid client pointer supplied",
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -141,7 +185,10 @@ async fn disable_refuses_new_logins_until_enable() {
     );
     let refused = support::try_connect(&s.config(MD5_USER, MD5_PASSWORD, TEST_DB)).await;
     let msg = refused.err().map(|e| format!("{e:?}")).unwrap_or_default();
-    assert!(msg.contains("database \\\"sluice_test\\\" is disabled") || msg.contains("is disabled"), "{msg}");
+    assert!(
+        msg.contains("database \\\"sluice_test\\\" is disabled") || msg.contains("is disabled"),
+        "{msg}"
+    );
     // Connected clients keep working.
     select1(&old).await;
     psql_ok(&s, "ENABLE sluice_test");
@@ -155,11 +202,19 @@ async fn kill_db_drops_clients_and_pauses_until_resume() {
     let c = pooled(&s, None).await;
     select1(&c).await;
     psql_ok(&s, "KILL sluice_test");
-    let r = within(Duration::from_secs(10), "killed query", c.simple_query("SELECT 1")).await;
+    let r = within(
+        Duration::from_secs(10),
+        "killed query",
+        c.simple_query("SELECT 1"),
+    )
+    .await;
     assert!(r.is_err(), "client survived KILL");
-    assert!(wait_until(Duration::from_secs(5), || psql_ok(&s, "SHOW SERVERS")
-        .rows
-        .is_empty()));
+    assert!(wait_until(Duration::from_secs(5), || psql_ok(
+        &s,
+        "SHOW SERVERS"
+    )
+    .rows
+    .is_empty()));
     // Still paused: a new client logs in but its query waits for RESUME.
     let d = pooled(&s, None).await;
     let q = tokio::spawn(async move { d.simple_query("SELECT 1").await.map(|_| ()) });
@@ -182,9 +237,17 @@ async fn reconnect_marks_servers_and_wait_close_waits_for_them() {
     let servers = psql_ok(&s, "SHOW SERVERS");
     assert_eq!(servers.cell("type", "S", "close_needed"), Some("1".into()));
     let admin = console(&s, ADMIN, ADMIN_PW).await;
-    let wait = tokio::spawn(async move { admin.simple_query("WAIT_CLOSE sluice_test").await.map(|_| ()) });
+    let wait = tokio::spawn(async move {
+        admin
+            .simple_query("WAIT_CLOSE sluice_test")
+            .await
+            .map(|_| ())
+    });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!wait.is_finished(), "WAIT_CLOSE returned with the old server in use");
+    assert!(
+        !wait.is_finished(),
+        "WAIT_CLOSE returned with the old server in use"
+    );
     drop(c);
     within(Duration::from_secs(10), "WAIT_CLOSE", wait)
         .await
@@ -208,7 +271,10 @@ async fn reload_picks_up_changes_and_reports_a_broken_file() {
     );
     s.rewrite_ini(&format!("{ini}\nlisten_port = abc\n"));
     let admin = console(&s, ADMIN, ADMIN_PW).await;
-    let err = admin.simple_query("RELOAD").await.expect_err("RELOAD must fail");
+    let err = admin
+        .simple_query("RELOAD")
+        .await
+        .expect_err("RELOAD must fail");
     let db = err.as_db_error().expect("a server error");
     assert_eq!(db.code().code(), "F0000");
     assert_eq!(db.message(), "RELOAD failed");
@@ -238,7 +304,13 @@ async fn set_changes_the_running_config() {
         psql_ok(&s, "SHOW CONFIG").cell("key", "query_timeout", "value"),
         Some("0.5".into())
     );
-    psql_err(&s, ADMIN, ADMIN_PW, "SET default_pool_size = lots", "SET failed");
+    psql_err(
+        &s,
+        ADMIN,
+        ADMIN_PW,
+        "SET default_pool_size = lots",
+        "SET failed",
+    );
     psql_err(&s, ADMIN, ADMIN_PW, "SET no_such_setting = 1", "SET failed");
     psql_err(&s, ADMIN, ADMIN_PW, "SET listen_port = 1", "SET failed");
     // A new pool uses the new size.
@@ -253,7 +325,10 @@ async fn shutdown_exits_at_once() {
     let mut s = builder().start();
     let o = psql(&s, "SHUTDOWN");
     assert!(o.ok, "{}", o.stderr);
-    assert!(s.wait_exit(Duration::from_secs(5)).is_some(), "still running");
+    assert!(
+        s.wait_exit(Duration::from_secs(5)).is_some(),
+        "still running"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -265,7 +340,10 @@ async fn shutdown_wait_for_clients_waits_for_the_last_client() {
     std::thread::sleep(Duration::from_millis(500));
     assert!(s.is_running(), "exited with a client connected");
     drop(c);
-    assert!(s.wait_exit(Duration::from_secs(10)).is_some(), "did not exit");
+    assert!(
+        s.wait_exit(Duration::from_secs(10)).is_some(),
+        "did not exit"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -278,6 +356,9 @@ async fn shutdown_wait_for_servers_waits_for_the_transaction() {
     assert!(s.is_running(), "exited with a server lent");
     let started = Instant::now();
     c.simple_query("COMMIT").await.expect("COMMIT");
-    assert!(s.wait_exit(Duration::from_secs(10)).is_some(), "did not exit");
+    assert!(
+        s.wait_exit(Duration::from_secs(10)).is_some(),
+        "did not exit"
+    );
     assert!(started.elapsed() < Duration::from_secs(10));
 }

@@ -52,7 +52,10 @@ async fn metrics_endpoint_exports_counters_after_load() {
     }
     let (status, text) = get(mport, "/metrics").expect("scrape");
     assert_eq!(status, "HTTP/1.1 200 OK", "{text}");
-    assert!(text.contains("Content-Type: text/plain; version=0.0.4"), "{text}");
+    assert!(
+        text.contains("Content-Type: text/plain; version=0.0.4"),
+        "{text}"
+    );
     let db = format!("{{database=\"{TEST_DB}\"}}");
     assert_eq!(sample(&text, "pgbouncer_up "), Some(1.0));
     assert!(text.contains("pgbouncer_version_info{version=\"PgBouncer 1.25.2 (Sluice "));
@@ -70,11 +73,17 @@ async fn metrics_endpoint_exports_counters_after_load() {
     assert!(sample(&text, &format!("pgbouncer_stats_queries_pooled_total{db}")).unwrap() >= 25.0);
     let pool = format!("{{database=\"{TEST_DB}\",user=\"sluice_md5\"}}");
     assert_eq!(
-        sample(&text, &format!("pgbouncer_pools_client_active_connections{pool}")),
+        sample(
+            &text,
+            &format!("pgbouncer_pools_client_active_connections{pool}")
+        ),
         Some(1.0)
     );
     assert_eq!(
-        sample(&text, &format!("pgbouncer_pools_server_idle_connections{pool}")),
+        sample(
+            &text,
+            &format!("pgbouncer_pools_server_idle_connections{pool}")
+        ),
         Some(1.0)
     );
     for name in [
@@ -88,12 +97,28 @@ async fn metrics_endpoint_exports_counters_after_load() {
         assert!(sample(&text, &format!("{name}{pool}")).is_some(), "{name}");
     }
     assert!(text.contains("# TYPE pgbouncer_stats_queries_pooled_total counter"));
-    assert!(sample(&text, "pgbouncer_databases_current_connections{name=\"sluice_test\"")
-        .is_some_and(|v| v >= 1.0));
-    assert_eq!(sample(&text, "pgbouncer_databases_pool_size{name=\"sluice_test\""), Some(20.0));
-    assert!(sample(&text, "pgbouncer_databases_max_connections{name=\"sluice_test\"").is_some());
-    assert_eq!(sample(&text, "pgbouncer_config_max_client_connections "), Some(100.0));
-    assert_eq!(sample(&text, "pgbouncer_config_max_user_connections "), Some(0.0));
+    assert!(sample(
+        &text,
+        "pgbouncer_databases_current_connections{name=\"sluice_test\""
+    )
+    .is_some_and(|v| v >= 1.0));
+    assert_eq!(
+        sample(&text, "pgbouncer_databases_pool_size{name=\"sluice_test\""),
+        Some(20.0)
+    );
+    assert!(sample(
+        &text,
+        "pgbouncer_databases_max_connections{name=\"sluice_test\""
+    )
+    .is_some());
+    assert_eq!(
+        sample(&text, "pgbouncer_config_max_client_connections "),
+        Some(100.0)
+    );
+    assert_eq!(
+        sample(&text, "pgbouncer_config_max_user_connections "),
+        Some(0.0)
+    );
     // Latency histograms: cumulative buckets, in seconds.
     let inf = sample(
         &text,
@@ -103,7 +128,9 @@ async fn metrics_endpoint_exports_counters_after_load() {
     assert!(text.contains("# TYPE sluice_transaction_duration_seconds histogram"));
     assert!(sample(
         &text,
-        &format!("sluice_wait_duration_seconds_count{{database=\"{TEST_DB}\",user=\"sluice_md5\"}}")
+        &format!(
+            "sluice_wait_duration_seconds_count{{database=\"{TEST_DB}\",user=\"sluice_md5\"}}"
+        )
     )
     .is_some_and(|v| v >= 25.0));
 
@@ -113,7 +140,10 @@ async fn metrics_endpoint_exports_counters_after_load() {
     assert!(post.0.contains("405"), "{post:?}");
     let huge = format!("GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(20_000));
     let r = http(mport, &huge);
-    assert!(r.as_ref().is_none_or(|(status, _)| !status.contains("200")), "{r:?}");
+    assert!(
+        r.as_ref().is_none_or(|(status, _)| !status.contains("200")),
+        "{r:?}"
+    );
     // Still serving after that.
     assert!(get(mport, "/metrics").unwrap().0.contains("200"));
 }
@@ -180,9 +210,24 @@ async fn debian_exporter_scrapes_the_console() {
     let _ = child.wait();
     assert!(status.contains("200"), "{status}\n{text}");
     // The exporter's own console connection plus the two pooled clients.
-    assert!(sample(&text, "pgbouncer_used_clients ").is_some_and(|v| v >= 3.0), "{text}");
-    assert!(sample(&text, "pgbouncer_databases ").is_some_and(|v| v >= 2.0), "{text}");
-    assert!(sample(&text, "pgbouncer_pools ").is_some_and(|v| v >= 2.0), "{text}");
-    assert!(sample(&text, "pgbouncer_used_servers ").is_some_and(|v| v >= 1.0), "{text}");
-    assert!(sample(&text, "pgbouncer_users ").is_some_and(|v| v >= 1.0), "{text}");
+    assert!(
+        sample(&text, "pgbouncer_used_clients ").is_some_and(|v| v >= 3.0),
+        "{text}"
+    );
+    assert!(
+        sample(&text, "pgbouncer_databases ").is_some_and(|v| v >= 2.0),
+        "{text}"
+    );
+    assert!(
+        sample(&text, "pgbouncer_pools ").is_some_and(|v| v >= 2.0),
+        "{text}"
+    );
+    assert!(
+        sample(&text, "pgbouncer_used_servers ").is_some_and(|v| v >= 1.0),
+        "{text}"
+    );
+    assert!(
+        sample(&text, "pgbouncer_users ").is_some_and(|v| v >= 1.0),
+        "{text}"
+    );
 }

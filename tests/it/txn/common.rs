@@ -92,21 +92,6 @@ pub async fn backends(obs: &Observer, db: &str) -> i64 {
         .get(0)
 }
 
-/// Pids of the client backends connected to `db`.
-pub async fn backend_pids(obs: &Observer, db: &str) -> Vec<i32> {
-    obs.client
-        .query(
-            "SELECT pid FROM pg_stat_activity \
-             WHERE backend_type = 'client backend' AND datname = $1 ORDER BY pid",
-            &[&db],
-        )
-        .await
-        .expect("list backends")
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
-}
-
 /// Polls until `cond(backends(db))` holds; returns the count, or panics after `limit`.
 pub async fn wait_backends(
     obs: &Observer,
@@ -152,17 +137,19 @@ pub fn established_to(pid: u32, port: u16) -> i64 {
         }
     }
     let needle = format!(":{port:04X}");
-    let mut n = 0;
+    // /proc/net/tcp is not read atomically: under churn a socket may be listed
+    // twice, so count distinct inodes.
+    let mut seen = std::collections::HashSet::new();
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
         let text = std::fs::read_to_string(table).unwrap_or_default();
         for line in text.lines().skip(1) {
             let f: Vec<&str> = line.split_whitespace().collect();
             if f.len() > 9 && f[2].ends_with(&needle) && f[3] == "01" && inodes.contains(f[9]) {
-                n += 1;
+                seen.insert(f[9].to_owned());
             }
         }
     }
-    n
+    seen.len() as i64
 }
 
 /// Samples a count in the background, keeping the maximum.
@@ -213,11 +200,6 @@ impl Sampler {
             stop,
             task,
         }
-    }
-
-    /// The highest count seen so far.
-    pub fn max(&self) -> i64 {
-        self.max.load(Ordering::Relaxed)
     }
 
     /// Stops sampling; returns (max, number of samples).

@@ -40,12 +40,20 @@ async fn max_db_connections_across_two_users() {
         .setting("query_wait_timeout", "30")
         .start();
     let sampler = Sampler::start(&db, Duration::from_millis(15)).await;
+    let sockets = Sampler::sockets(&s, Duration::from_millis(5)).await;
     tokio::join!(
         load(&s, &db, MD5_USER, MD5_PASSWORD, 3, 6),
         load(&s, &db, PLAIN_USER, PLAIN_PASSWORD, 3, 6),
     );
     let (max, _) = sampler.finish().await;
-    assert!((1..=2).contains(&max), "{max} server connections");
+    let (held, _) = sockets.finish().await;
+    assert!(
+        (1..=2).contains(&held),
+        "Sluice held {held} server connections"
+    );
+    // An evicted server's backend leaves pg_stat_activity a moment after Sluice
+    // closed it, while its replacement may already be there.
+    assert!(max <= 3, "{max} backends");
 }
 
 /// Two pools under one shared limit of 2 take turns: the second pool's clients get
@@ -148,13 +156,11 @@ async fn max_db_connections_waiter_gets_idle_server_of_other_pool() {
     let mut a = raw(&s, &db, &[]).await;
     let r = a.simple("BEGIN; SELECT 1", STEP).await;
     assert_eq!(status(&r), b'T');
-    let b = within(
-        STEP,
-        "connect b",
-        support::connect(&s.config(PLAIN_USER, PLAIN_PASSWORD, &db)),
-    )
-    .await;
+    // B is the first client of its pool: even its login needs a server (for the
+    // welcome parameters), so it waits from the start.
+    let cfg = s.config(PLAIN_USER, PLAIN_PASSWORD, &db);
     let waiting = tokio::spawn(async move {
+        let b = support::try_connect(&cfg).await.map_err(|e| err_text(&e))?;
         let r = b.simple_query("SELECT 1").await;
         r.map(|_| ()).map_err(|e| err_text(&e))
     });
@@ -184,12 +190,20 @@ async fn max_user_connections_across_two_databases() {
         .setting("query_wait_timeout", "30")
         .start();
     let sampler = Sampler::start(&db, Duration::from_millis(15)).await;
+    let sockets = Sampler::sockets(&s, Duration::from_millis(5)).await;
     tokio::join!(
         load(&s, "alias_one", MD5_USER, MD5_PASSWORD, 3, 6),
         load(&s, "alias_two", MD5_USER, MD5_PASSWORD, 3, 6),
     );
     let (max, _) = sampler.finish().await;
-    assert!((1..=2).contains(&max), "{max} server connections");
+    let (held, _) = sockets.finish().await;
+    assert!(
+        (1..=2).contains(&held),
+        "Sluice held {held} server connections"
+    );
+    // An evicted server's backend leaves pg_stat_activity a moment after Sluice
+    // closed it, while its replacement may already be there.
+    assert!(max <= 3, "{max} backends");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

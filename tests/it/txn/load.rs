@@ -39,6 +39,11 @@ static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// Runs pgbench with `args` (plus `-c 600 -j 4 -T 3`) through a fresh Sluice with
 /// a pool of 4, sampling the server connections all along.
 async fn bench(args: &[&str]) {
+    bench_with(CLIENTS, "4", args).await
+}
+
+/// [`bench`] with `-c clients -j threads`.
+async fn bench_with(clients: &str, threads: &str, args: &[&str]) {
     let _turn = within(Duration::from_secs(300), "pgbench turn", TURN.lock()).await;
     let db = tokio::task::spawn_blocking(bench_db).await.unwrap();
     let s = txn_sluice(db)
@@ -47,9 +52,8 @@ async fn bench(args: &[&str]) {
         .setting("query_wait_timeout", "60")
         .start();
     let backends_sampler = Sampler::start(db, Duration::from_millis(25)).await;
-    let sockets_sampler = Sampler::sockets(&s, Duration::from_millis(10)).await;
     let port = s.port();
-    let mut all: Vec<String> = ["-n", "-c", CLIENTS, "-j", "4", "-T", "3"]
+    let mut all: Vec<String> = ["-n", "-c", clients, "-j", threads, "-T", "3"]
         .iter()
         .map(|a| a.to_string())
         .collect();
@@ -69,7 +73,6 @@ async fn bench(args: &[&str]) {
     .await
     .unwrap();
     let (max_backends, samples) = backends_sampler.finish().await;
-    let (max_sockets, _) = sockets_sampler.finish().await;
     let report = format!("{args:?}\n{}\n{}", run.stdout, run.stderr);
     assert!(
         run.success(),
@@ -78,7 +81,7 @@ async fn bench(args: &[&str]) {
     );
     assert!(
         run.stdout
-            .contains(&format!("number of clients: {CLIENTS}")),
+            .contains(&format!("number of clients: {clients}")),
         "{report}"
     );
     if let Some(line) = run
@@ -103,17 +106,11 @@ async fn bench(args: &[&str]) {
     assert!(run.tps.is_some_and(|t| t > 0.0), "{report}");
     assert!(samples >= 10, "only {samples} samples");
     assert!(
-        max_sockets <= POOL,
-        "Sluice held {max_sockets} server connections"
-    );
-    assert!(max_sockets >= 1, "no server connection seen");
-    // And PostgreSQL's own view agrees.
-    assert!(
-        max_backends <= POOL,
+        (1..=POOL).contains(&max_backends),
         "{max_backends} backends for a pool of {POOL}"
     );
     eprintln!(
-        "pgbench {args:?}: {processed} transactions, tps {:?}",
+        "pgbench {args:?}: {processed} transactions, tps {:?}, at most {max_backends} backends",
         run.tps
     );
 }
@@ -138,7 +135,11 @@ async fn pgbench_tpcb_extended() {
     bench(&["-M", "extended"]).await;
 }
 
+/// `-M prepared` with a thread per client: pgbench prepares a client's statements
+/// with the blocking PQprepare, so a thread serving several clients deadlocks
+/// under any transaction pooler once one of its clients holds a server in a
+/// transaction and another waits in PQprepare for one (PgBouncer too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pgbench_tpcb_prepared() {
-    bench(&["-M", "prepared"]).await;
+    bench_with("64", "64", &["-M", "prepared"]).await;
 }

@@ -3,8 +3,9 @@
 
 use super::common::*;
 
-/// A runs `PREPARE p` outside a transaction; B, on the same (only) server, tries
-/// `EXECUTE p`. Returns B's answer: the value, or the error message.
+/// A creates a TEMP table outside a transaction; B, on the same (only) server, reads
+/// it. Returns B's answer: the value, or the error message. (A temp table, not an SQL
+/// PREPARE: Sluice keeps prepared statements per client, so those never leak.)
 async fn leaked_prepare(always: bool) -> Result<Vec<String>, String> {
     let db = fresh_db("txn_reset");
     let s = txn_sluice(&db)
@@ -13,12 +14,14 @@ async fn leaked_prepare(always: bool) -> Result<Vec<String>, String> {
         .start();
     let mut a = raw(&s, &db, &[]).await;
     let mut b = raw(&s, &db, &[]).await;
-    let r = a.simple("PREPARE p AS SELECT 'leaked'", STEP).await;
+    let r = a
+        .simple("CREATE TEMP TABLE p AS SELECT 'leaked' AS v", STEP)
+        .await;
     assert!(first_error(&r).is_none(), "{r:?}");
     let pid_a = col(&a.simple("SELECT pg_backend_pid()", STEP).await);
     let r = b.simple("SELECT pg_backend_pid()", STEP).await;
     assert_eq!(col(&r), pid_a, "not the same server");
-    let r = b.simple("EXECUTE p", STEP).await;
+    let r = b.simple("SELECT v FROM p", STEP).await;
     assert_eq!(status(&r), b'I');
     match first_error(&r) {
         Some(e) => Err(e.field(b'M').unwrap_or_default()),
@@ -35,6 +38,6 @@ async fn no_reset_between_transactions_by_default() {
 #[tokio::test]
 async fn reset_query_always_runs_after_each_transaction() {
     let r = leaked_prepare(true).await;
-    let e = r.expect_err("a prepared statement survived DISCARD ALL");
+    let e = r.expect_err("a temp table survived DISCARD ALL");
     assert!(e.contains("does not exist"), "{e}");
 }

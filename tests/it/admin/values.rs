@@ -1,0 +1,275 @@
+//! SHOW values that must follow the pooler's state: clients, servers and pools as
+//! clients come, wait and go; statistics growing with queries and averages over
+//! `stats_period`; config, databases, users and lists; the canned driver parameters.
+
+use std::time::Duration;
+
+use super::{builder, pooled, psql_ok, select1, ADMIN, STATS};
+use crate::support::probe::within;
+use crate::support::{wait_until, MD5_USER, TEST_DB};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_clients_and_servers_follow_the_clients() {
+    // Session mode, one server: the first client keeps it; the second waits.
+    let s = builder().setting("default_pool_size", "1").start();
+    let a = pooled(&s, Some("admin_test_a")).await;
+    select1(&a).await;
+    let pid: i32 = a
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("pid")
+        .get(0);
+
+    let pools = psql_ok(&s, "SHOW POOLS");
+    assert_eq!(
+        pools.cell("database", TEST_DB, "user"),
+        Some(MD5_USER.into())
+    );
+    assert_eq!(
+        pools.cell("database", TEST_DB, "cl_active"),
+        Some("1".into())
+    );
+    assert_eq!(
+        pools.cell("database", TEST_DB, "sv_active"),
+        Some("1".into())
+    );
+    assert_eq!(
+        pools.cell("database", TEST_DB, "pool_mode"),
+        Some("session".into())
+    );
+    // The console's own pool is listed, as PgBouncer lists it.
+    assert_eq!(
+        pools.cell("database", "pgbouncer", "cl_active"),
+        Some("1".into())
+    );
+
+    let clients = psql_ok(&s, "SHOW CLIENTS");
+    let a_id = clients
+        .cell("application_name", "admin_test_a", "id")
+        .expect("client a listed");
+    assert_eq!(
+        clients.cell("application_name", "admin_test_a", "state"),
+        Some("active".into())
+    );
+    assert_eq!(
+        clients.cell("application_name", "admin_test_a", "user"),
+        Some(MD5_USER.into())
+    );
+    let a_ptr = clients.cell("id", &a_id, "ptr").expect("ptr");
+    let servers = psql_ok(&s, "SHOW SERVERS");
+    assert_eq!(servers.rows.len(), 1, "{servers:?}");
+    assert_eq!(servers.cell("type", "S", "state"), Some("active".into()));
+    assert_eq!(servers.cell("type", "S", "link"), Some(a_ptr));
+    assert_eq!(
+        servers.cell("type", "S", "remote_pid"),
+        Some(pid.to_string())
+    );
+    assert_eq!(servers.cell("type", "S", "database"), Some(TEST_DB.into()));
+
+    // A second client waits for the only server.
+    let b = pooled(&s, Some("admin_test_b")).await;
+    let waiting = tokio::spawn(async move {
+        b.simple_query("SELECT 2").await.expect("b's query");
+        b
+    });
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            psql_ok(&s, "SHOW POOLS").cell("database", TEST_DB, "cl_waiting") == Some("1".into())
+        }),
+        "cl_waiting never became 1"
+    );
+    let clients = psql_ok(&s, "SHOW CLIENTS");
+    assert_eq!(
+        clients.cell("application_name", "admin_test_b", "state"),
+        Some("waiting".into())
+    );
+    drop(a);
+    let b = within(Duration::from_secs(20), "b gets the server", waiting)
+        .await
+        .expect("join");
+    drop(b);
+    // Both gone: the server is idle in the pool.
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let p = psql_ok(&s, "SHOW POOLS");
+            p.cell("database", TEST_DB, "sv_idle") == Some("1".into())
+                && p.cell("database", TEST_DB, "cl_active") == Some("0".into())
+        }),
+        "{:?}",
+        psql_ok(&s, "SHOW POOLS")
+    );
+    let servers = psql_ok(&s, "SHOW SERVERS");
+    assert_eq!(servers.cell("type", "S", "state"), Some("idle".into()));
+    let sockets = psql_ok(&s, "SHOW SOCKETS");
+    assert!(sockets.column("state").contains(&"sv_idle".to_string()));
+}
+
+fn total(s: &crate::support::Sluice, col: &str) -> u64 {
+    psql_ok(s, "SHOW STATS_TOTALS")
+        .cell("database", TEST_DB, col)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_grow_with_queries_and_averages_follow() {
+    let s = builder()
+        .setting("pool_mode", "transaction")
+        .setting("stats_period", "1")
+        .start();
+    let c = pooled(&s, None).await;
+    select1(&c).await;
+    let before = total(&s, "query_count");
+    for _ in 0..20 {
+        select1(&c).await;
+    }
+    let after = total(&s, "query_count");
+    assert!(after >= before + 20, "query_count {before} -> {after}");
+    assert!(total(&s, "xact_count") >= 21);
+    assert!(total(&s, "bytes_received") > 0 && total(&s, "bytes_sent") > 0);
+    assert!(total(&s, "server_assignment_count") >= 21);
+    assert!(total(&s, "client_login_count") >= 1);
+
+    let stats = psql_ok(&s, "SHOW STATS");
+    let q: u64 = stats
+        .cell("database", TEST_DB, "total_query_count")
+        .and_then(|v| v.parse().ok())
+        .expect("total_query_count");
+    assert!(q >= after);
+    assert!(stats.column("database").contains(&"pgbouncer".to_string()));
+
+    // With a one-second period, averages show the load of the last period.
+    let load = tokio::spawn(async move {
+        for _ in 0..400 {
+            select1(&c).await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            psql_ok(&s, "SHOW STATS_AVERAGES")
+                .cell("database", TEST_DB, "query_count")
+                .and_then(|v| v.parse::<u64>().ok())
+                .is_some_and(|v| v > 0)
+        }),
+        "avg query_count stayed 0"
+    );
+    let totals = psql_ok(&s, "SHOW TOTALS");
+    let value = |n: &str| {
+        totals
+            .cell("name", n, "value")
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    assert!(value("total_query_count").is_some_and(|v| v >= after));
+    assert!(value("avg_query_count").is_some());
+    load.abort();
+    // The periodic stats line, in PgBouncer's words.
+    assert!(
+        wait_until(Duration::from_secs(5), || s
+            .log()
+            .lines()
+            .any(|l| l.contains(" stats: ")
+                && l.contains(" xacts/s, ")
+                && l.contains(" wait "))),
+        "no stats line\n{}",
+        s.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_databases_users_lists_and_fake_params() {
+    let s = builder()
+        .user(MD5_USER, "pool_size=3")
+        .database(
+            "other",
+            "host=127.0.0.1 port=@PG_PORT@ dbname=sluice_test pool_mode=transaction",
+        )
+        .start();
+    let c = pooled(&s, None).await;
+    select1(&c).await;
+
+    let cfg = psql_ok(&s, "SHOW CONFIG");
+    assert_eq!(
+        cfg.cell("key", "listen_port", "value"),
+        Some(s.port().to_string())
+    );
+    assert_eq!(
+        cfg.cell("key", "listen_port", "default"),
+        Some("6432".into())
+    );
+    assert_eq!(
+        cfg.cell("key", "listen_port", "changeable"),
+        Some("no".into())
+    );
+    assert_eq!(
+        cfg.cell("key", "default_pool_size", "changeable"),
+        Some("yes".into())
+    );
+    assert_eq!(cfg.cell("key", "stats_users", "value"), Some(STATS.into()));
+
+    let dbs = psql_ok(&s, "SHOW DATABASES");
+    assert_eq!(
+        dbs.cell("name", "other", "pool_mode"),
+        Some("transaction".into())
+    );
+    assert_eq!(dbs.cell("name", "other", "database"), Some(TEST_DB.into()));
+    assert_eq!(dbs.cell("name", TEST_DB, "pool_size"), Some("20".into()));
+    assert_eq!(
+        dbs.cell("name", TEST_DB, "current_connections"),
+        Some("1".into())
+    );
+    assert_eq!(
+        dbs.cell("name", TEST_DB, "current_client_connections"),
+        Some("1".into())
+    );
+    assert_eq!(
+        dbs.cell("name", "pgbouncer", "force_user"),
+        Some("pgbouncer".into())
+    );
+    assert_eq!(
+        dbs.cell("name", "pgbouncer", "pool_mode"),
+        Some("statement".into())
+    );
+
+    let users = psql_ok(&s, "SHOW USERS");
+    assert_eq!(users.cell("name", MD5_USER, "pool_size"), Some("3".into()));
+    assert_eq!(
+        users.cell("name", MD5_USER, "current_connections"),
+        Some("1".into())
+    );
+    assert_eq!(users.cell("name", ADMIN, "pool_size"), Some(String::new()));
+    assert!(users.column("name").contains(&"pgbouncer".to_string()));
+
+    let lists = psql_ok(&s, "SHOW LISTS");
+    let items = |l: &str| {
+        lists
+            .cell("list", l, "items")
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    assert_eq!(items("databases"), Some(3));
+    assert_eq!(items("pools"), Some(2));
+    assert!(items("used_clients").is_some_and(|n| n >= 2));
+    assert_eq!(items("used_servers"), Some(1));
+    assert_eq!(lists.column("list").len(), 14);
+
+    let state = psql_ok(&s, "SHOW STATE");
+    assert_eq!(state.cell("key", "active", "value"), Some("yes".into()));
+    assert_eq!(state.cell("key", "paused", "value"), Some("no".into()));
+    let version = psql_ok(&s, "SHOW VERSION");
+    assert!(
+        version.rows[0][0].starts_with("PgBouncer 1.25.2 (Sluice "),
+        "{version:?}"
+    );
+    // SELECT is an alias of SHOW, as in PgBouncer.
+    assert_eq!(psql_ok(&s, "SELECT VERSION").rows, version.rows);
+
+    // Parameters drivers ask for get canned answers; SET on them is ignored.
+    let enc = psql_ok(&s, "SHOW client_encoding");
+    assert_eq!(enc.header, vec!["client_encoding"]);
+    assert_eq!(enc.rows, vec![vec!["UTF-8".to_string()]]);
+    let set = psql_ok(&s, "SET datestyle = 'ISO'");
+    assert!(set.stderr.contains("SET ignored"), "{}", set.stderr);
+    assert!(psql_ok(&s, "SHOW MEM").rows.len() >= 5);
+    assert!(psql_ok(&s, "SHOW DNS_HOSTS").rows.is_empty());
+    assert!(psql_ok(&s, "SHOW PEERS").rows.is_empty());
+}
