@@ -278,10 +278,9 @@ fn pop_idle(
         } else {
             st.idle.pop()?
         };
-        if conn.generation == st.generation
-            && !conn.expired(cfg, now)
-            && !conn.stream.is_dead_or_chatty()
-        {
+        // No liveness probe here (a syscall per transaction): the janitor probes
+        // idle connections twice a second, and server_check_delay covers the rest.
+        if conn.generation == st.generation && !conn.expired(cfg, now) {
             return Some(conn);
         }
         doomed.push(conn);

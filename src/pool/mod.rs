@@ -277,16 +277,17 @@ impl Pool {
         }
     }
 
-    /// Closes idle connections past their lifetime or idle timeout.
+    /// Closes idle connections past their lifetime or idle timeout, and those the
+    /// server closed (or that sent bytes nobody asked for) while idle.
     pub fn close_expired_idle(&self) {
         let cfg = self.config();
         let now = Instant::now();
         let doomed: Vec<ServerConn> = {
             let mut st = self.lock_state();
             let generation = st.generation;
-            let (keep, doomed) = std::mem::take(&mut st.idle)
-                .into_iter()
-                .partition(|c| c.generation == generation && !c.expired(&cfg, now));
+            let (keep, doomed) = std::mem::take(&mut st.idle).into_iter().partition(|c| {
+                c.generation == generation && !c.expired(&cfg, now) && !c.stream.is_dead_or_chatty()
+            });
             st.idle = keep;
             doomed
         };

@@ -64,19 +64,17 @@ pub async fn serve_client(app: Arc<App>, stream: Stream) {
     let peer = stream.peer_addr();
     if !app.try_add_client(cfg.settings.max_client_conn) {
         tracing::warn!("C-{id}: (nodb)/(nouser)@{peer} closing because: no more connections allowed (max_client_conn)");
-        send_fatal(
-            &stream,
-            TOO_MANY_CONNECTIONS,
-            "no more connections allowed (max_client_conn)",
-        )
-        .await;
+        let msg = "no more connections allowed (max_client_conn)";
+        Box::pin(send_fatal(&stream, TOO_MANY_CONNECTIONS, msg)).await;
         return;
     }
     let _slot = ClientSlot(&app);
     let started = Instant::now();
     let mut buf = BytesMut::new();
 
-    let login = async {
+    // Boxed: the login state is big and short-lived; an idle client keeps only the
+    // session's (small) state inline in its task.
+    let login = Box::pin(async {
         match login::read_startup(&app, &stream, &mut buf).await? {
             Startup::Cancel => Ok(None),
             Startup::Login { minor, params } => {
@@ -101,12 +99,12 @@ pub async fn serve_client(app: Arc<App>, stream: Stream) {
                     .map(|w| Some(Who::Pooled(w)))
             }
         }
-    };
+    });
     let limit = cfg.settings.client_login_timeout;
     let result = if limit.is_zero() {
         login.await
     } else {
-        match tokio::time::timeout(limit, login).await {
+        match Box::pin(tokio::time::timeout(limit, login)).await {
             Ok(r) => r,
             Err(_) => Err(ClientError::fatal(
                 PROTOCOL_VIOLATION,
@@ -117,15 +115,36 @@ pub async fn serve_client(app: Arc<App>, stream: Stream) {
     let who = match result {
         Ok(Some(Who::Pooled(who))) => who,
         Ok(Some(Who::Console(a))) => {
-            crate::admin::serve(&app, &stream, buf, a, id, peer).await;
+            Box::pin(crate::admin::serve(&app, &stream, buf, a, id, peer)).await;
             return;
         }
         Ok(None) => return,
         Err(e) => {
-            report_login_failure(id, &peer, &stream, e).await;
+            Box::pin(report_login_failure(id, &peer, &stream, e)).await;
             return;
         }
     };
+    // The login buffer is only worth keeping if the client sent more than its login.
+    let buf = if buf.is_empty() { BytesMut::new() } else { buf };
+    // Boxed: the session's state is allocated once, apart from the (small) task.
+    Box::pin(pooled_session(
+        &app, &stream, who, buf, id, &peer, started, &cfg,
+    ))
+    .await;
+}
+
+/// A logged-in client of a pool, from the client limits to the disconnect log line.
+#[allow(clippy::too_many_arguments)]
+async fn pooled_session(
+    app: &App,
+    stream: &Stream,
+    who: LoggedIn,
+    buf: BytesMut,
+    id: u64,
+    peer: &PeerAddr,
+    started: Instant,
+    cfg: &crate::config::Config,
+) {
     let tag = format!("C-{id}: {}/{}@{peer}", who.database, who.user);
     let s = &cfg.settings;
     let db_max = cfg
@@ -144,7 +163,7 @@ pub async fn serve_client(app: Arc<App>, stream: Stream) {
         Err(setting) => {
             let message = format!("no more connections allowed ({setting})");
             tracing::warn!("{tag} closing because: {message}");
-            send_fatal(&stream, TOO_MANY_CONNECTIONS, &message).await;
+            Box::pin(send_fatal(stream, TOO_MANY_CONNECTIONS, &message)).await;
             return;
         }
     };
@@ -160,10 +179,10 @@ pub async fn serve_client(app: Arc<App>, stream: Stream) {
         admin: false,
     });
     let reason = tokio::select! {
-        r = run_session(&app, &stream, who, buf, &tag, &info) => r,
+        r = run_session(app, stream, who, buf, &tag, &info) => r,
         // KILL / KILL_CLIENT: the session (and any server it holds) is dropped.
         why = info.killed() => {
-            send_fatal(&stream, PROTOCOL_VIOLATION, why).await;
+            Box::pin(send_fatal(stream, PROTOCOL_VIOLATION, why)).await;
             why.to_owned()
         }
     };
@@ -229,7 +248,7 @@ async fn run_session(
     // a server login to learn them.
     let welcome = match pool.welcome().or_else(|| app.pools.sibling_welcome(&pool)) {
         Some(w) => w,
-        None => match pool.acquire().await {
+        None => match Box::pin(pool.acquire()).await {
             Ok(server) => {
                 pool.release(server, true);
                 match pool.welcome() {
@@ -237,7 +256,7 @@ async fn run_session(
                     None => Arc::new(Vec::new()),
                 }
             }
-            Err(e) => return fail_client(stream, tag, &e).await,
+            Err(e) => return Box::pin(fail_client(stream, tag, &e)).await,
         },
     };
     params.fill_unset(&welcome);
@@ -247,7 +266,7 @@ async fn run_session(
     }
     backend::backend_key_data(&mut out, cancel_key.pid, cancel_key.key);
     backend::ready_for_query(&mut out, b'I');
-    if let Err(e) = stream.write_all(&out).await {
+    if let Err(e) = Box::pin(stream.write_all(&out)).await {
         return format!("client I/O error: {e}");
     }
     drop(out);
@@ -258,7 +277,8 @@ async fn run_session(
         PoolMode::Transaction => ReleaseAt::TransactionEnd,
         PoolMode::Statement => ReleaseAt::StatementEnd,
     };
-    let mut relay = Relay::new(cfg.settings.max_packet_size);
+    // Boxed so that the task of an idle client stays small.
+    let mut relay = Box::new(Relay::new(cfg.settings.max_packet_size));
     relay.set_timeouts(timeouts(&cfg, &user));
     let max_prepared = cfg.settings.max_prepared_statements as usize;
     if mode != PoolMode::Session && max_prepared > 0 {
@@ -267,7 +287,7 @@ async fn run_session(
     relay.stats.logins += 1;
     if !leftover.is_empty() {
         if let Err(e) = relay.preload(&leftover) {
-            return protocol_failure(stream, &mut relay, tag, &e.to_string()).await;
+            return Box::pin(protocol_failure(stream, &mut relay, tag, &e.to_string())).await;
         }
     }
     let reset_always = pool.config().server_reset_query_always;
@@ -280,10 +300,18 @@ async fn run_session(
                     Ok(true) => {}
                     Ok(false) => break "client close request".to_owned(),
                     Err(Outcome::ClientProtocol(e)) => {
-                        return protocol_failure(stream, &mut relay, tag, &e.to_string()).await
+                        return Box::pin(protocol_failure(stream, &mut relay, tag, &e.to_string()))
+                            .await
                     }
                     Err(Outcome::Timeout(why)) => {
-                        return fail_with(stream, &mut relay, tag, PROTOCOL_VIOLATION, why).await
+                        return Box::pin(fail_with(
+                            stream,
+                            &mut relay,
+                            tag,
+                            PROTOCOL_VIOLATION,
+                            why,
+                        ))
+                        .await
                     }
                     Err(_) => break "client unexpected eof".to_owned(),
                 }
@@ -299,8 +327,7 @@ async fn run_session(
             let acquired = {
                 // Watch the client while it waits: one that leaves gives up its place
                 // at once and its buffered query never runs.
-                let acquire = acquire_linked(&pool, &mut params);
-                tokio::pin!(acquire);
+                let mut acquire = Box::pin(acquire_linked(&pool, &mut params));
                 loop {
                     tokio::select! {
                         biased;
@@ -337,19 +364,17 @@ async fn run_session(
                     });
                     server = Some(s);
                 }
-                Err(e) => return fail_client(stream, tag, &e).await,
+                Err(e) => return Box::pin(fail_client(stream, tag, &e)).await,
             }
             continue;
         };
-        match relay
-            .run(stream, srv, &mut params, release_at, &pool.stats)
-            .await
-        {
+        // Boxed per transaction: the relay's state lives only while a server is linked.
+        match Box::pin(relay.run(stream, srv, &mut params, release_at, &pool.stats)).await {
             Outcome::ReleasePoint => {
                 if reset_always {
                     if let Some(s) = server.take() {
                         // Resets and returns it (or closes it if the reset fails).
-                        finish_server(&pool, s, true, PoolMode::Session).await;
+                        Box::pin(finish_server(&pool, s, true, PoolMode::Session)).await;
                     }
                 }
                 cancel_key.target.set(None);
@@ -372,7 +397,7 @@ async fn run_session(
             Outcome::ClientProtocol(e) => {
                 cancel_key.target.set(None);
                 drop(server.take());
-                return protocol_failure(stream, &mut relay, tag, &e.to_string()).await;
+                return Box::pin(protocol_failure(stream, &mut relay, tag, &e.to_string())).await;
             }
             Outcome::Timeout(why) => {
                 cancel_key.target.set(None);
@@ -382,18 +407,18 @@ async fn run_session(
                 } else {
                     PROTOCOL_VIOLATION
                 };
-                return fail_with(stream, &mut relay, tag, code, why).await;
+                return Box::pin(fail_with(stream, &mut relay, tag, code, why)).await;
             }
             Outcome::LongTransaction => {
                 cancel_key.target.set(None);
                 drop(server.take());
-                return fail_with(
+                return Box::pin(fail_with(
                     stream,
                     &mut relay,
                     tag,
                     PROTOCOL_VIOLATION,
                     "Long transactions not allowed",
-                )
+                ))
                 .await;
             }
             Outcome::ServerClosed(_) | Outcome::ServerProtocol(_) => {
@@ -402,7 +427,7 @@ async fn run_session(
                 let msg = "server conn crashed?";
                 let mut out = BytesMut::new();
                 backend::error_response(&mut out, "FATAL", CONNECTION_FAILURE, msg);
-                let _ = relay.send_to_client(stream, &out).await;
+                let _ = Box::pin(relay.send_to_client(stream, &out)).await;
                 break msg.to_owned();
             }
         }
@@ -410,7 +435,7 @@ async fn run_session(
     cancel_key.target.set(None);
     pool.stats.flush(&mut relay.stats);
     if let Some(s) = server.take() {
-        finish_server(&pool, s, relay.server_clean(), mode).await;
+        Box::pin(finish_server(&pool, s, relay.server_clean(), mode)).await;
     }
     reason
 }
