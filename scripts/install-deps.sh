@@ -86,3 +86,6 @@ install-deps: `cargo` not found. Install a Rust toolchain (>= 1.80) with rustup:
 MSG
     exit 1
 fi
+
+# Client drivers of the driver matrix (tests/it/drivers.rs); silent when present.
+"$(dirname "${BASH_SOURCE[0]}")/../tests/drivers/install.sh"

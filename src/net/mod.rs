@@ -1,5 +1,6 @@
 //! Sockets: the listeners (TCP and UNIX) and a [`Stream`] that is either.
 
+pub mod bufpool;
 pub mod framed;
 pub mod listener;
 pub mod stream;

@@ -8,6 +8,7 @@ use std::io;
 use std::net::SocketAddr;
 
 use bytes::BytesMut;
+use tokio::io::Interest;
 use tokio::net::{TcpStream, UnixStream};
 
 /// Where a connection came from or goes to, for logs and the console.
@@ -51,10 +52,33 @@ impl Stream {
     }
 
     /// Non-blocking read appending to `buf`; `Ok(0)` is end of stream.
+    ///
+    /// A read that leaves spare room drained the socket, so its readiness is cleared
+    /// at once: otherwise the next wait would return immediately and cost a read
+    /// that fails with `WouldBlock` (one wasted system call per message batch).
+    /// tokio only clears readiness if no new event arrived since it was observed, so
+    /// no wake-up is lost.
     pub fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.try_read_buf(buf),
-            Stream::Unix(s) => s.try_read_buf(buf),
+        let spare = buf.capacity() - buf.len();
+        let mut drained = None;
+        let mut read = || {
+            let n = match self {
+                Stream::Tcp(s) => s.try_read_buf(buf),
+                Stream::Unix(s) => s.try_read_buf(buf),
+            }?;
+            if n < spare {
+                drained = Some(n);
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            Ok(n)
+        };
+        let r = match self {
+            Stream::Tcp(s) => s.try_io(Interest::READABLE, &mut read),
+            Stream::Unix(s) => s.try_io(Interest::READABLE, &mut read),
+        };
+        match (r, drained) {
+            (_, Some(n)) => Ok(n),
+            (r, None) => r,
         }
     }
 

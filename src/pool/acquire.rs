@@ -31,7 +31,7 @@ impl Pool {
     /// Dropping the future loses nothing: a slot or connection granted to a dropped
     /// waiter goes on to the next waiter or back to the pool.
     pub async fn acquire(self: &Arc<Self>) -> Result<ServerConn, PoolError> {
-        let cfg = self.config();
+        let cfg = self.config_guard();
         let deadline =
             (!cfg.query_wait_timeout.is_zero()).then(|| Instant::now() + cfg.query_wait_timeout);
         loop {

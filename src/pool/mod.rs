@@ -14,7 +14,9 @@ pub mod target;
 
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use arc_swap::ArcSwap;
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -126,7 +128,8 @@ pub struct PoolCounts {
 #[derive(Debug)]
 pub struct Pool {
     pub key: PoolKey,
-    cfg: RwLock<Arc<PoolConfig>>,
+    /// Read on every checkout and release: `ArcSwap` reads touch no shared cache line.
+    cfg: ArcSwap<PoolConfig>,
     state: Mutex<PoolState>,
     ids: Arc<AtomicU64>,
     /// The database- and user-wide connection limits this pool counts against.
@@ -144,7 +147,7 @@ impl Pool {
     ) -> Pool {
         Pool {
             key,
-            cfg: RwLock::new(Arc::new(cfg)),
+            cfg: ArcSwap::from_pointee(cfg),
             state: Mutex::new(PoolState::default()),
             ids,
             limits,
@@ -159,10 +162,12 @@ impl Pool {
 
     /// The pool's current settings.
     pub fn config(&self) -> Arc<PoolConfig> {
-        match self.cfg.read() {
-            Ok(g) => g.clone(),
-            Err(p) => p.into_inner().clone(),
-        }
+        self.cfg.load_full()
+    }
+
+    /// The pool's current settings, borrowed briefly (no reference count traffic).
+    pub(crate) fn config_guard(&self) -> arc_swap::Guard<Arc<PoolConfig>> {
+        self.cfg.load()
     }
 
     pub(crate) fn lock_state(&self) -> MutexGuard<'_, PoolState> {
@@ -175,9 +180,7 @@ impl Pool {
     pub fn reconfigure(&self, new: PoolConfig) {
         let old = self.config();
         let retire = old.needs_reconnect(&new);
-        if let Ok(mut g) = self.cfg.write() {
-            *g = Arc::new(new);
-        }
+        self.cfg.store(Arc::new(new));
         let doomed = {
             let mut st = self.lock_state();
             st.last_login_error = None;
@@ -237,7 +240,7 @@ impl Pool {
     /// Returns a lent connection. A clean one goes to the oldest waiter or the idle
     /// list; anything else is closed (its slot then goes to a waiter).
     pub fn release(&self, mut conn: ServerConn, clean: bool) {
-        let cfg = self.config();
+        let cfg = self.config_guard();
         conn.last_used = Instant::now();
         let was_lent = conn.lent.disarm();
         let mut st = self.lock_state();

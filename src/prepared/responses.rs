@@ -186,10 +186,10 @@ impl ResponseTracker {
                     undo,
                 }) = self.queue.pop_front()
                 {
+                    // DISCARD ALL / DEALLOCATE ALL are handled by their CommandComplete.
+                    let _ = clear_on_success;
                     if failed {
                         Self::undo(undo, client, server);
-                    } else if clear_on_success {
-                        server.clear();
                     }
                 }
             }
@@ -268,6 +268,12 @@ impl ResponseTracker {
     }
 }
 
+/// Whether a CommandComplete tag says every prepared statement of the session is gone.
+fn clears_all(tag: &[u8]) -> bool {
+    let tag = tag.strip_suffix(b"\0").unwrap_or(tag);
+    tag == b"DISCARD ALL" || tag == b"DEALLOCATE ALL"
+}
+
 /// Follows one chunk of server bytes through the framer, applying the tracker's edits.
 /// `chunk` is replaced by the edited bytes when anything changed.
 pub fn process_chunk(
@@ -298,7 +304,22 @@ pub fn process_chunk(
             // must not count against what the client is owed).
             return crate::session::framer::Body::Skip;
         }
-        on_event(e)
+        match e {
+            // CommandComplete is read (it is small) to see DISCARD ALL / DEALLOCATE
+            // ALL succeed, whichever protocol carried them.
+            Event::Start { tag: b'C', len, .. } if len <= 64 => {
+                on_event(e);
+                crate::session::framer::Body::Capture
+            }
+            Event::Complete { tag: b'C', body } => {
+                if clears_all(body) {
+                    server.clear();
+                    client.clear();
+                }
+                crate::session::framer::Body::Skip
+            }
+            e => on_event(e),
+        }
     })?;
     if framer.at_boundary() && tracker.flush_after_current {
         tracker.flush_after_current = false;
@@ -467,6 +488,43 @@ mod tests {
                 Expect::Query { .. } | Expect::SwallowQuery { .. } => unreachable!("not in tests"),
             })
             .collect()
+    }
+
+    #[test]
+    fn discard_all_confirmed_by_the_server_clears_both_caches() {
+        let r = super::super::Registry::default();
+        let stmt = r.intern(bytes::Bytes::from_static(b"select 1\0\0\0"));
+        let (mut c, mut s) = (ClientStatements::default(), ServerStatements::default());
+        c.insert("a".into(), stmt.clone());
+        s.insert(&stmt, 10);
+        let mut t = ResponseTracker::default();
+        t.push(fwd(Kind::Execute));
+        t.push(fwd(Kind::UntilReady));
+        let mut f = Framer::default();
+        let mut chunk = bytes::BytesMut::from(&msg(b'C', b"SELECT 1\0")[..]);
+        process_chunk(&mut t, &mut f, &mut chunk, 1 << 20, &mut c, &mut s, |_| {
+            Body::Skip
+        })
+        .unwrap();
+        assert_eq!((c.len(), s.len()), (1, 1));
+        let mut stream = msg(b'C', b"DISCARD ALL\0");
+        stream.extend(msg(b'Z', b"I"));
+        for cut in [0, 3, 9, stream.len()] {
+            c.insert("a".into(), stmt.clone());
+            s.insert(&stmt, 10);
+            let mut t = ResponseTracker::default();
+            t.push(fwd(Kind::Execute));
+            t.push(fwd(Kind::UntilReady));
+            let mut f = Framer::default();
+            for part in [&stream[..cut], &stream[cut..]] {
+                let mut chunk = bytes::BytesMut::from(part);
+                process_chunk(&mut t, &mut f, &mut chunk, 1 << 20, &mut c, &mut s, |_| {
+                    Body::Skip
+                })
+                .unwrap();
+            }
+            assert_eq!((c.len(), s.len()), (0, 0), "cut at {cut}");
+        }
     }
 
     #[test]

@@ -296,7 +296,7 @@ async fn run_session(
     let reason = loop {
         let Some(srv) = server.as_mut() else {
             if relay.c2s.is_empty() {
-                match relay.read_client_unlinked(stream).await {
+                match relay.read_client_unlinked(stream, &pool.stats).await {
                     Ok(true) => {}
                     Ok(false) => break "client close request".to_owned(),
                     Err(Outcome::ClientProtocol(e)) => {
@@ -382,7 +382,6 @@ async fn run_session(
                 if let Some(s) = server.take() {
                     pool.release(s, true);
                 }
-                pool.stats.flush(&mut relay.stats);
                 relay.shrink_idle();
             }
             Outcome::ClientClosed => {
@@ -487,6 +486,9 @@ async fn finish_server(pool: &Arc<Pool>, mut server: ServerConn, clean: bool, mo
             pool.release(server, false);
             return;
         }
+        // The reset (DISCARD ALL by default) may have dropped the server's prepared
+        // statements; forget them so they are prepared again when needed.
+        server.prepared.clear();
     }
     pool.release(server, true);
 }

@@ -11,6 +11,7 @@ mod auth_server;
 mod auth_server_fake;
 mod cancel;
 mod config_cli;
+mod drivers;
 mod harness_smoke;
 mod listeners;
 mod pooling;

@@ -16,7 +16,7 @@ mod timing;
 
 use super::framer::{Body, Event, Framer};
 use super::params::ClientParams;
-use crate::net::Stream;
+use crate::net::{bufpool, Stream};
 use crate::pool::ServerConn;
 use crate::protocol::backend::parse_parameter_status;
 use crate::protocol::header::*;
@@ -25,7 +25,7 @@ use crate::stats::{PoolStats, StatsDelta};
 use timing::sleep_until;
 
 /// Bytes read per wake-up and direction.
-const READ_CHUNK: usize = 16 * 1024;
+const READ_CHUNK: usize = bufpool::BUF_SIZE;
 
 /// Why the relay stopped.
 #[derive(Debug)]
@@ -102,6 +102,8 @@ pub struct Relay {
     xacts_done: u32,
     /// Prepared-statement rewriting (transaction and statement pooling only).
     prepared: Option<Box<prepared::PreparedState>>,
+    /// When `stats` was last folded into the pool's.
+    last_flush: Instant,
 }
 
 impl Relay {
@@ -126,6 +128,7 @@ impl Relay {
             readies: 0,
             xacts_done: 0,
             prepared: None,
+            last_flush: Instant::now(),
         }
     }
 
@@ -153,23 +156,29 @@ impl Relay {
             p.shrink_idle();
         }
         if self.c2s.is_empty() {
-            self.c2s = BytesMut::new();
+            bufpool::give(std::mem::take(&mut self.c2s));
         }
         if self.s2c.is_empty() {
-            self.s2c = BytesMut::new();
+            bufpool::give(std::mem::take(&mut self.s2c));
         }
     }
 
     /// Waits for client bytes while no server is linked. Returns false when the client
     /// is gone or terminated (nothing to do), true when bytes for a server are pending.
-    pub async fn read_client_unlinked(&mut self, client: &Stream) -> Result<bool, Outcome> {
+    pub async fn read_client_unlinked(
+        &mut self,
+        client: &Stream,
+        stats: &PoolStats,
+    ) -> Result<bool, Outcome> {
         loop {
-            let deadline = self.deadline(false);
+            let deadline = self.deadline_or_flush(false);
             tokio::select! {
                 r = client.readable() => r.map_err(Outcome::ClientFailed)?,
                 _ = sleep_until(deadline), if deadline.is_some() => {
+                    let now = Instant::now();
+                    self.maybe_flush(stats, now);
                     match self.deadline(false) {
-                        Some((at, why)) if at <= Instant::now() => return Err(Outcome::Timeout(why)),
+                        Some((at, why)) if at <= now => return Err(Outcome::Timeout(why)),
                         _ => continue,
                     }
                 }
@@ -242,7 +251,7 @@ impl Relay {
             if release != ReleaseAt::SessionEnd && self.server_clean() {
                 return Outcome::ReleasePoint;
             }
-            let deadline = self.deadline(true);
+            let deadline = self.deadline_or_flush(true);
             tokio::select! {
                 biased;
                 r = server.stream.readable(), if self.s2c.is_empty() => {
@@ -269,8 +278,10 @@ impl Relay {
                     }
                 }
                 _ = sleep_until(deadline), if deadline.is_some() => {
+                    let now = Instant::now();
+                    self.maybe_flush(stats, now);
                     if let Some((at, why)) = self.deadline(true) {
-                        if at <= Instant::now() {
+                        if at <= now {
                             return Outcome::Timeout(why);
                         }
                     }
@@ -328,6 +339,9 @@ impl Relay {
             Some(p) => &mut p.input,
             None => &mut self.c2s,
         };
+        if buf.capacity() == 0 {
+            *buf = bufpool::take();
+        }
         buf.reserve(READ_CHUNK);
         let start = buf.len();
         let n = client.try_read_buf(buf)?;
@@ -381,6 +395,9 @@ impl Relay {
         server: &mut ServerConn,
         params: &mut ClientParams,
     ) -> Result<(), ServerRead> {
+        if self.s2c.capacity() == 0 {
+            self.s2c = bufpool::take();
+        }
         self.s2c.reserve(READ_CHUNK);
         let start = self.s2c.len();
         let n = server

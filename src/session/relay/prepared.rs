@@ -49,7 +49,7 @@ impl PreparedState {
 
     pub(super) fn shrink_idle(&mut self) {
         if self.input.is_empty() {
-            self.input = BytesMut::new();
+            crate::net::bufpool::give(std::mem::take(&mut self.input));
         }
     }
 

@@ -83,7 +83,27 @@ impl Relay {
             } else {
                 None
             };
+            self.maybe_flush(stats, now);
+        }
+    }
+
+    /// [`Relay::deadline`], or sooner when batched counts are waiting: they reach
+    /// SHOW STATS within 100 ms even if the client then stays idle.
+    pub(super) fn deadline_or_flush(&self, linked: bool) -> Option<(Instant, &'static str)> {
+        let deadline = self.deadline(linked);
+        if self.stats.is_empty() {
+            return deadline;
+        }
+        let flush_at = (self.last_flush + std::time::Duration::from_millis(100), "");
+        Some(deadline.map_or(flush_at, |d| d.min(flush_at)))
+    }
+
+    /// Folds the counts into the pool's stats every 64 transactions or every 100 ms,
+    /// not after each one: the pool's counters are shared by all threads.
+    pub(super) fn maybe_flush(&mut self, stats: &PoolStats, now: Instant) {
+        if self.stats.xacts >= 64 || now.duration_since(self.last_flush).as_millis() >= 100 {
             stats.flush(&mut self.stats);
+            self.last_flush = now;
         }
     }
 }

@@ -50,6 +50,9 @@ async fn metrics_endpoint_exports_counters_after_load() {
     for _ in 0..25 {
         select1(&c).await;
     }
+    // Sessions fold their counts into the pool's within 100 ms (batched off the hot
+    // path); let that pass before scraping.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let (status, text) = get(mport, "/metrics").expect("scrape");
     assert_eq!(status, "HTTP/1.1 200 OK", "{text}");
     assert!(

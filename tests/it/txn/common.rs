@@ -123,7 +123,9 @@ enum Source {
 }
 
 /// Counts the established TCP connections of process `pid` to remote `port` on
-/// 127.0.0.1, from /proc.
+/// 127.0.0.1: the socket inodes in /proc/<pid>/fd matched against `ss` (netlink,
+/// filtered in the kernel), else against /proc/net/tcp, which is slow to read when
+/// many sockets linger in TIME_WAIT.
 pub fn established_to(pid: u32, port: u16) -> i64 {
     let mut inodes = std::collections::HashSet::new();
     if let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
@@ -136,16 +138,30 @@ pub fn established_to(pid: u32, port: u16) -> i64 {
             }
         }
     }
-    let needle = format!(":{port:04X}");
-    // /proc/net/tcp is not read atomically: under churn a socket may be listed
-    // twice, so count distinct inodes.
+    // Distinct inodes: a non-atomic listing may show a socket twice.
     let mut seen = std::collections::HashSet::new();
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let text = std::fs::read_to_string(table).unwrap_or_default();
-        for line in text.lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() > 9 && f[2].ends_with(&needle) && f[3] == "01" && inodes.contains(f[9]) {
-                seen.insert(f[9].to_owned());
+    let ss = std::process::Command::new("ss")
+        .args(["-Htne", "state", "established", "dst"])
+        .arg(format!("127.0.0.1:{port}"))
+        .output();
+    match ss {
+        Ok(out) if out.status.success() => {
+            for word in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                if let Some(ino) = word.strip_prefix("ino:") {
+                    if inodes.contains(ino) {
+                        seen.insert(ino.to_owned());
+                    }
+                }
+            }
+        }
+        _ => {
+            let needle = format!(":{port:04X}");
+            let text = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+            for line in text.lines().skip(1) {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                if f.len() > 9 && f[2].ends_with(&needle) && f[3] == "01" && inodes.contains(f[9]) {
+                    seen.insert(f[9].to_owned());
+                }
             }
         }
     }

@@ -140,3 +140,47 @@ async fn garbage_mid_transaction() {
     let obs = Observer::new().await;
     assert!(backends(&obs, &db).await <= 1);
 }
+
+/// A client that leaves while waiting in line for a server gives up its place:
+/// the others are served in order and nothing leaks from the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn client_leaves_while_waiting() {
+    let db = fresh_db("txn_dirty_wait");
+    table(&db);
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let mut holder = raw(&s, &db, &[]).await;
+    let r = holder.simple("BEGIN; INSERT INTO t VALUES (1)", STEP).await;
+    assert_eq!(status(&r), b'T');
+    let mut waiters = Vec::new();
+    for i in 0..4 {
+        let mut w = raw(&s, &db, &[]).await;
+        w.query(&format!("SELECT {i}")).await.unwrap();
+        waiters.push(w);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    // Two of them give up (one by closing, one after Terminate).
+    let quitter = waiters.remove(1);
+    drop(quitter);
+    let mut terminator = waiters.remove(1);
+    terminator
+        .send(&crate::support::wire::frame(b'X', &[]))
+        .await
+        .unwrap();
+    drop(terminator);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = holder.simple("COMMIT", STEP).await;
+    assert_eq!(status(&r), b'I');
+    let mut got = Vec::new();
+    for w in &mut waiters {
+        let r = w.until_ready(STEP).await;
+        got.extend(col(&r));
+        assert_eq!(status(&r), b'I');
+    }
+    assert_eq!(got, ["0", "3"]);
+    for _ in 0..3 {
+        let c = client(&s, &db).await;
+        assert_eq!(one(&c, "SELECT count(*) FROM t").await, "1");
+    }
+    let obs = Observer::new().await;
+    assert_eq!(backends(&obs, &db).await, 1);
+}

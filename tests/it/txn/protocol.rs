@@ -258,3 +258,28 @@ async fn copy_fail_from_the_client() {
     assert!(first_error(&r).is_none(), "{r:?}");
     assert_eq!(one(&b, "SELECT count(*) FROM t").await, "2");
 }
+
+/// An error in one pipelined batch: the server skips to its Sync, the next batch
+/// runs normally, and the server is released clean after both.
+#[tokio::test]
+async fn error_inside_a_pipeline() {
+    let db = fresh_db("txn_pipe_err");
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let mut a = raw(&s, &db, &[]).await;
+    let mut bytes = extended("SELECT 1/0");
+    bytes.extend(extended("SELECT 'skipped'"));
+    bytes.extend(sync_msg());
+    bytes.extend(extended("SELECT 'second'"));
+    bytes.extend(sync_msg());
+    a.send(&bytes).await.unwrap();
+    let first = a.until_ready(STEP).await;
+    assert!(first_error(&first).is_some(), "{first:?}");
+    assert!(col(&first).is_empty(), "{first:?}");
+    assert_eq!(status(&first), b'I');
+    let second = a.until_ready(STEP).await;
+    assert!(first_error(&second).is_none(), "{second:?}");
+    assert_eq!(col(&second), ["second"]);
+    let b = client(&s, &db).await;
+    assert_eq!(one(&b, "SELECT 1").await, "1");
+    assert_eq!(col(&a.simple("SELECT 3", STEP).await), ["3"]);
+}
