@@ -48,6 +48,15 @@ pub struct Statement {
     pub body: Bytes,
 }
 
+/// Statements are identified by id.
+impl PartialEq for Statement {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for Statement {}
+
 impl Statement {
     /// The message that prepares this statement on a server: a Parse, or a Query
     /// with `PREPARE` for SQL-level statements.
@@ -118,6 +127,18 @@ impl Registry {
         s
     }
 
+    /// Replaces a statement whose plan went stale (its result type changed): the
+    /// same text gets a new id and server name from now on.
+    pub fn replace(&self, stale: &Statement) -> Arc<Statement> {
+        {
+            let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+            if map.get(&stale.body).is_some_and(|s| s.id == stale.id) {
+                map.remove(&stale.body);
+            }
+        }
+        self.intern_kind(stale.body.clone(), stale.sql)
+    }
+
     /// Statements currently known (for SHOW and tests).
     pub fn len(&self) -> usize {
         self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
@@ -152,6 +173,15 @@ impl ClientStatements {
 
     pub fn remove(&mut self, name: &str) {
         self.names.remove(name);
+    }
+
+    /// Points every name bound to statement `old` at `new`.
+    pub fn repoint(&mut self, old: u64, new: &Arc<Statement>) {
+        for v in self.names.values_mut().chain(self.sql.values_mut()) {
+            if v.id == old {
+                *v = new.clone();
+            }
+        }
     }
 
     pub fn sql_get(&self, name: &str) -> Option<&Arc<Statement>> {

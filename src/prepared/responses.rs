@@ -41,6 +41,9 @@ pub enum Undo {
     ForgetClientAndServer(String, u64),
     /// The same for an SQL-level PREPARE.
     ForgetSqlClientAndServer(String, u64),
+    /// A Bind or Describe of this statement: if it fails because DDL changed the
+    /// statement's result type, the statement is replaced (see `process_chunk`).
+    Stale(std::sync::Arc<super::Statement>),
 }
 
 /// One request awaiting its answer.
@@ -87,6 +90,8 @@ pub struct ResponseTracker {
     /// The current message completes a request and spans chunks: synthesized answers
     /// go out after it ends.
     flush_after_current: bool,
+    /// The statement whose Bind/Describe just failed, until the error's code is read.
+    suspect: Option<std::sync::Arc<super::Statement>>,
 }
 
 impl ResponseTracker {
@@ -131,6 +136,7 @@ impl ResponseTracker {
                 client.sql_remove(&name);
                 server.forget(id);
             }
+            Some(Undo::Stale(_)) => {}
             None => {}
         }
     }
@@ -211,6 +217,13 @@ impl ResponseTracker {
                 // The server skips everything up to the next Sync after an error:
                 // those requests get no answer, and synthesized ones must not either.
                 completes = true;
+                if let Some(Expect::Forward {
+                    undo: Some(Undo::Stale(stmt)),
+                    ..
+                }) = self.queue.front()
+                {
+                    self.suspect = Some(stmt.clone());
+                }
                 while let Some(front) = self.queue.front() {
                     if matches!(
                         front,
@@ -268,6 +281,18 @@ impl ResponseTracker {
     }
 }
 
+/// Whether an ErrorResponse is PostgreSQL's "cached plan must not change result type".
+fn changed_result_type(body: &[u8]) -> bool {
+    match crate::protocol::backend::parse_error_fields(body) {
+        Ok(f) => {
+            f.code == "0A000"
+                && f.message
+                    .contains("cached plan must not change result type")
+        }
+        Err(_) => false,
+    }
+}
+
 /// Whether a CommandComplete tag says every prepared statement of the session is gone.
 fn clears_all(tag: &[u8]) -> bool {
     let tag = tag.strip_suffix(b"\0").unwrap_or(tag);
@@ -283,6 +308,7 @@ pub fn process_chunk(
     max_len: u32,
     client: &mut ClientStatements,
     server: &mut ServerStatements,
+    registry: &super::Registry,
     mut on_event: impl FnMut(crate::session::framer::Event<'_>) -> crate::session::framer::Body,
 ) -> Result<(), crate::protocol::ProtocolError> {
     use crate::session::framer::Event;
@@ -317,6 +343,23 @@ pub fn process_chunk(
                     client.clear();
                 }
                 crate::session::framer::Body::Skip
+            }
+            // The error of a Bind whose statement may have gone stale: read it.
+            Event::Start { tag: b'E', len, .. } if len <= 8192 && tracker.suspect.is_some() => {
+                on_event(e);
+                crate::session::framer::Body::Capture
+            }
+            Event::Complete { tag: b'E', body } => {
+                if let Some(stmt) = tracker.suspect.take() {
+                    if changed_result_type(body) {
+                        // PostgreSQL keeps failing this plan: give the text a new
+                        // statement (a new server name), so the next Bind re-prepares.
+                        let fresh = registry.replace(&stmt);
+                        client.repoint(stmt.id, &fresh);
+                        server.forget(stmt.id);
+                    }
+                }
+                on_event(Event::Complete { tag: b'E', body })
             }
             e => on_event(e),
         }
@@ -369,6 +412,7 @@ pub fn process_chunk(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::prepared::Registry;
     use crate::session::framer::{Body, Framer};
 
     fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
@@ -391,9 +435,16 @@ mod tests {
         let mut last = 0;
         for &cut in cuts.iter().chain(std::iter::once(&stream.len())) {
             let mut chunk = bytes::BytesMut::from(&stream[last..cut]);
-            process_chunk(&mut t, &mut f, &mut chunk, 1 << 20, &mut c, &mut s, |_| {
-                Body::Skip
-            })
+            process_chunk(
+                &mut t,
+                &mut f,
+                &mut chunk,
+                1 << 20,
+                &mut c,
+                &mut s,
+                &Registry::default(),
+                |_| Body::Skip,
+            )
             .unwrap();
             out.extend_from_slice(&chunk);
             last = cut;
@@ -502,9 +553,16 @@ mod tests {
         t.push(fwd(Kind::UntilReady));
         let mut f = Framer::default();
         let mut chunk = bytes::BytesMut::from(&msg(b'C', b"SELECT 1\0")[..]);
-        process_chunk(&mut t, &mut f, &mut chunk, 1 << 20, &mut c, &mut s, |_| {
-            Body::Skip
-        })
+        process_chunk(
+            &mut t,
+            &mut f,
+            &mut chunk,
+            1 << 20,
+            &mut c,
+            &mut s,
+            &Registry::default(),
+            |_| Body::Skip,
+        )
         .unwrap();
         assert_eq!((c.len(), s.len()), (1, 1));
         let mut stream = msg(b'C', b"DISCARD ALL\0");
@@ -518,9 +576,16 @@ mod tests {
             let mut f = Framer::default();
             for part in [&stream[..cut], &stream[cut..]] {
                 let mut chunk = bytes::BytesMut::from(part);
-                process_chunk(&mut t, &mut f, &mut chunk, 1 << 20, &mut c, &mut s, |_| {
-                    Body::Skip
-                })
+                process_chunk(
+                    &mut t,
+                    &mut f,
+                    &mut chunk,
+                    1 << 20,
+                    &mut c,
+                    &mut s,
+                    &Registry::default(),
+                    |_| Body::Skip,
+                )
                 .unwrap();
             }
             assert_eq!((c.len(), s.len()), (0, 0), "cut at {cut}");

@@ -351,6 +351,7 @@ fn handle_whole(
                 "" => None,
                 n => ctx.client.get(n).cloned(),
             };
+            let undo = stmt.clone().map(Undo::Stale);
             match stmt {
                 // Unnamed, or unknown: PostgreSQL gives the right answer (including
                 // "prepared statement does not exist" with the client's own name).
@@ -367,7 +368,10 @@ fn handle_whole(
                     out.extend_from_slice(&body);
                 }
             }
-            ctx.tracker.push(fwd(Kind::Bind));
+            ctx.tracker.push(Expect::Forward {
+                kind: Kind::Bind,
+                undo,
+            });
         }
         TAG_DESCRIBE | TAG_CLOSE => {
             if body.is_empty() {

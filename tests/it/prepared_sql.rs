@@ -87,3 +87,35 @@ async fn a_failed_sql_prepare_leaves_no_statement() {
     col(&c, "PREPARE good AS SELECT 7").await.unwrap();
     assert_eq!(col(&c, "EXECUTE good").await.unwrap(), vec!["7".to_owned()]);
 }
+
+/// After DDL changes a prepared statement's result type, PostgreSQL fails its next
+/// execution ("cached plan must not change result type"); a client that prepares the
+/// text again must then get a working statement, as it would directly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn re_preparing_after_a_result_type_change_works() {
+    let db = fresh_db("prep_ddl");
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let c = client(&s, &db).await;
+    col(&c, "CREATE TABLE t (a int); INSERT INTO t VALUES (1)")
+        .await
+        .unwrap();
+    let st = within(STEP, "prepare", c.prepare("SELECT * FROM t"))
+        .await
+        .unwrap();
+    let rows = within(STEP, "query", c.query(&st, &[])).await.unwrap();
+    assert_eq!(rows[0].len(), 1);
+    col(&c, "ALTER TABLE t ADD COLUMN b int").await.unwrap();
+    let e = within(STEP, "stale query", c.query(&st, &[]))
+        .await
+        .unwrap_err();
+    let code = e.as_db_error().map(|d| d.code().code().to_owned());
+    assert_eq!(code.as_deref(), Some("0A000"), "{e}");
+    // The driver's usual reaction: prepare again.
+    let st = within(STEP, "re-prepare", c.prepare("SELECT * FROM t"))
+        .await
+        .unwrap();
+    let rows = within(STEP, "fresh query", c.query(&st, &[]))
+        .await
+        .unwrap();
+    assert_eq!(rows[0].len(), 2);
+}

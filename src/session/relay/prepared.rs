@@ -68,6 +68,7 @@ impl PreparedState {
             u32::MAX,
             &mut self.client,
             server,
+            &self.registry,
             on_event,
         )
     }
