@@ -305,7 +305,6 @@ pub fn process_chunk(
     tracker: &mut ResponseTracker,
     framer: &mut crate::session::framer::Framer,
     chunk: &mut bytes::BytesMut,
-    max_len: u32,
     client: &mut ClientStatements,
     server: &mut ServerStatements,
     registry: &super::Registry,
@@ -321,7 +320,8 @@ pub fn process_chunk(
         tracker.drop_left -= n;
     }
     let mut dropping = false;
-    framer.feed(chunk, max_len, |e| {
+    // Server messages are trusted for length (PostgreSQL bounds them itself).
+    framer.feed(chunk, u32::MAX, |e| {
         if let Event::Start { tag, len, at } = e {
             dropping = tracker.on_message((tag, len, at), chunk_len, client, server, &mut edits);
         }
@@ -439,7 +439,6 @@ mod tests {
                 &mut t,
                 &mut f,
                 &mut chunk,
-                1 << 20,
                 &mut c,
                 &mut s,
                 &Registry::default(),
@@ -557,7 +556,6 @@ mod tests {
             &mut t,
             &mut f,
             &mut chunk,
-            1 << 20,
             &mut c,
             &mut s,
             &Registry::default(),
@@ -580,7 +578,6 @@ mod tests {
                     &mut t,
                     &mut f,
                     &mut chunk,
-                    1 << 20,
                     &mut c,
                     &mut s,
                     &Registry::default(),

@@ -65,7 +65,6 @@ impl PreparedState {
             &mut self.tracker,
             framer,
             chunk,
-            u32::MAX,
             &mut self.client,
             server,
             &self.registry,
