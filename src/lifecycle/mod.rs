@@ -65,12 +65,17 @@ pub fn main_with(args: Args) -> i32 {
         config.databases.len() + usize::from(config.fallback_database.is_some()),
         config.userlist.len()
     );
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = std::env::var("SLUICE_WORKERS")
+    // SLUICE_WORKERS overrides the number of worker threads (default: one per core);
+    // 0 runs everything on the main thread, like PgBouncer (for measurements).
+    let workers = std::env::var("SLUICE_WORKERS")
         .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-    {
-        builder.worker_threads(n.max(1));
+        .and_then(|v| v.parse::<usize>().ok());
+    let mut builder = match workers {
+        Some(0) => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    if let Some(n) = workers.filter(|n| *n > 0) {
+        builder.worker_threads(n);
     }
     let runtime = match builder.enable_all().build() {
         Ok(r) => r,
