@@ -354,9 +354,10 @@ pub fn process_chunk(
                     if changed_result_type(body) {
                         // PostgreSQL keeps failing this plan: give the text a new
                         // statement (a new server name), so the next Bind re-prepares.
+                        // (The server keeps the old one until evicted: other clients
+                        // still naming it get the same error, then move on too.)
                         let fresh = registry.replace(&stmt);
                         client.repoint(stmt.id, &fresh);
-                        server.forget(stmt.id);
                     }
                 }
                 on_event(Event::Complete { tag: b'E', body })

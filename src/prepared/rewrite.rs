@@ -32,6 +32,8 @@ pub enum RewriteError {
     Protocol(#[from] ProtocolError),
     #[error("too many prepared statements (at most {0} per client)")]
     TooManyStatements(usize),
+    #[error("prepared statement already exists")]
+    DuplicateStatement,
 }
 
 /// Streaming state between reads.
@@ -319,6 +321,11 @@ fn handle_whole(
                 return Ok(());
             }
             let name = name_of(&name)?.to_owned();
+            if ctx.client.get(&name).is_some() {
+                // PostgreSQL refuses this (42P05) and the session would go on out of
+                // step with what Sluice tracks; PgBouncer disconnects such a client too.
+                return Err(RewriteError::DuplicateStatement);
+            }
             let stmt = ctx.registry.intern(body);
             if !ctx.client.insert(name.clone(), stmt.clone()) {
                 return Err(RewriteError::TooManyStatements(
@@ -499,6 +506,28 @@ mod tests {
         w.feed(&msg(b'P', b"S_1\0select 1\0\0\0"));
         w.feed(&msg(b'Q', b"discard all;\0"));
         // Names go only when the server confirms (a DISCARD ALL may fail).
+        assert_eq!(w.client.len(), 1);
+    }
+
+    #[test]
+    fn a_second_parse_of_a_live_name_is_refused() {
+        let mut w = World::new();
+        w.feed(&msg(b'P', b"S_1\0select 1\0\0\0"));
+        let mut input = BytesMut::from(&msg(b'P', b"S_1\0select 2\0\0\0")[..]);
+        let mut out = BytesMut::new();
+        let mut ctx = Ctx {
+            registry: &w.registry,
+            client: &mut w.client,
+            server: &mut w.server,
+            tracker: &mut w.tracker,
+            max_prepared: 2,
+            server_parses: &mut w.parses,
+        };
+        let r = Rewriter::default().process(&mut input, &mut out, 1 << 20, &mut ctx, |_| {});
+        assert_eq!(r, Err(RewriteError::DuplicateStatement));
+        // After Close the name is free again.
+        w.feed(&msg(b'C', b"SS_1\0"));
+        w.feed(&msg(b'P', b"S_1\0select 2\0\0\0"));
         assert_eq!(w.client.len(), 1);
     }
 

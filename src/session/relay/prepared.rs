@@ -121,6 +121,11 @@ impl Relay {
         match r {
             Ok(()) => {}
             Err(RewriteError::Protocol(e)) => return Err(Outcome::ClientProtocol(e)),
+            Err(RewriteError::DuplicateStatement) => {
+                return Err(Outcome::ClientProtocol(ProtocolError::Malformed(
+                    "prepared statement already exists",
+                )))
+            }
             Err(RewriteError::TooManyStatements(_)) => {
                 return Err(Outcome::ClientProtocol(ProtocolError::Malformed(
                     "too many prepared statements for one client",
