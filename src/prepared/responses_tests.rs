@@ -1,0 +1,197 @@
+//! Tests of the response tracker: split points, synthesized and swallowed answers,
+//! errors, and DISCARD ALL seen in CommandComplete.
+
+use super::*;
+use crate::prepared::Registry;
+use crate::session::framer::{Body, Framer};
+
+fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut v = vec![tag];
+    v.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+    v.extend_from_slice(body);
+    v
+}
+
+/// Feeds `stream` split at `cuts` and returns what the client would receive.
+fn run(queue: Vec<Expect>, stream: &[u8], cuts: &[usize]) -> Vec<u8> {
+    let mut t = ResponseTracker::default();
+    for e in queue {
+        t.push(e);
+    }
+    let mut out = Vec::new();
+    t.take_ready_synthesized(true, &mut out);
+    let mut f = Framer::default();
+    let (mut c, mut s) = (ClientStatements::default(), ServerStatements::default());
+    let mut last = 0;
+    for &cut in cuts.iter().chain(std::iter::once(&stream.len())) {
+        let mut chunk = bytes::BytesMut::from(&stream[last..cut]);
+        process_chunk(
+            &mut t,
+            &mut f,
+            &mut chunk,
+            &mut c,
+            &mut s,
+            &Registry::default(),
+            |_| Body::Skip,
+        )
+        .unwrap();
+        out.extend_from_slice(&chunk);
+        last = cut;
+    }
+    assert!(t.is_idle(), "queue left: {:?}", t.queue);
+    out
+}
+
+fn fwd(kind: Kind) -> Expect {
+    Expect::Forward { kind, undo: None }
+}
+
+#[test]
+fn swallows_injected_parse_and_synthesizes_at_every_split() {
+    // Client: Parse(S) [server has it] Bind Execute Sync, then Bind(T) needing an
+    // injected Parse, Execute, Sync.
+    let queue = || {
+        vec![
+            Expect::Synthesize(PARSE_COMPLETE),
+            fwd(Kind::Bind),
+            fwd(Kind::Execute),
+            fwd(Kind::UntilReady),
+            Expect::Swallow {
+                kind: Kind::Parse,
+                undo: None,
+            },
+            fwd(Kind::Bind),
+            fwd(Kind::Execute),
+            fwd(Kind::UntilReady),
+        ]
+    };
+    let mut server = msg(b'2', b"");
+    server.extend(msg(b'D', b"\0\x01\0\0\0\x011"));
+    server.extend(msg(b'C', b"SELECT 1\0"));
+    server.extend(msg(b'Z', b"I"));
+    server.extend(msg(b'1', b""));
+    server.extend(msg(b'2', b""));
+    server.extend(msg(b'C', b"SELECT 0\0"));
+    server.extend(msg(b'Z', b"I"));
+    let mut want = msg(b'1', b"");
+    want.extend(msg(b'2', b""));
+    want.extend(msg(b'D', b"\0\x01\0\0\0\x011"));
+    want.extend(msg(b'C', b"SELECT 1\0"));
+    want.extend(msg(b'Z', b"I"));
+    want.extend(msg(b'2', b""));
+    want.extend(msg(b'C', b"SELECT 0\0"));
+    want.extend(msg(b'Z', b"I"));
+    assert_eq!(run(queue(), &server, &[]), want);
+    for a in 0..server.len() {
+        assert_eq!(run(queue(), &server, &[a]), want, "split at {a}");
+    }
+}
+
+#[test]
+fn synthesized_answer_waits_for_earlier_answers() {
+    // Bind+Execute outstanding, then the client's Parse of a statement the server
+    // already has: ParseComplete must follow CommandComplete.
+    let queue = vec![
+        fwd(Kind::Bind),
+        fwd(Kind::Execute),
+        Expect::Synthesize(PARSE_COMPLETE),
+        fwd(Kind::UntilReady),
+    ];
+    let mut server = msg(b'2', b"");
+    server.extend(msg(b'C', b"SELECT 1\0"));
+    server.extend(msg(b'Z', b"I"));
+    let mut want = msg(b'2', b"");
+    want.extend(msg(b'C', b"SELECT 1\0"));
+    want.extend(msg(b'1', b""));
+    want.extend(msg(b'Z', b"I"));
+    for a in 0..=server.len() {
+        assert_eq!(
+            run(queue_clone(&queue), &server, &[a]),
+            want,
+            "split at {a}"
+        );
+    }
+}
+
+fn queue_clone(q: &[Expect]) -> Vec<Expect> {
+    q.iter()
+        .map(|e| match e {
+            Expect::Forward { kind, undo } => Expect::Forward {
+                kind: *kind,
+                undo: undo.clone(),
+            },
+            Expect::Swallow { kind, undo } => Expect::Swallow {
+                kind: *kind,
+                undo: undo.clone(),
+            },
+            Expect::Synthesize(b) => Expect::Synthesize(b),
+            Expect::Query { .. } | Expect::SwallowQuery { .. } => unreachable!("not in tests"),
+        })
+        .collect()
+}
+
+#[test]
+fn discard_all_confirmed_by_the_server_clears_both_caches() {
+    let r = super::super::Registry::default();
+    let stmt = r.intern(bytes::Bytes::from_static(b"select 1\0\0\0"));
+    let (mut c, mut s) = (ClientStatements::default(), ServerStatements::default());
+    c.insert("a".into(), stmt.clone());
+    s.insert(&stmt, 10);
+    let mut t = ResponseTracker::default();
+    t.push(fwd(Kind::Execute));
+    t.push(fwd(Kind::UntilReady));
+    let mut f = Framer::default();
+    let mut chunk = bytes::BytesMut::from(&msg(b'C', b"SELECT 1\0")[..]);
+    process_chunk(
+        &mut t,
+        &mut f,
+        &mut chunk,
+        &mut c,
+        &mut s,
+        &Registry::default(),
+        |_| Body::Skip,
+    )
+    .unwrap();
+    assert_eq!((c.len(), s.len()), (1, 1));
+    let mut stream = msg(b'C', b"DISCARD ALL\0");
+    stream.extend(msg(b'Z', b"I"));
+    for cut in [0, 3, 9, stream.len()] {
+        c.insert("a".into(), stmt.clone());
+        s.insert(&stmt, 10);
+        let mut t = ResponseTracker::default();
+        t.push(fwd(Kind::Execute));
+        t.push(fwd(Kind::UntilReady));
+        let mut f = Framer::default();
+        for part in [&stream[..cut], &stream[cut..]] {
+            let mut chunk = bytes::BytesMut::from(part);
+            process_chunk(
+                &mut t,
+                &mut f,
+                &mut chunk,
+                &mut c,
+                &mut s,
+                &Registry::default(),
+                |_| Body::Skip,
+            )
+            .unwrap();
+        }
+        assert_eq!((c.len(), s.len()), (0, 0), "cut at {cut}");
+    }
+}
+
+#[test]
+fn error_skips_to_sync_and_drops_synthesized() {
+    let queue = vec![
+        Expect::Swallow {
+            kind: Kind::Parse,
+            undo: Some(Undo::ForgetOnServer(7)),
+        },
+        fwd(Kind::Bind),
+        Expect::Synthesize(PARSE_COMPLETE),
+        fwd(Kind::Execute),
+        fwd(Kind::UntilReady),
+    ];
+    let mut server = msg(b'E', b"SERROR\0C42P01\0Mno table\0\0");
+    server.extend(msg(b'Z', b"I"));
+    assert_eq!(run(queue, &server, &[]), server);
+}
