@@ -272,7 +272,11 @@ async fn run_session(
     drop(out);
 
     let mode = pool.config().pool_mode;
+    // server_fast_close: a session-mode server retired by RECONNECT or a reload closes
+    // at the end of the current transaction, and the client with it (PgBouncer).
+    let fast_close = mode == PoolMode::Session && cfg.settings.server_fast_close;
     let release_at = match mode {
+        PoolMode::Session if fast_close => ReleaseAt::SessionCheckpoints,
         PoolMode::Session => ReleaseAt::SessionEnd,
         PoolMode::Transaction => ReleaseAt::TransactionEnd,
         PoolMode::Statement => ReleaseAt::StatementEnd,
@@ -370,6 +374,25 @@ async fn run_session(
         };
         // Boxed per transaction: the relay's state lives only while a server is linked.
         match Box::pin(relay.run(stream, srv, &mut params, release_at, &pool.stats)).await {
+            Outcome::ReleasePoint if mode == PoolMode::Session => {
+                // Only with server_fast_close: keep the server unless it was retired.
+                let retired = server
+                    .as_ref()
+                    .is_some_and(|s| s.generation != pool.generation());
+                if retired {
+                    cancel_key.target.set(None);
+                    info.unlink();
+                    drop(server.take());
+                    return Box::pin(fail_with(
+                        stream,
+                        &mut relay,
+                        tag,
+                        ADMIN_SHUTDOWN,
+                        "server_fast_close",
+                    ))
+                    .await;
+                }
+            }
             Outcome::ReleasePoint => {
                 if reset_always {
                     if let Some(s) = server.take() {

@@ -12,6 +12,7 @@ mod auth_server_fake;
 mod cancel;
 mod config_cli;
 mod drivers;
+mod fast_close;
 mod harness_smoke;
 mod listeners;
 mod pooling;

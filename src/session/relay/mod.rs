@@ -66,6 +66,9 @@ pub enum ReleaseAt {
     TransactionEnd,
     /// After every statement; a transaction block is refused.
     StatementEnd,
+    /// Session mode with `server_fast_close`: stop at the end of each transaction so
+    /// the session can check whether its server must close.
+    SessionCheckpoints,
 }
 
 /// Relay state for one client: buffers (allocated on first use) and protocol tracking.
@@ -244,11 +247,17 @@ impl Relay {
         if let Err(e) = self.rewrite_pending(server) {
             return e;
         }
+        let mut transaction_ended = false;
         loop {
             if self.terminated && self.c2s.is_empty() && self.s2c.is_empty() {
                 return Outcome::ClientClosed;
             }
-            if release != ReleaseAt::SessionEnd && self.server_clean() {
+            let at_release = match release {
+                ReleaseAt::SessionEnd => false,
+                ReleaseAt::SessionCheckpoints => transaction_ended,
+                ReleaseAt::TransactionEnd | ReleaseAt::StatementEnd => true,
+            };
+            if at_release && self.server_clean() {
                 return Outcome::ReleasePoint;
             }
             let deadline = self.deadline_or_flush(true);
@@ -272,6 +281,7 @@ impl Relay {
                         }
                         return Outcome::LongTransaction;
                     }
+                    transaction_ended |= self.xacts_done > 0;
                     self.note_server_activity(stats);
                     if let Err(e) = flush(client, &mut self.s2c) {
                         return Outcome::ClientFailed(e);
