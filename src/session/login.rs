@@ -80,7 +80,7 @@ pub async fn read_startup(
                 stream.write_all(b"N").await.map_err(ClientError::Io)?;
             }
             Ok(StartupPacket::Cancel { pid, key }) => {
-                let timeout = app.config().settings.server_connect_timeout;
+                let timeout = app.config().settings.cancel_wait_timeout;
                 app.cancels.cancel(pid, key, timeout).await;
                 return Ok(Startup::Cancel);
             }
