@@ -135,6 +135,14 @@ pub async fn login(
             }
         }
     }
+    if s.application_name_add_host {
+        // As PgBouncer: at connection start only; a later SET is left alone.
+        let app = params.get("application_name").unwrap_or("").to_owned();
+        params.set(
+            "application_name",
+            &format!("{app} - {}", stream.peer_addr()),
+        );
+    }
     if minor > 0 || !protocol_options.is_empty() {
         let opts: Vec<&str> = protocol_options.iter().map(String::as_str).collect();
         backend::negotiate_protocol_version(&mut out, 0, &opts);

@@ -1,4 +1,4 @@
-//! `server_fast_close` (issue 3): in session mode, a server retired by a reload that
+//! Session-level settings: `server_fast_close` (issue 3) — in session mode, a server retired by a reload that
 //! changes its database entry closes at the end of the client's current transaction,
 //! and the client with it; without the setting the session keeps its server.
 
@@ -67,4 +67,23 @@ async fn without_server_fast_close_the_session_keeps_its_server() {
     let (second, third) = after_retirement(false).await;
     assert_eq!(second, Ok("2".into()));
     assert_eq!(third, Ok("3".into()));
+}
+
+/// `application_name_add_host`: the server sees the client's address appended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn application_name_add_host_appends_the_client_address() {
+    let s = SluiceBuilder::new()
+        .userlist(MD5_USER, MD5_PASSWORD)
+        .setting("application_name_add_host", "1")
+        .start();
+    let mut cfg = s.config(MD5_USER, MD5_PASSWORD, TEST_DB);
+    cfg.application_name("app");
+    let c = within(STEP, "connect", support::connect(&cfg)).await;
+    let name = one(
+        &c,
+        "SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()",
+    )
+    .await
+    .unwrap();
+    assert!(name.starts_with("app - 127.0.0.1:"), "{name}");
 }
