@@ -23,6 +23,20 @@ use crate::stats::conns::{ClientInfo, ClientMeta, LinkedServer};
 use login::{LoggedIn, Startup};
 use relay::{Outcome, Relay, ReleaseAt, Timeouts};
 
+/// A client's log prefix (`C-<id>: db/user@addr`) and whether its pooler errors are
+/// logged (`log_pooler_errors`).
+#[derive(Debug)]
+pub struct ClientTag {
+    text: String,
+    log_pooler_errors: bool,
+}
+
+impl std::fmt::Display for ClientTag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
 /// Why a client is being turned away or disconnected.
 #[derive(Debug)]
 pub enum ClientError {
@@ -145,7 +159,10 @@ async fn pooled_session(
     started: Instant,
     cfg: &crate::config::Config,
 ) {
-    let tag = format!("C-{id}: {}/{}@{peer}", who.database, who.user);
+    let tag = ClientTag {
+        text: format!("C-{id}: {}/{}@{peer}", who.database, who.user),
+        log_pooler_errors: cfg.settings.log_pooler_errors,
+    };
     let s = &cfg.settings;
     let db_max = cfg
         .databases
@@ -232,7 +249,7 @@ async fn run_session(
     stream: &Stream,
     who: LoggedIn,
     leftover: BytesMut,
-    tag: &str,
+    tag: &ClientTag,
     info: &ClientInfo,
 ) -> String {
     let LoggedIn {
@@ -517,16 +534,23 @@ async fn finish_server(pool: &Arc<Pool>, mut server: ServerConn, clean: bool, mo
 }
 
 /// Tells the client why it cannot get a server, and closes it.
-async fn fail_client(stream: &Stream, tag: &str, e: &PoolError) -> String {
+async fn fail_client(stream: &Stream, tag: &ClientTag, e: &PoolError) -> String {
     let (code, message) = e.client_error();
-    tracing::warn!("{tag} pooler error: {message}");
+    if tag.log_pooler_errors {
+        tracing::warn!("{tag} pooler error: {message}");
+    }
     let mut out = BytesMut::with_capacity(64 + message.len());
     backend::error_response(&mut out, "FATAL", &code, &message);
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), stream.write_all(&out)).await;
     message
 }
 
-async fn protocol_failure(stream: &Stream, relay: &mut Relay, tag: &str, what: &str) -> String {
+async fn protocol_failure(
+    stream: &Stream,
+    relay: &mut Relay,
+    tag: &ClientTag,
+    what: &str,
+) -> String {
     let message = format!("client protocol error: {what}");
     fail_with(stream, relay, tag, PROTOCOL_VIOLATION, &message).await
 }
@@ -535,11 +559,13 @@ async fn protocol_failure(stream: &Stream, relay: &mut Relay, tag: &str, what: &
 async fn fail_with(
     stream: &Stream,
     relay: &mut Relay,
-    tag: &str,
+    tag: &ClientTag,
     code: &str,
     message: &str,
 ) -> String {
-    tracing::warn!("{tag} pooler error: {message}");
+    if tag.log_pooler_errors {
+        tracing::warn!("{tag} pooler error: {message}");
+    }
     let mut out = BytesMut::with_capacity(64 + message.len());
     backend::error_response(&mut out, "FATAL", code, message);
     let send = relay.send_to_client(stream, &out);
