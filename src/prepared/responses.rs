@@ -55,14 +55,8 @@ pub enum Expect {
     Swallow { kind: Kind, undo: Option<Undo> },
     /// Sluice answers in the server's stead: these bytes go out in this place.
     Synthesize(&'static [u8]),
-    /// A client's simple query whose outcome matters: DISCARD ALL / DEALLOCATE ALL
-    /// (the server forgets all its statements if it succeeds) or an SQL-level
-    /// PREPARE (undone if it fails).
-    Query {
-        failed: bool,
-        clear_on_success: bool,
-        undo: Option<Undo>,
-    },
+    /// A client's SQL-level PREPARE: undone if it fails.
+    Query { failed: bool, undo: Option<Undo> },
     /// Sluice's own simple query (an injected PREPARE or DEALLOCATE): everything up
     /// to and including its ReadyForQuery is dropped, except an error.
     SwallowQuery { failed: bool, undo: Option<Undo> },
@@ -186,14 +180,7 @@ impl ResponseTracker {
             Some(Expect::SwallowQuery { failed, .. }) if tag == b'E' => *failed = true,
             Some(Expect::Query { .. }) if tag == b'Z' => {
                 completes = true;
-                if let Some(Expect::Query {
-                    failed,
-                    clear_on_success,
-                    undo,
-                }) = self.queue.pop_front()
-                {
-                    // DISCARD ALL / DEALLOCATE ALL are handled by their CommandComplete.
-                    let _ = clear_on_success;
+                if let Some(Expect::Query { failed, undo }) = self.queue.pop_front() {
                     if failed {
                         Self::undo(undo, client, server);
                     }

@@ -127,16 +127,8 @@ fn fwd(kind: Kind) -> Expect {
 fn handle_query(msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> Result<(), RewriteError> {
     let body = &msg[HEADER_LEN..];
     let text = std::str::from_utf8(body.strip_suffix(b"\0").unwrap_or(body)).ok();
-    if clears_statements(body) {
-        // Forgotten when the server confirms (a failed DISCARD ALL keeps them).
-        out.extend_from_slice(&msg);
-        ctx.tracker.push(Expect::Query {
-            failed: false,
-            clear_on_success: true,
-            undo: None,
-        });
-        return Ok(());
-    }
+    // DISCARD ALL / DEALLOCATE ALL need nothing here: their CommandComplete, in
+    // either protocol, clears the statements (a failed one keeps them).
     let Some(cmd) = text.and_then(super::sql::parse) else {
         out.extend_from_slice(&msg);
         ctx.tracker.push(fwd(Kind::UntilReady));
@@ -170,7 +162,6 @@ fn handle_query(msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> Result<(),
             *ctx.server_parses += 1;
             ctx.tracker.push(Expect::Query {
                 failed: false,
-                clear_on_success: false,
                 undo: Some(Undo::ForgetSqlClientAndServer(name, stmt.id)),
             });
         }
@@ -222,26 +213,6 @@ fn put_query(out: &mut BytesMut, parts: &[&str]) {
 /// both share one namespace on the server).
 fn put_deallocate(out: &mut BytesMut, server_name: &str) {
     put_query(out, &["DEALLOCATE \"", server_name, "\""]);
-}
-
-/// Whether a simple query drops every prepared statement of the session.
-fn clears_statements(body: &[u8]) -> bool {
-    let text = String::from_utf8_lossy(body);
-    let words: Vec<String> = text
-        .trim_end_matches('\0')
-        .trim()
-        .trim_end_matches(';')
-        .split_whitespace()
-        .map(|w| w.to_ascii_uppercase())
-        .collect();
-    matches!(
-        words
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>()
-            .as_slice(),
-        ["DISCARD", "ALL"] | ["DEALLOCATE", "ALL"] | ["DEALLOCATE", "PREPARE", "ALL"]
-    )
 }
 
 /// Reads a NUL-terminated string from the front of `b`.
@@ -566,7 +537,5 @@ mod tests {
             .unwrap();
         assert!(out.ends_with(&d[..50]));
         assert!(!rw.at_boundary());
-        assert!(clears_statements(b"DEALLOCATE  all\0"));
-        assert!(!clears_statements(b"select 1\0"));
     }
 }
