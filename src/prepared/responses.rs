@@ -86,12 +86,41 @@ pub struct ResponseTracker {
     flush_after_current: bool,
     /// The statement whose Bind/Describe just failed, until the error's code is read.
     suspect: Option<std::sync::Arc<super::Statement>>,
+    /// The client's last batch (Bind..Sync of one statement, nothing run before it),
+    /// kept by the rewriter so that a stale-plan failure can be replayed.
+    pub replay: Option<Replay>,
+    /// An error held out of the stream until its code is known: (edit index, start).
+    held_error: Option<(usize, usize)>,
+    /// Set by the relay before each chunk: nothing newer is buffered toward the server,
+    /// so a replay would keep the order of the client's requests.
+    pub can_retry: bool,
+    /// Client bytes to send again (the replayed batch), taken by the relay.
+    retry: Option<bytes::BytesMut>,
+    /// A Describe at the head of the queue already got its ParameterDescription
+    /// through; after a replay the repeated one must be dropped.
+    param_desc_sent: bool,
+    /// Drop the next ParameterDescription (it repeats one the client has).
+    skip_param_desc: bool,
+    /// What `skip_param_desc` becomes if the failed batch is replayed.
+    skip_param_desc_on_retry: bool,
+}
+
+/// A recorded batch and the statement its Bind names.
+#[derive(Debug)]
+pub struct Replay {
+    pub stmt_id: u64,
+    pub bytes: bytes::BytesMut,
 }
 
 impl ResponseTracker {
     /// Whether every request has been answered.
     pub fn is_idle(&self) -> bool {
         self.queue.is_empty() && self.held.is_empty() && self.drop_left == 0
+    }
+
+    /// The batch to send again after a stale-plan error was hidden from the client.
+    pub fn take_retry(&mut self) -> Option<bytes::BytesMut> {
+        self.retry.take()
     }
 
     pub fn push(&mut self, e: Expect) {
@@ -108,6 +137,38 @@ impl ResponseTracker {
             out.extend_from_slice(b);
             self.queue.pop_front();
         }
+    }
+
+    /// Prepares the replay of the failed batch if nothing the client sent after it is
+    /// in flight: the failed batch's ReadyForQuery is then dropped (the replay brings
+    /// its own). Returns whether the retry will happen.
+    fn start_retry(&mut self) -> bool {
+        let only_sync_left = self.queue.len() == 1
+            && matches!(
+                self.queue.front(),
+                Some(Expect::Forward {
+                    kind: Kind::UntilReady,
+                    ..
+                })
+            );
+        eprintln!(
+            "DBG only_sync_left={only_sync_left} front={:?}",
+            self.queue.front()
+        );
+        let Some(replay) = self.replay.take() else {
+            return false;
+        };
+        if !(self.can_retry && only_sync_left) {
+            return false;
+        }
+        self.queue.pop_front();
+        self.queue.push_back(Expect::SwallowQuery {
+            failed: false,
+            undo: None,
+        });
+        self.retry = Some(replay.bytes);
+        self.skip_param_desc = self.skip_param_desc_on_retry;
+        true
     }
 
     /// Pops leading synthesized answers into `out`.
@@ -166,6 +227,20 @@ impl ResponseTracker {
         let start = at.unwrap_or(0);
         let mut drop_it = false;
         let mut completes = false;
+        if tag == b't' {
+            if self.skip_param_desc {
+                self.skip_param_desc = false;
+                drop_it = true;
+            } else if matches!(
+                self.queue.front(),
+                Some(Expect::Forward {
+                    kind: Kind::Describe,
+                    ..
+                })
+            ) {
+                self.param_desc_sent = true;
+            }
+        }
         match self.queue.front_mut() {
             Some(Expect::Forward { kind, .. }) if kind.completed_by(tag) => {
                 completes = true;
@@ -205,11 +280,22 @@ impl ResponseTracker {
                 // those requests get no answer, and synthesized ones must not either.
                 completes = true;
                 if let Some(Expect::Forward {
+                    kind: failed_kind,
                     undo: Some(Undo::Stale(stmt)),
-                    ..
                 }) = self.queue.front()
                 {
                     self.suspect = Some(stmt.clone());
+                    // A failed Describe may already have sent its ParameterDescription.
+                    self.skip_param_desc_on_retry =
+                        *failed_kind == Kind::Describe && self.param_desc_sent;
+                    // Hold the error back (if it is whole in this chunk) when its batch
+                    // can be replayed: the retry may make it disappear.
+                    let end = start + header_here + len;
+                    let replayable = self.replay.as_ref().is_some_and(|r| r.stmt_id == stmt.id);
+                    if replayable && at.is_some() && end <= chunk_len {
+                        self.held_error = Some((edits.len(), start));
+                        edits.push(Edit::Delete(start, end));
+                    }
                 }
                 while let Some(front) = self.queue.front() {
                     if matches!(
@@ -253,6 +339,7 @@ impl ResponseTracker {
             edits.push(Edit::Insert(0, held));
         }
         if completes {
+            self.param_desc_sent = false;
             let end = start + header_here + len;
             if end <= chunk_len {
                 let mut synth = Vec::new();
@@ -337,6 +424,7 @@ pub fn process_chunk(
                 crate::session::framer::Body::Capture
             }
             Event::Complete { tag: b'E', body } => {
+                let held = tracker.held_error.take();
                 if let Some(stmt) = tracker.suspect.take() {
                     if changed_result_type(body) {
                         // PostgreSQL keeps failing this plan: give the text a new
@@ -345,7 +433,15 @@ pub fn process_chunk(
                         // still naming it get the same error, then move on too.)
                         let fresh = registry.replace(&stmt);
                         client.repoint(stmt.id, &fresh);
+                        if held.is_some() && tracker.start_retry() {
+                            // The client never sees this error: its batch runs again.
+                            return crate::session::framer::Body::Skip;
+                        }
                     }
+                }
+                if let Some((index, start)) = held {
+                    // Not retried after all: the error goes out where it was.
+                    edits[index] = Edit::Delete(start, start);
                 }
                 on_event(Event::Complete { tag: b'E', body })
             }

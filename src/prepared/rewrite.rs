@@ -43,9 +43,75 @@ pub struct Rewriter {
     stream_left: usize,
     /// Terminate was seen: the rest of the input is dropped.
     terminated: bool,
+    /// Nothing but Parse (or Flush) since the last Sync: a Bind now starts a batch
+    /// that can be replayed if its statement's plan turns out stale.
+    batch_has_run: bool,
+    /// The batch being recorded for a replay: its statement and its messages as the
+    /// client sent them.
+    recording: Option<(u64, BytesMut)>,
+    /// This rewriter processes a replay: nothing is recorded.
+    replaying: bool,
+    /// Statement names the client Parsed since the last Sync.
+    parsed_in_batch: Vec<String>,
 }
 
+/// Largest batch kept for a replay.
+const MAX_REPLAY: usize = 64 * 1024;
+
 impl Rewriter {
+    /// A rewriter for sending a recorded batch again.
+    pub fn for_replay() -> Rewriter {
+        Rewriter {
+            replaying: true,
+            ..Rewriter::default()
+        }
+    }
+
+    /// Keeps a copy of the batch that starts with a Bind of a named statement when
+    /// nothing ran before it in the batch, until its Sync.
+    fn record(&mut self, tag: u8, msg: Option<&[u8]>, ctx: &mut Ctx<'_>) {
+        if self.replaying {
+            return;
+        }
+        if let Some((_, buf)) = &mut self.recording {
+            match msg {
+                Some(m) if buf.len() + m.len() <= MAX_REPLAY => buf.extend_from_slice(m),
+                _ => self.recording = None,
+            }
+        } else if matches!(tag, TAG_BIND | TAG_DESCRIBE) && !self.batch_has_run {
+            // Replayable only where PostgreSQL itself would not have failed: the
+            // client learns the shape from this very Describe, or it Parsed the
+            // statement just before binding it (a fresh plan, directly).
+            let name = msg.and_then(|m| statement_name(tag, m));
+            let fresh = tag == TAG_DESCRIBE
+                || name.is_some_and(|n| self.parsed_in_batch.iter().any(|p| p == n));
+            let stmt = name
+                .filter(|_| fresh)
+                .and_then(|n| ctx.client.get(n))
+                .map(|s| s.id);
+            if let (Some(stmt), Some(m)) = (stmt, msg) {
+                self.recording = Some((stmt, BytesMut::from(m)));
+            }
+        }
+        if tag == TAG_PARSE {
+            if let Some(n) = msg.and_then(|m| statement_name(tag, m)) {
+                self.parsed_in_batch.push(n.to_owned());
+            }
+        }
+        match tag {
+            TAG_SYNC => {
+                self.batch_has_run = false;
+                self.parsed_in_batch.clear();
+                ctx.tracker.replay = self
+                    .recording
+                    .take()
+                    .map(|(stmt_id, bytes)| super::responses::Replay { stmt_id, bytes });
+            }
+            TAG_PARSE | TAG_FLUSH => {}
+            _ => self.batch_has_run = true,
+        }
+    }
+
     /// Whether no message is half-way through.
     pub fn at_boundary(&self) -> bool {
         self.stream_left == 0
@@ -88,6 +154,7 @@ impl Rewriter {
                 return Ok(());
             }
             on_tag(tag);
+            self.record(tag, whole.then(|| &input[..len + 1]), ctx);
             if tag == TAG_TERMINATE {
                 self.terminated = true;
                 continue;
@@ -213,6 +280,23 @@ fn put_query(out: &mut BytesMut, parts: &[&str]) {
 /// both share one namespace on the server).
 fn put_deallocate(out: &mut BytesMut, server_name: &str) {
     put_query(out, &["DEALLOCATE \"", server_name, "\""]);
+}
+
+/// The statement name in a whole Parse, Bind or Describe-statement (non-empty).
+fn statement_name(tag: u8, msg: &[u8]) -> Option<&str> {
+    let body = msg.get(HEADER_LEN..)?;
+    let rest = match tag {
+        TAG_BIND => {
+            let portal_end = body.iter().position(|&b| b == 0)?;
+            &body[portal_end + 1..]
+        }
+        TAG_DESCRIBE => body.strip_prefix(b"S")?,
+        _ => body,
+    };
+    let end = rest.iter().position(|&b| b == 0)?;
+    std::str::from_utf8(&rest[..end])
+        .ok()
+        .filter(|n| !n.is_empty())
 }
 
 /// Reads a NUL-terminated string from the front of `b`.
@@ -367,6 +451,10 @@ fn handle_whole(
                 (b'S', n) if !n.is_empty() => ctx.client.get(n).cloned().map(|s| (n.to_owned(), s)),
                 _ => None,
             };
+            let undo = match &stmt {
+                Some((_, st)) if tag == TAG_DESCRIBE => Some(Undo::Stale(st.clone())),
+                _ => None,
+            };
             match stmt {
                 None => out.extend_from_slice(&msg),
                 Some((_, stmt)) if tag == TAG_DESCRIBE => {
@@ -384,7 +472,7 @@ fn handle_whole(
                     put_close(out, b'S', b"sluice_closed");
                 }
             }
-            ctx.tracker.push(fwd(entry));
+            ctx.tracker.push(Expect::Forward { kind: entry, undo });
         }
         _ => out.extend_from_slice(&msg),
     }

@@ -104,7 +104,10 @@ async fn re_preparing_after_a_result_type_change_works() {
         .unwrap();
     let rows = within(STEP, "query", c.query(&st, &[])).await.unwrap();
     assert_eq!(rows[0].len(), 1);
-    col(&c, "ALTER TABLE t ADD COLUMN b int").await.unwrap();
+    // DDL from elsewhere: the client's next message is its Bind, right after a Sync.
+    // It prepared the statement before the DDL, so PostgreSQL fails it directly too,
+    // and Sluice must not hide that (the client knows the old shape).
+    crate::txn::common::direct(&db, "ALTER TABLE t ADD COLUMN b int");
     let e = within(STEP, "stale query", c.query(&st, &[]))
         .await
         .unwrap_err();
@@ -117,5 +120,32 @@ async fn re_preparing_after_a_result_type_change_works() {
     let rows = within(STEP, "fresh query", c.query(&st, &[]))
         .await
         .unwrap();
+    assert_eq!(rows[0].len(), 2);
+}
+
+/// A client that prepares a statement after DDL changed its result type must get the
+/// new shape, as it would directly, even when its server still holds an older copy
+/// of the same text from another client (issue 5: no client-visible error where
+/// PostgreSQL would not give one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_prepared_after_ddl_sees_the_new_shape() {
+    let db = fresh_db("prep_ddl2");
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let a = client(&s, &db).await;
+    col(&a, "CREATE TABLE t (a int); INSERT INTO t VALUES (1)")
+        .await
+        .unwrap();
+    let st = within(STEP, "prepare a", a.prepare("SELECT * FROM t"))
+        .await
+        .unwrap();
+    within(STEP, "query a", a.query(&st, &[])).await.unwrap();
+    col(&a, "ALTER TABLE t ADD COLUMN b int").await.unwrap();
+    // B arrives after the DDL; the only server still has A's copy of the text.
+    let b = client(&s, &db).await;
+    let st = within(STEP, "prepare b", b.prepare("SELECT * FROM t"))
+        .await
+        .unwrap();
+    assert_eq!(st.columns().len(), 2, "B was described the old shape");
+    let rows = within(STEP, "query b", b.query(&st, &[])).await.unwrap();
     assert_eq!(rows[0].len(), 2);
 }

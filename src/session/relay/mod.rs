@@ -273,6 +273,9 @@ impl Relay {
                         Err(ServerRead::Io(e)) => return Outcome::ServerClosed(e),
                         Err(ServerRead::Protocol(e)) => return Outcome::ServerProtocol(e),
                     }
+                    if let Err(e) = self.replay_if_needed(server) {
+                        return e;
+                    }
                     if self.saw_ready && release == ReleaseAt::StatementEnd && self.status != b'I' {
                         // The client must not see its BEGIN succeed: drop that
                         // ReadyForQuery (the last message) before the error goes out.
@@ -465,6 +468,8 @@ impl Relay {
                 .feed(&self.s2c[start..], u32::MAX, on_event),
             Some(p) => {
                 debug_assert_eq!(start, 0, "server reads happen only with s2c drained");
+                // A replay must not overtake client bytes already on their way.
+                p.tracker_mut().can_retry = self.c2s.is_empty();
                 p.process_server_chunk(
                     &mut self.server_framer,
                     &mut self.s2c,

@@ -54,6 +54,10 @@ impl PreparedState {
     }
 
     /// Runs one chunk of server bytes through the response tracker.
+    pub(super) fn tracker_mut(&mut self) -> &mut ResponseTracker {
+        &mut self.tracker
+    }
+
     pub(super) fn process_server_chunk(
         &mut self,
         framer: &mut Framer,
@@ -84,6 +88,29 @@ impl Relay {
             input: BytesMut::new(),
             max,
         }));
+    }
+
+    /// Sends a batch again after its stale-plan error was hidden from the client: the
+    /// rewriter prepares the statement's new version first. Replayed messages are not
+    /// counted again (the failed batch's ReadyForQuery was dropped for them).
+    pub(super) fn replay_if_needed(&mut self, server: &mut ServerConn) -> Result<(), Outcome> {
+        let Some(p) = self.prepared.as_deref_mut() else {
+            return Ok(());
+        };
+        let Some(mut bytes) = p.tracker.take_retry() else {
+            return Ok(());
+        };
+        let mut ctx = Ctx {
+            registry: &p.registry,
+            client: &mut p.client,
+            server: &mut server.prepared,
+            tracker: &mut p.tracker,
+            max_prepared: p.max,
+            server_parses: &mut self.stats.server_parses,
+        };
+        Rewriter::for_replay()
+            .process(&mut bytes, &mut self.c2s, self.max_packet, &mut ctx, |_| {})
+            .map_err(|_| Outcome::ClientProtocol(ProtocolError::Malformed("replayed batch")))
     }
 
     /// Rewrites buffered client bytes for the linked server into `c2s`, and queues
