@@ -1,0 +1,147 @@
+//! Tests of the request rewriter: renaming, reuse, injection, streaming, refusals.
+
+use super::*;
+
+fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut v = vec![tag];
+    v.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+    v.extend_from_slice(body);
+    v
+}
+
+struct World {
+    registry: Registry,
+    client: ClientStatements,
+    server: ServerStatements,
+    tracker: ResponseTracker,
+    parses: u64,
+}
+
+impl World {
+    fn new() -> World {
+        World {
+            registry: Registry::default(),
+            client: ClientStatements::default(),
+            server: ServerStatements::default(),
+            tracker: ResponseTracker::default(),
+            parses: 0,
+        }
+    }
+
+    fn feed(&mut self, bytes: &[u8]) -> Vec<u8> {
+        let mut input = BytesMut::from(bytes);
+        let mut out = BytesMut::new();
+        let mut ctx = Ctx {
+            registry: &self.registry,
+            client: &mut self.client,
+            server: &mut self.server,
+            tracker: &mut self.tracker,
+            max_prepared: 2,
+            server_parses: &mut self.parses,
+        };
+        Rewriter::default()
+            .process(&mut input, &mut out, 1 << 20, &mut ctx, |_| {})
+            .unwrap();
+        assert!(input.is_empty());
+        out.to_vec()
+    }
+}
+
+#[test]
+fn renames_and_reuses_statements() {
+    let mut w = World::new();
+    let mut req = msg(b'P', b"S_1\0select $1\0\0\x01\0\0\0\x17");
+    req.extend(msg(b'B', b"\0S_1\0\0\0\0\x01\0\0\0\x011\0\0"));
+    req.extend(msg(b'E', b"\0\0\0\0\0"));
+    req.extend(msg(b'S', b""));
+    let out = w.feed(&req);
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.contains("SLUICE_1\0select $1"), "{text:?}");
+    assert!(text.contains("\0SLUICE_1\0"), "{text:?}");
+    assert!(!text.contains("S_1"));
+    assert_eq!(w.parses, 1);
+    // A second client Parse of the same text on the same server sends nothing.
+    let out = w.feed(&msg(b'P', b"other\0select $1\0\0\x01\0\0\0\x17"));
+    assert!(out.is_empty());
+    assert_eq!(w.client.len(), 2);
+}
+
+#[test]
+fn injects_parse_for_a_statement_the_server_lacks() {
+    let mut w = World::new();
+    w.feed(&msg(b'P', b"S_1\0select 1\0\0\0"));
+    w.server.clear(); // as if the client moved to another server
+    let out = w.feed(&msg(b'B', b"\0S_1\0\0\0\0\0\0\0"));
+    assert_eq!(out[0], b'P');
+    assert_eq!(w.parses, 2);
+}
+
+#[test]
+fn unknown_names_pass_through_and_discard_all_waits_for_the_server() {
+    let mut w = World::new();
+    let b = msg(b'B', b"\0nope\0\0\0\0\0\0\0");
+    assert_eq!(w.feed(&b), b);
+    w.feed(&msg(b'P', b"S_1\0select 1\0\0\0"));
+    w.feed(&msg(b'Q', b"discard all;\0"));
+    // Names go only when the server confirms (a DISCARD ALL may fail).
+    assert_eq!(w.client.len(), 1);
+}
+
+#[test]
+fn a_second_parse_of_a_live_name_is_refused() {
+    let mut w = World::new();
+    w.feed(&msg(b'P', b"S_1\0select 1\0\0\0"));
+    let mut input = BytesMut::from(&msg(b'P', b"S_1\0select 2\0\0\0")[..]);
+    let mut out = BytesMut::new();
+    let mut ctx = Ctx {
+        registry: &w.registry,
+        client: &mut w.client,
+        server: &mut w.server,
+        tracker: &mut w.tracker,
+        max_prepared: 2,
+        server_parses: &mut w.parses,
+    };
+    let r = Rewriter::default().process(&mut input, &mut out, 1 << 20, &mut ctx, |_| {});
+    assert_eq!(r, Err(RewriteError::DuplicateStatement));
+    // After Close the name is free again.
+    w.feed(&msg(b'C', b"SS_1\0"));
+    w.feed(&msg(b'P', b"S_1\0select 2\0\0\0"));
+    assert_eq!(w.client.len(), 1);
+}
+
+#[test]
+fn close_removes_the_client_name_only() {
+    let mut w = World::new();
+    w.feed(&msg(b'P', b"S_1\0select 1\0\0\0"));
+    let out = w.feed(&msg(b'C', b"SS_1\0"));
+    assert!(String::from_utf8_lossy(&out).contains("sluice_closed"));
+    assert!(w.client.is_empty());
+    assert_eq!(w.server.len(), 1);
+}
+
+#[test]
+fn streams_big_messages_and_waits_for_whole_parses() {
+    let mut w = World::new();
+    let p = msg(b'P', b"S_1\0select 1\0\0\0");
+    let mut input = BytesMut::from(&p[..7]);
+    let mut out = BytesMut::new();
+    let mut rw = Rewriter::default();
+    let mut ctx = Ctx {
+        registry: &w.registry,
+        client: &mut w.client,
+        server: &mut w.server,
+        tracker: &mut w.tracker,
+        max_prepared: 2,
+        server_parses: &mut w.parses,
+    };
+    rw.process(&mut input, &mut out, 1 << 20, &mut ctx, |_| {})
+        .unwrap();
+    assert!(out.is_empty() && input.len() == 7);
+    input.extend_from_slice(&p[7..]);
+    let d = msg(b'd', &[7u8; 100]);
+    input.extend_from_slice(&d[..50]);
+    rw.process(&mut input, &mut out, 1 << 20, &mut ctx, |_| {})
+        .unwrap();
+    assert!(out.ends_with(&d[..50]));
+    assert!(!rw.at_boundary());
+}
