@@ -16,6 +16,11 @@ pub enum SqlCommand<'a> {
 
 /// Recognises `text` (a Query body without its NUL) as one of the commands.
 pub fn parse(text: &str) -> Option<SqlCommand<'_>> {
+    // Every simple query passes here: reject most of them on their first letter.
+    let first = text.trim_start().as_bytes().first()?.to_ascii_uppercase();
+    if !matches!(first, b'P' | b'E' | b'D') {
+        return None;
+    }
     let t = text
         .trim()
         .trim_end_matches(|c: char| c == ';' || c.is_whitespace());

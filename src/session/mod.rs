@@ -422,6 +422,8 @@ async fn run_session(
                 if let Some(s) = server.take() {
                     pool.release(s, true);
                 }
+                // The client may now stay idle for long: its counts go in now.
+                pool.stats.flush(&mut relay.stats);
                 relay.shrink_idle();
             }
             Outcome::ClientClosed => {

@@ -174,7 +174,8 @@ impl Relay {
         stats: &PoolStats,
     ) -> Result<bool, Outcome> {
         loop {
-            let deadline = self.deadline_or_flush(false);
+            // No flush timer here: transaction-pooled clients flush at each release.
+            let deadline = self.deadline(false);
             tokio::select! {
                 r = client.readable() => r.map_err(Outcome::ClientFailed)?,
                 _ = sleep_until(deadline), if deadline.is_some() => {
@@ -260,7 +261,13 @@ impl Relay {
             if at_release && self.server_clean() {
                 return Outcome::ReleasePoint;
             }
-            let deadline = self.deadline_or_flush(true);
+            // A session-mode client keeps its server while idle: flush on a timer then.
+            let deadline =
+                if release == ReleaseAt::SessionEnd || release == ReleaseAt::SessionCheckpoints {
+                    self.deadline_or_flush(true)
+                } else {
+                    self.deadline(true)
+                };
             tokio::select! {
                 biased;
                 r = server.stream.readable(), if self.s2c.is_empty() => {
