@@ -128,7 +128,7 @@ fn client_row(c: &ClientInfo, state: &str, listen_port: u16, debug: bool) -> Vec
         0u32.into(),
         "".into(),
         c.meta.application_name.clone().into(),
-        0u32.into(),
+        c.prepared().into(),
         c.meta.id.into(),
     ];
     if debug {
@@ -151,6 +151,7 @@ struct ServerView {
     link: Option<u64>,
     backend_pid: u32,
     application_name: String,
+    prepared: u32,
 }
 
 fn server_row(s: &ServerView, debug: bool) -> Vec<Cell> {
@@ -179,7 +180,7 @@ fn server_row(s: &ServerView, debug: bool) -> Vec<Cell> {
         s.backend_pid.into(),
         "".into(),
         s.application_name.clone().into(),
-        0u32.into(),
+        s.prepared.into(),
         s.id.into(),
     ];
     if debug {
@@ -213,6 +214,7 @@ fn server_views(app: &App) -> Vec<ServerView> {
                     link: Some(c.meta.id),
                     backend_pid: s.backend_pid,
                     application_name: c.meta.application_name.clone(),
+                    prepared: s.prepared,
                 });
             }
         }
@@ -233,6 +235,7 @@ fn server_views(app: &App) -> Vec<ServerView> {
                 link: None,
                 backend_pid: s.backend_pid,
                 application_name: String::new(),
+                prepared: s.prepared,
             });
         }
     }

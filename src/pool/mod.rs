@@ -113,6 +113,8 @@ pub struct IdleServer {
     pub last_used: Instant,
     pub local_addr: Option<std::net::SocketAddr>,
     pub generation: u64,
+    /// Prepared statements it holds for transaction pooling.
+    pub prepared: u32,
 }
 
 /// A snapshot of a pool's counters, for the console and tests.
@@ -223,6 +225,7 @@ impl Pool {
                 last_used: c.last_used,
                 local_addr: c.local_addr,
                 generation: c.generation,
+                prepared: c.prepared.len() as u32,
             })
             .collect()
     }

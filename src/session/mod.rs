@@ -382,6 +382,7 @@ async fn run_session(
                         created: s.created,
                         local_addr: s.local_addr,
                         generation: s.generation,
+                        prepared: s.prepared.len() as u32,
                     });
                     server = Some(s);
                 }
@@ -411,6 +412,7 @@ async fn run_session(
                 }
             }
             Outcome::ReleasePoint => {
+                info.set_prepared(relay.prepared_count());
                 if reset_always {
                     if let Some(s) = server.take() {
                         // Resets and returns it (or closes it if the reset fails).

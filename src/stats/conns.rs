@@ -47,6 +47,8 @@ pub struct LinkedServer {
     /// The pool generation the server belongs to; older than the pool's means it will
     /// be closed at release (RECONNECT, reload).
     pub generation: u64,
+    /// Prepared statements the server held when it was linked.
+    pub prepared: u32,
 }
 
 /// What is known about a client when it registers; fixed for its life.
@@ -74,6 +76,8 @@ pub struct ClientInfo {
     /// Unix time in microseconds of the last request (when it started waiting).
     request_us: AtomicU64,
     link: Mutex<Option<LinkedServer>>,
+    /// Prepared statements the client holds (transaction pooling), for SHOW CLIENTS.
+    prepared: std::sync::atomic::AtomicU32,
     kill: Notify,
     kill_reason: Mutex<Option<&'static str>>,
 }
@@ -93,6 +97,7 @@ impl ClientInfo {
             state: AtomicU8::new(0),
             request_us: AtomicU64::new(unix_us(now)),
             link: Mutex::new(None),
+            prepared: std::sync::atomic::AtomicU32::new(0),
             kill: Notify::new(),
             kill_reason: Mutex::new(None),
         }
@@ -124,6 +129,16 @@ impl ClientInfo {
     pub fn link(&self, server: LinkedServer) {
         *lock(&self.link) = Some(server);
         self.state.store(2, Ordering::Relaxed);
+    }
+
+    /// Records how many prepared statements the client holds.
+    pub fn set_prepared(&self, n: u32) {
+        self.prepared.store(n, Ordering::Relaxed);
+    }
+
+    /// Prepared statements the client holds.
+    pub fn prepared(&self) -> u32 {
+        self.prepared.load(Ordering::Relaxed)
     }
 
     /// The client gave its server back.
@@ -264,6 +279,7 @@ mod tests {
                 created: Instant::now(),
                 local_addr: None,
                 generation: 0,
+                prepared: 0,
             });
             assert_eq!(r.get(7).unwrap().linked().unwrap().id, 3);
             assert_eq!(g.state(), ClientState::Active);

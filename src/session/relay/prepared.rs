@@ -78,6 +78,11 @@ impl PreparedState {
 }
 
 impl Relay {
+    /// Prepared statements the client holds (0 without prepared-statement mode).
+    pub fn prepared_count(&self) -> u32 {
+        self.prepared.as_ref().map_or(0, |p| p.client.len() as u32)
+    }
+
     /// Turns on prepared-statement rewriting with a per-server cache of `max`.
     pub fn enable_prepared(&mut self, registry: Arc<Registry>, max: usize) {
         self.prepared = Some(Box::new(PreparedState {

@@ -278,3 +278,40 @@ async fn config_databases_users_lists_and_fake_params() {
     assert!(psql_ok(&s, "SHOW DNS_HOSTS").rows.is_empty());
     assert!(psql_ok(&s, "SHOW PEERS").rows.is_empty());
 }
+
+/// SHOW CLIENTS / SHOW SERVERS count the prepared statements each one holds in
+/// transaction pooling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepared_statement_counts_in_clients_and_servers() {
+    let s = builder()
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "1")
+        .start();
+    let c = pooled(&s, Some("prep_counter")).await;
+    let a = within(Duration::from_secs(20), "prepare", c.prepare("SELECT 1"))
+        .await
+        .unwrap();
+    let b = within(Duration::from_secs(20), "prepare", c.prepare("SELECT 2"))
+        .await
+        .unwrap();
+    within(Duration::from_secs(20), "query", c.query(&a, &[]))
+        .await
+        .unwrap();
+    within(Duration::from_secs(20), "query", c.query(&b, &[]))
+        .await
+        .unwrap();
+    let clients = psql_ok(&s, "SHOW CLIENTS");
+    assert_eq!(
+        clients.cell("application_name", "prep_counter", "prepared_statements"),
+        Some("2".into()),
+        "{:?}",
+        clients
+    );
+    let servers = psql_ok(&s, "SHOW SERVERS");
+    let held: Vec<u32> = servers
+        .column("prepared_statements")
+        .iter()
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    assert!(held.iter().any(|n| *n >= 2), "{servers:?}");
+}
