@@ -21,7 +21,7 @@ use crate::protocol::header::*;
 use crate::protocol::sqlstate::PROTOCOL_VIOLATION;
 use crate::session::ClientError;
 use crate::stats::conns::ClientMeta;
-use crate::stats::StatsDelta;
+use crate::stats::{StatsDelta, Totals};
 
 /// Largest console message accepted; commands are short.
 const MAX_MESSAGE: u32 = 64 * 1024;
@@ -144,7 +144,10 @@ pub async fn serve(
         admin: true,
     });
     app.admin.console_stats.flush(&mut StatsDelta {
-        logins: 1,
+        counts: Totals {
+            logins: 1,
+            ..Default::default()
+        },
         ..Default::default()
     });
     let mut out = BytesMut::with_capacity(256);
@@ -210,8 +213,11 @@ async fn run(
                 info.unlink();
                 rows::ready(&mut ctx.out);
                 app.admin.console_stats.flush(&mut StatsDelta {
-                    queries: 1,
-                    xacts: 1,
+                    counts: Totals {
+                        queries: 1,
+                        xacts: 1,
+                        ..Default::default()
+                    },
                     ..Default::default()
                 });
                 if let Err(e) = stream.write_all(&ctx.out).await {

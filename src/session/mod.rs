@@ -305,7 +305,7 @@ async fn run_session(
     if mode != PoolMode::Session && max_prepared > 0 {
         relay.enable_prepared(app.statements.clone(), max_prepared);
     }
-    relay.stats.logins += 1;
+    relay.stats.counts.logins += 1;
     if !leftover.is_empty() {
         if let Err(e) = relay.preload(&leftover) {
             return Box::pin(protocol_failure(stream, &mut relay, tag, &e.to_string())).await;
@@ -370,9 +370,9 @@ async fn run_session(
             match acquired {
                 Ok(s) => {
                     let waited = asked.elapsed().as_micros() as u64;
-                    relay.stats.wait_time_us += waited;
+                    relay.stats.counts.wait_time_us += waited;
                     relay.stats.wait_hist.record(waited);
-                    relay.stats.server_assignments += 1;
+                    relay.stats.counts.server_assignments += 1;
                     cancel_key
                         .target
                         .set(Some((s.addr.clone(), s.backend_pid, s.backend_key)));

@@ -15,18 +15,7 @@ pub use histogram::{Histogram, LocalHistogram, BUCKETS_US};
 /// Counts gathered by one client between flushes.
 #[derive(Debug, Default, Clone)]
 pub struct StatsDelta {
-    pub server_assignments: u64,
-    pub xacts: u64,
-    pub queries: u64,
-    pub bytes_received: u64,
-    pub bytes_sent: u64,
-    pub xact_time_us: u64,
-    pub query_time_us: u64,
-    pub wait_time_us: u64,
-    pub client_parses: u64,
-    pub server_parses: u64,
-    pub binds: u64,
-    pub logins: u64,
+    pub counts: Totals,
     pub query_hist: LocalHistogram,
     pub xact_hist: LocalHistogram,
     pub wait_hist: LocalHistogram,
@@ -35,12 +24,9 @@ pub struct StatsDelta {
 impl StatsDelta {
     /// Whether nothing was counted since the last flush.
     pub fn is_empty(&self) -> bool {
-        self.queries == 0
-            && self.bytes_received == 0
-            && self.bytes_sent == 0
-            && self.server_assignments == 0
-            && self.logins == 0
-            && self.wait_time_us == 0
+        self.counts == Totals::default()
+            && self.query_hist.is_empty()
+            && self.xact_hist.is_empty()
             && self.wait_hist.is_empty()
     }
 }
@@ -129,18 +115,18 @@ impl PoolStats {
                 a.fetch_add(v, Relaxed);
             }
         };
-        add(&self.server_assignments, d.server_assignments);
-        add(&self.xacts, d.xacts);
-        add(&self.queries, d.queries);
-        add(&self.bytes_received, d.bytes_received);
-        add(&self.bytes_sent, d.bytes_sent);
-        add(&self.xact_time_us, d.xact_time_us);
-        add(&self.query_time_us, d.query_time_us);
-        add(&self.wait_time_us, d.wait_time_us);
-        add(&self.client_parses, d.client_parses);
-        add(&self.server_parses, d.server_parses);
-        add(&self.binds, d.binds);
-        add(&self.logins, d.logins);
+        add(&self.server_assignments, d.counts.server_assignments);
+        add(&self.xacts, d.counts.xacts);
+        add(&self.queries, d.counts.queries);
+        add(&self.bytes_received, d.counts.bytes_received);
+        add(&self.bytes_sent, d.counts.bytes_sent);
+        add(&self.xact_time_us, d.counts.xact_time_us);
+        add(&self.query_time_us, d.counts.query_time_us);
+        add(&self.wait_time_us, d.counts.wait_time_us);
+        add(&self.client_parses, d.counts.client_parses);
+        add(&self.server_parses, d.counts.server_parses);
+        add(&self.binds, d.counts.binds);
+        add(&self.logins, d.counts.logins);
         self.query_hist.merge(&mut d.query_hist);
         self.xact_hist.merge(&mut d.xact_hist);
         self.wait_hist.merge(&mut d.wait_hist);
@@ -173,16 +159,14 @@ mod tests {
     #[test]
     fn flush_adds_and_clears() {
         let s = PoolStats::default();
-        let mut d = StatsDelta {
-            queries: 3,
-            xacts: 2,
-            bytes_sent: 100,
-            ..Default::default()
-        };
+        let mut d = StatsDelta::default();
+        d.counts.queries = 3;
+        d.counts.xacts = 2;
+        d.counts.bytes_sent = 100;
         d.query_hist.record(150);
         s.flush(&mut d);
         assert!(d.is_empty());
-        d.queries = 1;
+        d.counts.queries = 1;
         s.flush(&mut d);
         let t = s.totals();
         assert_eq!((t.queries, t.xacts, t.bytes_sent), (4, 2, 100));

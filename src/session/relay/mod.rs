@@ -228,10 +228,7 @@ impl Relay {
     /// (end of stream or Terminate), so the wait should be abandoned.
     pub fn read_while_waiting(&mut self, client: &Stream) -> io::Result<bool> {
         let more = self.read_client(client)?;
-        let prepared_terminate = self
-            .prepared
-            .as_ref()
-            .is_some_and(|p| p.ends_with_terminate());
+        let prepared_terminate = self.prepared.as_ref().is_some_and(|p| p.has_terminate());
         Ok(more && !self.terminated && !prepared_terminate)
     }
 
@@ -368,7 +365,7 @@ impl Relay {
         if n == 0 {
             return Ok(false);
         }
-        self.stats.bytes_received += n as u64;
+        self.stats.counts.bytes_received += n as u64;
         if self.prepared.is_none() {
             self.scan_client(start)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
@@ -382,7 +379,10 @@ impl Relay {
         let mut cut = None;
         let (pending, unsynced, terminated) =
             (&mut self.pending, &mut self.unsynced, &mut self.terminated);
-        let (parses, binds) = (&mut self.stats.client_parses, &mut self.stats.binds);
+        let (parses, binds) = (
+            &mut self.stats.counts.client_parses,
+            &mut self.stats.counts.binds,
+        );
         let mut desync = false;
         let r = self
             .client_framer
@@ -427,7 +427,7 @@ impl Relay {
         if n == 0 {
             return Err(ServerRead::Io(io::ErrorKind::UnexpectedEof.into()));
         }
-        self.stats.bytes_sent += n as u64;
+        self.stats.counts.bytes_sent += n as u64;
         let (pending, status, saw_ready) =
             (&mut self.pending, &mut self.status, &mut self.saw_ready);
         let (readies, xacts_done) = (&mut self.readies, &mut self.xacts_done);

@@ -42,9 +42,23 @@ impl PreparedState {
         self.rewriter.at_boundary() && self.input.first() == Some(&TAG_TERMINATE)
     }
 
-    /// Whether the buffered input ends with a whole Terminate message.
-    pub(super) fn ends_with_terminate(&self) -> bool {
-        self.input.ends_with(b"X\0\0\0\x04")
+    /// Whether the buffered input holds a Terminate message (walking its headers;
+    /// only while the client waits for a server, so nothing is rewritten yet).
+    pub(super) fn has_terminate(&self) -> bool {
+        if !self.rewriter.at_boundary() {
+            return false;
+        }
+        let mut rest = &self.input[..];
+        while let Some((tag, len)) = crate::protocol::header::parse(rest) {
+            if tag == TAG_TERMINATE {
+                return true;
+            }
+            match rest.get(len as usize + 1..) {
+                Some(next) if len >= 4 => rest = next,
+                _ => break,
+            }
+        }
+        false
     }
 
     pub(super) fn shrink_idle(&mut self) {
@@ -111,7 +125,7 @@ impl Relay {
             server: &mut server.prepared,
             tracker: &mut p.tracker,
             max_prepared: p.max,
-            server_parses: &mut self.stats.server_parses,
+            server_parses: &mut self.stats.counts.server_parses,
         };
         Rewriter::for_replay()
             .process(&mut bytes, &mut self.c2s, self.max_packet, &mut ctx, |_| {})
@@ -134,11 +148,14 @@ impl Relay {
             server: &mut server.prepared,
             tracker: &mut p.tracker,
             max_prepared: p.max,
-            server_parses: &mut self.stats.server_parses,
+            server_parses: &mut self.stats.counts.server_parses,
         };
         let (pending, unsynced, terminated) =
             (&mut self.pending, &mut self.unsynced, &mut self.terminated);
-        let (parses, binds) = (&mut self.stats.client_parses, &mut self.stats.binds);
+        let (parses, binds) = (
+            &mut self.stats.counts.client_parses,
+            &mut self.stats.counts.binds,
+        );
         let r = p.rewriter.process(
             &mut p.input,
             &mut self.c2s,

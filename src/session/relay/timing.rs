@@ -64,18 +64,18 @@ impl Relay {
         }
         let now = Instant::now();
         self.last_activity = now;
-        self.stats.queries += u64::from(self.readies);
+        self.stats.counts.queries += u64::from(self.readies);
         if let Some(at) = self.request_started {
             let us = now.duration_since(at).as_micros() as u64;
-            self.stats.query_time_us += us;
+            self.stats.counts.query_time_us += us;
             self.stats.query_hist.record(us);
         }
         self.request_started = (self.pending > 0).then_some(now);
         if self.xacts_done > 0 {
-            self.stats.xacts += u64::from(self.xacts_done);
+            self.stats.counts.xacts += u64::from(self.xacts_done);
             if let Some(at) = self.transaction_started {
                 let us = now.duration_since(at).as_micros() as u64;
-                self.stats.xact_time_us += us;
+                self.stats.counts.xact_time_us += us;
                 self.stats.xact_hist.record(us);
             }
             self.transaction_started = if self.status != b'I' || self.pending > 0 {
@@ -101,7 +101,7 @@ impl Relay {
     /// Folds the counts into the pool's stats every 64 transactions or every 100 ms,
     /// not after each one: the pool's counters are shared by all threads.
     pub(super) fn maybe_flush(&mut self, stats: &PoolStats, now: Instant) {
-        if self.stats.xacts >= 64 || now.duration_since(self.last_flush).as_millis() >= 100 {
+        if self.stats.counts.xacts >= 64 || now.duration_since(self.last_flush).as_millis() >= 100 {
             stats.flush(&mut self.stats);
             self.last_flush = now;
         }
