@@ -6,6 +6,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::task::{Context, Poll};
 
 use bytes::BytesMut;
 use tokio::io::Interest;
@@ -48,6 +49,24 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.writable().await,
             Stream::Unix(s) => s.writable().await,
+        }
+    }
+
+    /// Polls read readiness. Unlike [`Stream::readable`] it creates no future and no
+    /// waiter entry (the socket keeps one waker slot per direction), which the relay's
+    /// per-message loop uses; only one task may poll a given socket this way.
+    pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self {
+            Stream::Tcp(s) => s.poll_read_ready(cx),
+            Stream::Unix(s) => s.poll_read_ready(cx),
+        }
+    }
+
+    /// Polls write readiness; see [`Stream::poll_read_ready`].
+    pub fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self {
+            Stream::Tcp(s) => s.poll_write_ready(cx),
+            Stream::Unix(s) => s.poll_write_ready(cx),
         }
     }
 

@@ -32,8 +32,8 @@ impl Pool {
     /// waiter goes on to the next waiter or back to the pool.
     pub async fn acquire(self: &Arc<Self>) -> Result<ServerConn, PoolError> {
         let cfg = self.config_guard();
-        let deadline =
-            (!cfg.query_wait_timeout.is_zero()).then(|| Instant::now() + cfg.query_wait_timeout);
+        let now = Instant::now();
+        let deadline = (!cfg.query_wait_timeout.is_zero()).then(|| now + cfg.query_wait_timeout);
         loop {
             let mut doomed = Vec::new();
             let step = {
@@ -41,7 +41,7 @@ impl Pool {
                 if st.closed {
                     return Err(PoolError::PoolClosed);
                 }
-                if let Some(mut conn) = pop_idle(&mut st, &cfg, &mut doomed) {
+                if let Some(mut conn) = pop_idle(&mut st, &cfg, now, &mut doomed) {
                     st.active += 1;
                     conn.lent = super::LentMark::lent_by(self.clone());
                     Step::Idle(conn)
@@ -52,11 +52,7 @@ impl Pool {
                     let (tx, rx) = oneshot::channel();
                     let id = st.next_waiter;
                     st.next_waiter += 1;
-                    st.waiters.push_back(Waiter {
-                        id,
-                        since: Instant::now(),
-                        tx,
-                    });
+                    st.waiters.push_back(Waiter { id, since: now, tx });
                     Step::Wait(id, rx)
                 }
             };
@@ -82,13 +78,41 @@ impl Pool {
         }
     }
 
+    /// The common case of [`Pool::acquire`], without a future: an idle connection
+    /// that needs no check, taken at once when nobody is waiting ahead (FIFO). `now`
+    /// is when the client's request arrived. None: take the slow path.
+    pub fn try_acquire_idle(self: &Arc<Self>, now: Instant) -> Option<ServerConn> {
+        let cfg = self.config_guard();
+        let mut doomed = Vec::new();
+        let got = {
+            let mut st = self.lock_state();
+            if st.closed || !st.waiters.is_empty() {
+                return None;
+            }
+            match pop_idle(&mut st, &cfg, now, &mut doomed) {
+                Some(conn) if needs_check(&conn, &cfg, now) => {
+                    st.idle.push(conn);
+                    None
+                }
+                Some(mut conn) => {
+                    st.active += 1;
+                    conn.lent = super::LentMark::lent_by(self.clone());
+                    Some(conn)
+                }
+                None => None,
+            }
+        };
+        drop(doomed);
+        got
+    }
+
     /// Runs `server_check_query` on a connection that sat idle past
     /// `server_check_delay`. Returns it if healthy; a failed one is closed.
     async fn check_idle(&self, mut conn: ServerConn, cfg: &PoolConfig) -> Option<ServerConn> {
         let Some(query) = &cfg.server_check_query else {
             return Some(conn);
         };
-        if conn.last_used.elapsed() < cfg.server_check_delay {
+        if !needs_check(&conn, cfg, Instant::now()) {
             return Some(conn);
         }
         match conn
@@ -269,9 +293,9 @@ impl Pool {
 fn pop_idle(
     st: &mut PoolState,
     cfg: &PoolConfig,
+    now: Instant,
     doomed: &mut Vec<ServerConn>,
 ) -> Option<ServerConn> {
-    let now = Instant::now();
     loop {
         let conn = if cfg.server_round_robin && !st.idle.is_empty() {
             st.idle.remove(0)
@@ -285,4 +309,10 @@ fn pop_idle(
         }
         doomed.push(conn);
     }
+}
+
+/// Whether a connection sat idle long enough to be checked before reuse.
+fn needs_check(conn: &ServerConn, cfg: &PoolConfig, now: Instant) -> bool {
+    cfg.server_check_query.is_some()
+        && now.saturating_duration_since(conn.last_used) >= cfg.server_check_delay
 }

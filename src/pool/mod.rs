@@ -242,9 +242,15 @@ impl Pool {
 
     /// Returns a lent connection. A clean one goes to the oldest waiter or the idle
     /// list; anything else is closed (its slot then goes to a waiter).
-    pub fn release(&self, mut conn: ServerConn, clean: bool) {
+    pub fn release(&self, conn: ServerConn, clean: bool) {
+        self.release_at(conn, clean, Instant::now());
+    }
+
+    /// [`Pool::release`] with the time of the server's last message, which the
+    /// caller already has (one clock read fewer per transaction).
+    pub fn release_at(&self, mut conn: ServerConn, clean: bool, now: Instant) {
         let cfg = self.config_guard();
-        conn.last_used = Instant::now();
+        conn.last_used = now;
         let was_lent = conn.lent.disarm();
         let mut st = self.lock_state();
         if was_lent {
@@ -254,7 +260,8 @@ impl Pool {
             && !conn.close_needed
             && !st.closed
             && conn.generation == st.generation
-            && (cfg.server_lifetime.is_zero() || conn.created.elapsed() < cfg.server_lifetime);
+            && (cfg.server_lifetime.is_zero()
+                || now.saturating_duration_since(conn.created) < cfg.server_lifetime);
         if !reusable {
             drop(st);
             drop(conn);

@@ -1,6 +1,7 @@
 //! One server connection: connect, log in to PostgreSQL, and the state the pool and the
 //! relay keep about it.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
@@ -37,7 +38,7 @@ pub struct ServerConn {
     pub backend_pid: u32,
     pub backend_key: u32,
     /// Where it is connected, for CancelRequests.
-    pub addr: ServerAddr,
+    pub addr: Arc<ServerAddr>,
     /// Every ParameterStatus the server reported, kept current by the relay.
     pub params: Vec<(String, String)>,
     pub created: Instant,
@@ -210,7 +211,7 @@ pub(crate) async fn connect(
         id,
         backend_pid: pid,
         backend_key: key,
-        addr: cfg.addr.clone(),
+        addr: Arc::new(cfg.addr.clone()),
         params: server_params,
         created: now,
         last_used: now,

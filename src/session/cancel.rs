@@ -15,16 +15,17 @@ use crate::protocol::startup::cancel_request;
 /// The backend a client is linked to right now, if any.
 #[derive(Debug, Default)]
 pub struct CancelTarget {
-    linked: Mutex<Option<(ServerAddr, u32, u32)>>,
+    // The address is shared with the server connection: linking costs no allocation.
+    linked: Mutex<Option<(Arc<ServerAddr>, u32, u32)>>,
 }
 
 impl CancelTarget {
     /// Records the server the client now uses (None when unlinked).
-    pub fn set(&self, target: Option<(ServerAddr, u32, u32)>) {
+    pub fn set(&self, target: Option<(Arc<ServerAddr>, u32, u32)>) {
         *self.linked.lock().unwrap_or_else(|p| p.into_inner()) = target;
     }
 
-    fn get(&self) -> Option<(ServerAddr, u32, u32)> {
+    fn get(&self) -> Option<(Arc<ServerAddr>, u32, u32)> {
         self.linked
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -84,7 +85,7 @@ impl CancelRegistry {
             return false;
         };
         let send = async {
-            let stream = match &addr {
+            let stream = match &*addr {
                 ServerAddr::Tcp(h, p) => Stream::Tcp(TcpStream::connect((h.as_str(), *p)).await?),
                 ServerAddr::Unix(d, p) => {
                     Stream::Unix(UnixStream::connect(unix_socket_path(d, *p)).await?)

@@ -1,6 +1,7 @@
 //! A client's life: login, then the relay through server connections lent by its pool,
 //! until the client leaves; then the server goes back (reset) or is closed.
 
+mod assign;
 pub mod cancel;
 pub mod framer;
 pub mod login;
@@ -16,10 +17,11 @@ use bytes::BytesMut;
 use crate::app::App;
 use crate::config::PoolMode;
 use crate::net::{PeerAddr, Stream};
-use crate::pool::{Pool, PoolError, ServerConn};
+use crate::pool::{PoolError, ServerConn};
 use crate::protocol::backend;
 use crate::protocol::sqlstate::*;
-use crate::stats::conns::{ClientInfo, ClientMeta, LinkedServer};
+use crate::stats::conns::{ClientInfo, ClientMeta};
+use assign::{acquire_linked, finish_server, link_server};
 use login::{LoggedIn, Startup};
 use relay::{Outcome, Relay, ReleaseAt, Timeouts};
 
@@ -338,17 +340,27 @@ async fn run_session(
                 }
             }
             // A paused or stopping pooler lends no more servers; the client waits.
-            info.set_waiting();
+            let request_at = relay.last_read();
+            info.set_waiting(request_at);
             while gate.borrow().blocks(&pool.key.database) {
                 if gate.changed().await.is_err() {
                     break;
                 }
             }
+            // The common case needs neither a future nor a clock: an idle server whose
+            // parameters already match.
+            let fast = pool.try_acquire_idle(request_at);
+            if let Some(s) = fast.as_ref().filter(|s| !params.differs(s)) {
+                relay.stats.wait_hist.record(0);
+                link_server(&cancel_key, info, s, &mut relay);
+                server = fast;
+                continue;
+            }
             let asked = Instant::now();
             let acquired = {
                 // Watch the client while it waits: one that leaves gives up its place
                 // at once and its buffered query never runs.
-                let mut acquire = Box::pin(acquire_linked(&pool, &mut params));
+                let mut acquire = Box::pin(acquire_linked(&pool, &mut params, fast));
                 loop {
                     tokio::select! {
                         biased;
@@ -372,18 +384,7 @@ async fn run_session(
                     let waited = asked.elapsed().as_micros() as u64;
                     relay.stats.counts.wait_time_us += waited;
                     relay.stats.wait_hist.record(waited);
-                    relay.stats.counts.server_assignments += 1;
-                    cancel_key
-                        .target
-                        .set(Some((s.addr.clone(), s.backend_pid, s.backend_key)));
-                    info.link(LinkedServer {
-                        id: s.id,
-                        backend_pid: s.backend_pid,
-                        created: s.created,
-                        local_addr: s.local_addr,
-                        generation: s.generation,
-                        prepared: s.prepared.len() as u32,
-                    });
+                    link_server(&cancel_key, info, &s, &mut relay);
                     server = Some(s);
                 }
                 Err(e) => return Box::pin(fail_client(stream, tag, &e)).await,
@@ -422,7 +423,7 @@ async fn run_session(
                 cancel_key.target.set(None);
                 info.unlink();
                 if let Some(s) = server.take() {
-                    pool.release(s, true);
+                    pool.release_at(s, true, relay.last_activity());
                 }
                 // The client may now stay idle for long: its counts go in now.
                 pool.stats.flush(&mut relay.stats);
@@ -481,60 +482,6 @@ async fn run_session(
         Box::pin(finish_server(&pool, s, relay.server_clean(), mode)).await;
     }
     reason
-}
-
-/// Gets a server and makes its session parameters match the client's.
-async fn acquire_linked(
-    pool: &Arc<Pool>,
-    params: &mut params::ClientParams,
-) -> Result<ServerConn, PoolError> {
-    let mut server = pool.acquire().await?;
-    if let Some(sql) = params.sync_sql(&server) {
-        // A zero server_connect_timeout means "no limit" elsewhere; keep a sane bound.
-        let timeout = pool.config().server_connect_timeout;
-        let timeout = if timeout.is_zero() {
-            std::time::Duration::from_secs(15)
-        } else {
-            timeout
-        };
-        if let Err(e) = server.run_internal(&sql, timeout).await {
-            // The server is fine but the client's value was refused; closing it keeps
-            // the pool clean, and the client learns why.
-            pool.release(server, false);
-            return Err(e);
-        }
-    }
-    Ok(server)
-}
-
-/// Returns a server at the end of a client's session: reset and pooled when clean,
-/// closed otherwise.
-async fn finish_server(pool: &Arc<Pool>, mut server: ServerConn, clean: bool, mode: PoolMode) {
-    if !clean {
-        pool.release(server, false);
-        return;
-    }
-    let cfg = pool.config();
-    let reset = mode == PoolMode::Session || cfg.server_reset_query_always;
-    if reset && !cfg.server_reset_query.trim().is_empty() {
-        let timeout = if cfg.server_connect_timeout.is_zero() {
-            std::time::Duration::from_secs(15)
-        } else {
-            cfg.server_connect_timeout
-        };
-        if server
-            .run_internal(&cfg.server_reset_query, timeout)
-            .await
-            .is_err()
-        {
-            pool.release(server, false);
-            return;
-        }
-        // The reset (DISCARD ALL by default) may have dropped the server's prepared
-        // statements; forget them so they are prepared again when needed.
-        server.prepared.clear();
-    }
-    pool.release(server, true);
 }
 
 /// Tells the client why it cannot get a server, and closes it.

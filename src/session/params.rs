@@ -75,6 +75,13 @@ impl ClientParams {
         }
     }
 
+    /// Whether `server` has some tracked parameter at another value than this client.
+    pub fn differs(&self, server: &ServerConn) -> bool {
+        self.values
+            .iter()
+            .any(|(k, v)| server.param(k) != Some(v.as_str()))
+    }
+
     /// The SET statements that make `server` match this client, or None if it does.
     pub fn sync_sql(&self, server: &ServerConn) -> Option<String> {
         let mut sql = String::new();

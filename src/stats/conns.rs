@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime};
 
 use tokio::sync::Notify;
 
@@ -72,8 +72,11 @@ pub struct ClientMeta {
 pub struct ClientInfo {
     pub meta: ClientMeta,
     pub connect_time: SystemTime,
+    /// `connect_time` on the monotonic clock: request times are kept relative to it,
+    /// so marking a request needs no wall-clock read.
+    connected_at: Instant,
     state: AtomicU8,
-    /// Unix time in microseconds of the last request (when it started waiting).
+    /// Microseconds from `connected_at` to the last request (when it started waiting).
     request_us: AtomicU64,
     link: Mutex<Option<LinkedServer>>,
     /// Prepared statements the client holds (transaction pooling), for SHOW CLIENTS.
@@ -82,20 +85,14 @@ pub struct ClientInfo {
     kill_reason: Mutex<Option<&'static str>>,
 }
 
-fn unix_us(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
-}
-
 impl ClientInfo {
     fn new(meta: ClientMeta) -> ClientInfo {
-        let now = SystemTime::now();
         ClientInfo {
             meta,
-            connect_time: now,
+            connect_time: SystemTime::now(),
+            connected_at: Instant::now(),
             state: AtomicU8::new(0),
-            request_us: AtomicU64::new(unix_us(now)),
+            request_us: AtomicU64::new(0),
             link: Mutex::new(None),
             prepared: std::sync::atomic::AtomicU32::new(0),
             kill: Notify::new(),
@@ -111,18 +108,21 @@ impl ClientInfo {
         }
     }
 
-    /// A request arrived and the client now waits for a server.
-    pub fn set_waiting(&self) {
-        self.request_us
-            .store(unix_us(SystemTime::now()), Ordering::Relaxed);
+    /// A request that arrived at `at` makes the client wait for a server.
+    pub fn set_waiting(&self, at: Instant) {
+        self.mark_request(at);
         self.state.store(1, Ordering::Relaxed);
     }
 
     /// Marks an admin client busy running a command (no server is involved).
     pub fn set_active(&self) {
-        self.request_us
-            .store(unix_us(SystemTime::now()), Ordering::Relaxed);
+        self.mark_request(Instant::now());
         self.state.store(2, Ordering::Relaxed);
+    }
+
+    fn mark_request(&self, at: Instant) {
+        let us = at.saturating_duration_since(self.connected_at).as_micros() as u64;
+        self.request_us.store(us, Ordering::Relaxed);
     }
 
     /// The client got a server.
@@ -154,7 +154,8 @@ impl ClientInfo {
 
     /// When the last request started.
     pub fn request_time(&self) -> SystemTime {
-        UNIX_EPOCH + std::time::Duration::from_micros(self.request_us.load(Ordering::Relaxed))
+        self.connect_time
+            + std::time::Duration::from_micros(self.request_us.load(Ordering::Relaxed))
     }
 
     /// How long it has been waiting for a server (zero unless waiting).
@@ -271,7 +272,7 @@ mod tests {
             let g = r.register(meta(7));
             assert_eq!(r.len(), 1);
             assert_eq!(g.state(), ClientState::Idle);
-            g.set_waiting();
+            g.set_waiting(Instant::now());
             assert_eq!(g.state(), ClientState::Waiting);
             g.link(LinkedServer {
                 id: 3,

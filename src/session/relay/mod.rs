@@ -13,6 +13,7 @@ use bytes::{Buf, BytesMut};
 
 mod prepared;
 mod timing;
+mod wake;
 
 use super::framer::{Body, Event, Framer};
 use super::params::ClientParams;
@@ -22,7 +23,7 @@ use crate::protocol::backend::parse_parameter_status;
 use crate::protocol::header::*;
 use crate::protocol::ProtocolError;
 use crate::stats::{PoolStats, StatsDelta};
-use timing::sleep_until;
+use wake::{next_wake, Wake, Want};
 
 /// Bytes read per wake-up and direction.
 const READ_CHUNK: usize = bufpool::BUF_SIZE;
@@ -98,6 +99,8 @@ pub struct Relay {
     request_started: Option<Instant>,
     transaction_started: Option<Instant>,
     last_activity: Instant,
+    /// When client bytes last arrived.
+    last_read: Instant,
     /// Counts since the last flush into the pool's stats.
     pub stats: StatsDelta,
     /// ReadyForQuery messages in the last server read, and how many ended a transaction.
@@ -127,6 +130,7 @@ impl Relay {
             request_started: None,
             transaction_started: None,
             last_activity: Instant::now(),
+            last_read: Instant::now(),
             stats: StatsDelta::default(),
             readies: 0,
             xacts_done: 0,
@@ -173,12 +177,17 @@ impl Relay {
         client: &Stream,
         stats: &PoolStats,
     ) -> Result<bool, Outcome> {
+        let mut timer = None;
         loop {
             // No flush timer here: transaction-pooled clients flush at each release.
             let deadline = self.deadline(false);
-            tokio::select! {
-                r = client.readable() => r.map_err(Outcome::ClientFailed)?,
-                _ = sleep_until(deadline), if deadline.is_some() => {
+            let want = Want {
+                client_read: true,
+                ..Want::default()
+            };
+            match next_wake(client, None, want, deadline, &mut timer).await {
+                Wake::ClientRead(r) => r.map_err(Outcome::ClientFailed)?,
+                _ => {
                     let now = Instant::now();
                     self.maybe_flush(stats, now);
                     match self.deadline(false) {
@@ -189,7 +198,7 @@ impl Relay {
             }
             let pending_before = self.pending;
             match self.read_client(client) {
-                Ok(true) => self.note_client_activity(pending_before),
+                Ok(true) => self.note_client_activity(pending_before, Instant::now()),
                 Ok(false) => return Ok(false),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) if e.kind() == io::ErrorKind::InvalidData => {
@@ -245,7 +254,13 @@ impl Relay {
         if let Err(e) = self.rewrite_pending(server) {
             return e;
         }
+        // The request that made the client ask for a server goes out now, without
+        // waiting a loop turn for writability.
+        if let Err(e) = flush(&server.stream, &mut self.c2s) {
+            return Outcome::ServerClosed(e);
+        }
         let mut transaction_ended = false;
+        let mut timer = None;
         loop {
             if self.terminated && self.c2s.is_empty() && self.s2c.is_empty() {
                 return Outcome::ClientClosed;
@@ -265,9 +280,14 @@ impl Relay {
                 } else {
                     self.deadline(true)
                 };
-            tokio::select! {
-                biased;
-                r = server.stream.readable(), if self.s2c.is_empty() => {
+            let want = Want {
+                server_read: self.s2c.is_empty(),
+                client_write: !self.s2c.is_empty(),
+                client_read: self.c2s.is_empty() && !self.terminated,
+                server_write: !self.c2s.is_empty(),
+            };
+            match next_wake(client, Some(&server.stream), want, deadline, &mut timer).await {
+                Wake::ServerRead(r) => {
                     if let Err(e) = r {
                         return Outcome::ServerClosed(e);
                     }
@@ -283,8 +303,9 @@ impl Relay {
                     if self.saw_ready && release == ReleaseAt::StatementEnd && self.status != b'I' {
                         // The client must not see its BEGIN succeed: drop that
                         // ReadyForQuery (the last message) before the error goes out.
-                        if self.s2c.len() >= 6 && self.s2c[self.s2c.len() - 6..self.s2c.len() - 1] == *b"Z\0\0\0\x05" {
-                            self.s2c.truncate(self.s2c.len() - 6);
+                        let n = self.s2c.len();
+                        if n >= 6 && self.s2c[n - 6..n - 1] == *b"Z\0\0\0\x05" {
+                            self.s2c.truncate(n - 6);
                         }
                         return Outcome::LongTransaction;
                     }
@@ -294,7 +315,7 @@ impl Relay {
                         return Outcome::ClientFailed(e);
                     }
                 }
-                _ = sleep_until(deadline), if deadline.is_some() => {
+                Wake::Timer => {
                     let now = Instant::now();
                     self.maybe_flush(stats, now);
                     if let Some((at, why)) = self.deadline(true) {
@@ -303,19 +324,19 @@ impl Relay {
                         }
                     }
                 }
-                r = client.writable(), if !self.s2c.is_empty() => {
+                Wake::ClientWrite(r) => {
                     if let Err(e) = r.and_then(|_| flush(client, &mut self.s2c)) {
                         return Outcome::ClientFailed(e);
                     }
                 }
-                r = client.readable(), if self.c2s.is_empty() && !self.terminated => {
+                Wake::ClientRead(r) => {
                     if let Err(e) = r {
                         return Outcome::ClientFailed(e);
                     }
                     let pending_before = self.pending;
                     match self.read_client(client) {
                         Ok(true) => {
-                            self.note_client_activity(pending_before);
+                            self.note_client_activity(pending_before, Instant::now());
                             if let Err(e) = self.rewrite_pending(server) {
                                 return e;
                             }
@@ -323,7 +344,9 @@ impl Relay {
                         Ok(false) => return Outcome::ClientClosed,
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                         Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-                            return Outcome::ClientProtocol(ProtocolError::Malformed("invalid message length"));
+                            return Outcome::ClientProtocol(ProtocolError::Malformed(
+                                "invalid message length",
+                            ));
                         }
                         Err(e) => return Outcome::ClientFailed(e),
                     }
@@ -331,7 +354,7 @@ impl Relay {
                         return Outcome::ServerClosed(e);
                     }
                 }
-                r = server.stream.writable(), if !self.c2s.is_empty() => {
+                Wake::ServerWrite(r) => {
                     if let Err(e) = r.and_then(|_| flush(&server.stream, &mut self.c2s)) {
                         return Outcome::ServerClosed(e);
                     }

@@ -185,7 +185,7 @@ impl Relay {
         p.tracker
             .take_ready_synthesized(self.server_framer.at_boundary(), &mut ready);
         self.s2c.extend_from_slice(&ready);
-        self.note_client_activity(pending_before);
+        self.note_client_activity(pending_before, self.last_read);
         Ok(())
     }
 }

@@ -42,9 +42,9 @@ impl Relay {
 
     /// Updates the timestamps after client bytes: a request starts when the server
     /// owed nothing, and a transaction starts with a request outside one.
-    pub(super) fn note_client_activity(&mut self, pending_before: u32) {
+    pub(super) fn note_client_activity(&mut self, pending_before: u32, now: Instant) {
+        self.last_read = now;
         if pending_before == 0 && self.pending > 0 {
-            let now = Instant::now();
             self.last_activity = now;
             self.request_started = Some(now);
             if self.transaction_started.is_none() {
@@ -52,8 +52,18 @@ impl Relay {
             }
         } else if !self.timeouts.client_idle.is_zero() || !self.timeouts.idle_transaction.is_zero()
         {
-            self.last_activity = Instant::now();
+            self.last_activity = now;
         }
+    }
+
+    /// When the client's last bytes arrived.
+    pub fn last_read(&self) -> Instant {
+        self.last_read
+    }
+
+    /// When the server's last ReadyForQuery arrived (or the client's last request).
+    pub fn last_activity(&self) -> Instant {
+        self.last_activity
     }
 
     /// After server bytes with ReadyForQuery in them: counts queries and transactions
@@ -105,13 +115,5 @@ impl Relay {
             stats.flush(&mut self.stats);
             self.last_flush = now;
         }
-    }
-}
-
-/// Sleeps until the deadline; never completes without one (the select arm is off then).
-pub(super) async fn sleep_until(deadline: Option<(Instant, &'static str)>) {
-    match deadline {
-        Some((at, _)) => tokio::time::sleep_until(at.into()).await,
-        None => std::future::pending().await,
     }
 }

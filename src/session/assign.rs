@@ -1,0 +1,96 @@
+//! Handing a pooled server to a client and taking it back: the links that cancels
+//! and the console follow, session parameter sync, and the reset at session end.
+
+use std::sync::Arc;
+
+use super::cancel::CancelKeyGuard;
+use super::params;
+use super::relay::Relay;
+use crate::config::PoolMode;
+use crate::pool::{Pool, PoolError, ServerConn};
+use crate::stats::conns::{ClientInfo, LinkedServer};
+
+/// Records that the client now holds `s`: for cancels, the console and SHOW STATS.
+pub(super) fn link_server(
+    cancel_key: &CancelKeyGuard<'_>,
+    info: &ClientInfo,
+    s: &ServerConn,
+    relay: &mut Relay,
+) {
+    relay.stats.counts.server_assignments += 1;
+    cancel_key
+        .target
+        .set(Some((s.addr.clone(), s.backend_pid, s.backend_key)));
+    info.link(LinkedServer {
+        id: s.id,
+        backend_pid: s.backend_pid,
+        created: s.created,
+        local_addr: s.local_addr,
+        generation: s.generation,
+        prepared: s.prepared.len() as u32,
+    });
+}
+
+/// Gets a server (unless `have` one already) and makes its session parameters match
+/// the client's.
+pub(super) async fn acquire_linked(
+    pool: &Arc<Pool>,
+    params: &mut params::ClientParams,
+    have: Option<ServerConn>,
+) -> Result<ServerConn, PoolError> {
+    let mut server = match have {
+        Some(s) => s,
+        None => pool.acquire().await?,
+    };
+    if let Some(sql) = params.sync_sql(&server) {
+        // A zero server_connect_timeout means "no limit" elsewhere; keep a sane bound.
+        let timeout = pool.config().server_connect_timeout;
+        let timeout = if timeout.is_zero() {
+            std::time::Duration::from_secs(15)
+        } else {
+            timeout
+        };
+        if let Err(e) = server.run_internal(&sql, timeout).await {
+            // The server is fine but the client's value was refused; closing it keeps
+            // the pool clean, and the client learns why.
+            pool.release(server, false);
+            return Err(e);
+        }
+    }
+    Ok(server)
+}
+
+/// Returns a server at the end of a client's session: reset and pooled when clean,
+/// closed otherwise.
+pub(super) async fn finish_server(
+    pool: &Arc<Pool>,
+    mut server: ServerConn,
+    clean: bool,
+    mode: PoolMode,
+) {
+    if !clean {
+        pool.release(server, false);
+        return;
+    }
+    let cfg = pool.config();
+    let reset = mode == PoolMode::Session || cfg.server_reset_query_always;
+    if reset && !cfg.server_reset_query.trim().is_empty() {
+        let timeout = if cfg.server_connect_timeout.is_zero() {
+            std::time::Duration::from_secs(15)
+        } else {
+            cfg.server_connect_timeout
+        };
+        if server
+            .run_internal(&cfg.server_reset_query, timeout)
+            .await
+            .is_err()
+        {
+            pool.release(server, false);
+            return;
+        }
+        // The reset (DISCARD ALL by default) may have dropped the server's prepared
+        // statements; forget them so they are prepared again when needed.
+        server.prepared.clear();
+    }
+    pool.release(server, true);
+}

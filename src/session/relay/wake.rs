@@ -1,0 +1,97 @@
+//! What woke the relay: one poll over both sockets and the timeout timer.
+//!
+//! This replaces a `tokio::select!` over `readable()`/`writable()` futures, which
+//! built, registered and dropped a waiter per socket and direction on every loop turn
+//! (twice per message batch). Polling readiness directly uses the socket's own waker
+//! slot, and the timer is one `Sleep` kept across turns and reset only when the
+//! deadline moves.
+
+use std::future::{poll_fn, Future};
+use std::io;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::Instant;
+
+use tokio::time::Sleep;
+
+use crate::net::Stream;
+
+/// Which events the relay can act on now.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Want {
+    pub server_read: bool,
+    pub client_write: bool,
+    pub client_read: bool,
+    pub server_write: bool,
+}
+
+/// The event that woke the relay.
+pub(super) enum Wake {
+    ServerRead(io::Result<()>),
+    Timer,
+    ClientWrite(io::Result<()>),
+    ClientRead(io::Result<()>),
+    ServerWrite(io::Result<()>),
+}
+
+/// A timeout timer kept across loop turns (allocated only once a timeout is set).
+pub(super) type Timer = Option<Pin<Box<Sleep>>>;
+
+/// Waits for the first of the wanted events, in this order of preference: server
+/// bytes (so responses are never starved), the timer, then the client's side.
+/// Without a server (`server` None) only the client and the timer are watched.
+pub(super) async fn next_wake(
+    client: &Stream,
+    server: Option<&Stream>,
+    want: Want,
+    deadline: Option<(Instant, &'static str)>,
+    timer: &mut Timer,
+) -> Wake {
+    let armed = match deadline {
+        Some((at, _)) => {
+            let at = tokio::time::Instant::from_std(at);
+            match timer {
+                Some(t) if t.deadline() == at => {}
+                Some(t) => t.as_mut().reset(at),
+                None => *timer = Some(Box::pin(tokio::time::sleep_until(at))),
+            }
+            true
+        }
+        None => false,
+    };
+    poll_fn(|cx| {
+        if let Some(server) = server {
+            if want.server_read {
+                if let Poll::Ready(r) = server.poll_read_ready(cx) {
+                    return Poll::Ready(Wake::ServerRead(r));
+                }
+            }
+        }
+        if armed {
+            if let Some(t) = timer.as_mut() {
+                if t.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Wake::Timer);
+                }
+            }
+        }
+        if want.client_write {
+            if let Poll::Ready(r) = client.poll_write_ready(cx) {
+                return Poll::Ready(Wake::ClientWrite(r));
+            }
+        }
+        if want.client_read {
+            if let Poll::Ready(r) = client.poll_read_ready(cx) {
+                return Poll::Ready(Wake::ClientRead(r));
+            }
+        }
+        if let Some(server) = server {
+            if want.server_write {
+                if let Poll::Ready(r) = server.poll_write_ready(cx) {
+                    return Poll::Ready(Wake::ServerWrite(r));
+                }
+            }
+        }
+        Poll::Pending
+    })
+    .await
+}
