@@ -7,6 +7,7 @@ pub mod framer;
 pub mod login;
 pub mod params;
 pub mod relay;
+mod run;
 
 use std::io;
 use std::sync::Arc;
@@ -15,15 +16,14 @@ use std::time::Instant;
 use bytes::BytesMut;
 
 use crate::app::App;
-use crate::config::PoolMode;
 use crate::net::{PeerAddr, Stream};
-use crate::pool::{PoolError, ServerConn};
+use crate::pool::PoolError;
 use crate::protocol::backend;
 use crate::protocol::sqlstate::*;
-use crate::stats::conns::{ClientInfo, ClientMeta};
-use assign::{acquire_linked, finish_server, link_server};
+use crate::stats::conns::ClientMeta;
 use login::{LoggedIn, Startup};
-use relay::{Outcome, Relay, ReleaseAt, Timeouts};
+use relay::{Relay, Timeouts};
+use run::run_session;
 
 /// A client's log prefix (`C-<id>: db/user@addr`) and whether its pooler errors are
 /// logged (`log_pooler_errors`).
@@ -242,246 +242,6 @@ async fn send_fatal(stream: &Stream, code: &str, message: &str) {
     let mut out = BytesMut::with_capacity(64 + message.len());
     backend::error_response(&mut out, "FATAL", code, message);
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), stream.write_all(&out)).await;
-}
-
-/// After login: welcome, then relay until the client leaves. Returns the reason the
-/// session ended, for the log.
-async fn run_session(
-    app: &App,
-    stream: &Stream,
-    who: LoggedIn,
-    leftover: BytesMut,
-    tag: &ClientTag,
-    info: &ClientInfo,
-) -> String {
-    let LoggedIn {
-        pool,
-        mut params,
-        user,
-        ..
-    } = who;
-    let cfg = app.config();
-    let cancel_key = app.cancels.register();
-
-    // The welcome needs the server's parameters; the first client of a pool waits for
-    // a server login to learn them.
-    let welcome = match pool.welcome().or_else(|| app.pools.sibling_welcome(&pool)) {
-        Some(w) => w,
-        None => match Box::pin(pool.acquire()).await {
-            Ok(server) => {
-                pool.release(server, true);
-                match pool.welcome() {
-                    Some(w) => w,
-                    None => Arc::new(Vec::new()),
-                }
-            }
-            Err(e) => return Box::pin(fail_client(stream, tag, &e)).await,
-        },
-    };
-    params.fill_unset(&welcome);
-    let mut out = BytesMut::with_capacity(512);
-    for (k, v) in params.overlay(&welcome) {
-        backend::parameter_status(&mut out, &k, &v);
-    }
-    backend::backend_key_data(&mut out, cancel_key.pid, cancel_key.key);
-    backend::ready_for_query(&mut out, b'I');
-    if let Err(e) = Box::pin(stream.write_all(&out)).await {
-        return format!("client I/O error: {e}");
-    }
-    drop(out);
-
-    let mode = pool.config().pool_mode;
-    // server_fast_close: a session-mode server retired by RECONNECT or a reload closes
-    // at the end of the current transaction, and the client with it (PgBouncer).
-    let fast_close = mode == PoolMode::Session && cfg.settings.server_fast_close;
-    let release_at = match mode {
-        PoolMode::Session if fast_close => ReleaseAt::SessionCheckpoints,
-        PoolMode::Session => ReleaseAt::SessionEnd,
-        PoolMode::Transaction => ReleaseAt::TransactionEnd,
-        PoolMode::Statement => ReleaseAt::StatementEnd,
-    };
-    // Boxed so that the task of an idle client stays small.
-    let mut relay = Box::new(Relay::new(cfg.settings.max_packet_size));
-    relay.set_timeouts(timeouts(&cfg, &user));
-    let max_prepared = cfg.settings.max_prepared_statements as usize;
-    if mode != PoolMode::Session && max_prepared > 0 {
-        relay.enable_prepared(app.statements.clone(), max_prepared);
-    }
-    relay.stats.counts.logins += 1;
-    if !leftover.is_empty() {
-        if let Err(e) = relay.preload(&leftover) {
-            return Box::pin(protocol_failure(stream, &mut relay, tag, &e.to_string())).await;
-        }
-    }
-    let reset_always = pool.config().server_reset_query_always;
-    let mut server: Option<ServerConn> = None;
-    let mut gate = app.gate_watch();
-    let reason = loop {
-        let Some(srv) = server.as_mut() else {
-            if relay.c2s.is_empty() {
-                match relay.read_client_unlinked(stream, &pool.stats).await {
-                    Ok(true) => {}
-                    Ok(false) => break "client close request".to_owned(),
-                    Err(Outcome::ClientProtocol(e)) => {
-                        return Box::pin(protocol_failure(stream, &mut relay, tag, &e.to_string()))
-                            .await
-                    }
-                    Err(Outcome::Timeout(why)) => {
-                        return Box::pin(fail_with(
-                            stream,
-                            &mut relay,
-                            tag,
-                            PROTOCOL_VIOLATION,
-                            why,
-                        ))
-                        .await
-                    }
-                    Err(_) => break "client unexpected eof".to_owned(),
-                }
-            }
-            // A paused or stopping pooler lends no more servers; the client waits.
-            let request_at = relay.last_read();
-            info.set_waiting(request_at);
-            while gate.borrow().blocks(&pool.key.database) {
-                if gate.changed().await.is_err() {
-                    break;
-                }
-            }
-            // The common case needs neither a future nor a clock: an idle server whose
-            // parameters already match.
-            let fast = pool.try_acquire_idle(request_at);
-            if let Some(s) = fast.as_ref().filter(|s| !params.differs(s)) {
-                relay.stats.wait_hist.record(0);
-                link_server(&cancel_key, info, s, &mut relay);
-                server = fast;
-                continue;
-            }
-            let asked = Instant::now();
-            let acquired = {
-                // Watch the client while it waits: one that leaves gives up its place
-                // at once and its buffered query never runs.
-                let mut acquire = Box::pin(acquire_linked(&pool, &mut params, fast));
-                loop {
-                    tokio::select! {
-                        biased;
-                        r = &mut acquire => break Some(r),
-                        r = stream.readable(), if relay.can_buffer_more() => {
-                            match r.and_then(|_| relay.read_while_waiting(stream)) {
-                                Ok(true) => {}
-                                Ok(false) => break None,
-                                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                                Err(_) => break None,
-                            }
-                        }
-                    }
-                }
-            };
-            let Some(acquired) = acquired else {
-                break "client unexpected eof".to_owned();
-            };
-            match acquired {
-                Ok(s) => {
-                    let waited = asked.elapsed().as_micros() as u64;
-                    relay.stats.counts.wait_time_us += waited;
-                    relay.stats.wait_hist.record(waited);
-                    link_server(&cancel_key, info, &s, &mut relay);
-                    server = Some(s);
-                }
-                Err(e) => return Box::pin(fail_client(stream, tag, &e)).await,
-            }
-            continue;
-        };
-        // Boxed per transaction: the relay's state lives only while a server is linked.
-        match Box::pin(relay.run(stream, srv, &mut params, release_at, &pool.stats)).await {
-            Outcome::ReleasePoint if mode == PoolMode::Session => {
-                // Only with server_fast_close: keep the server unless it was retired.
-                let retired = server
-                    .as_ref()
-                    .is_some_and(|s| s.generation != pool.generation());
-                if retired {
-                    cancel_key.target.set(None);
-                    info.unlink();
-                    drop(server.take());
-                    return Box::pin(fail_with(
-                        stream,
-                        &mut relay,
-                        tag,
-                        ADMIN_SHUTDOWN,
-                        "server_fast_close",
-                    ))
-                    .await;
-                }
-            }
-            Outcome::ReleasePoint => {
-                info.set_prepared(relay.prepared_count());
-                if reset_always {
-                    if let Some(s) = server.take() {
-                        // Resets and returns it (or closes it if the reset fails).
-                        Box::pin(finish_server(&pool, s, true, PoolMode::Session)).await;
-                    }
-                }
-                cancel_key.target.set(None);
-                info.unlink();
-                if let Some(s) = server.take() {
-                    pool.release_at(s, true, relay.last_activity());
-                }
-                // The client may now stay idle for long: its counts go in now.
-                pool.stats.flush(&mut relay.stats);
-                relay.shrink_idle();
-            }
-            Outcome::ClientClosed => {
-                break if relay.terminated() {
-                    "client close request"
-                } else {
-                    "client unexpected eof"
-                }
-                .to_owned()
-            }
-            Outcome::ClientFailed(e) => break format!("client I/O error: {e}"),
-            Outcome::ClientProtocol(e) => {
-                cancel_key.target.set(None);
-                drop(server.take());
-                return Box::pin(protocol_failure(stream, &mut relay, tag, &e.to_string())).await;
-            }
-            Outcome::Timeout(why) => {
-                cancel_key.target.set(None);
-                drop(server.take());
-                let code = if why == "query_timeout" {
-                    QUERY_CANCELED
-                } else {
-                    PROTOCOL_VIOLATION
-                };
-                return Box::pin(fail_with(stream, &mut relay, tag, code, why)).await;
-            }
-            Outcome::LongTransaction => {
-                cancel_key.target.set(None);
-                drop(server.take());
-                return Box::pin(fail_with(
-                    stream,
-                    &mut relay,
-                    tag,
-                    PROTOCOL_VIOLATION,
-                    "Long transactions not allowed",
-                ))
-                .await;
-            }
-            Outcome::ServerClosed(_) | Outcome::ServerProtocol(_) => {
-                cancel_key.target.set(None);
-                drop(server.take());
-                let msg = "server conn crashed?";
-                let mut out = BytesMut::new();
-                backend::error_response(&mut out, "FATAL", CONNECTION_FAILURE, msg);
-                let _ = Box::pin(relay.send_to_client(stream, &out)).await;
-                break msg.to_owned();
-            }
-        }
-    };
-    cancel_key.target.set(None);
-    pool.stats.flush(&mut relay.stats);
-    if let Some(s) = server.take() {
-        Box::pin(finish_server(&pool, s, relay.server_clean(), mode)).await;
-    }
-    reason
 }
 
 /// Tells the client why it cannot get a server, and closes it.
