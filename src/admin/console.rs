@@ -148,7 +148,6 @@ pub async fn serve(
             logins: 1,
             ..Default::default()
         },
-        ..Default::default()
     });
     let mut out = BytesMut::with_capacity(256);
     welcome(&mut out);
@@ -218,7 +217,6 @@ async fn run(
                         xacts: 1,
                         ..Default::default()
                     },
-                    ..Default::default()
                 });
                 if let Err(e) = stream.write_all(&ctx.out).await {
                     return format!("client I/O error: {e}");

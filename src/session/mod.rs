@@ -143,8 +143,11 @@ pub async fn serve_client(app: Arc<App>, stream: Stream) {
     // The login buffer is only worth keeping if the client sent more than its login.
     let buf = if buf.is_empty() { BytesMut::new() } else { buf };
     // Boxed: the session's state is allocated once, apart from the (small) task.
+    // The login result travels boxed too: an async fn keeps its arguments for its
+    // whole life, and this one's are consumed at the start.
+    let start = Box::new((who, buf));
     Box::pin(pooled_session(
-        &app, &stream, who, buf, id, &peer, started, &cfg,
+        &app, &stream, start, id, &peer, started, &cfg,
     ))
     .await;
 }
@@ -154,13 +157,13 @@ pub async fn serve_client(app: Arc<App>, stream: Stream) {
 async fn pooled_session(
     app: &App,
     stream: &Stream,
-    who: LoggedIn,
-    buf: BytesMut,
+    start: Box<(LoggedIn, BytesMut)>,
     id: u64,
     peer: &PeerAddr,
     started: Instant,
     cfg: &crate::config::Config,
 ) {
+    let who = &start.0;
     let tag = ClientTag {
         text: format!("C-{id}: {}/{}@{peer}", who.database, who.user),
         log_pooler_errors: cfg.settings.log_pooler_errors,
@@ -198,7 +201,7 @@ async fn pooled_session(
         admin: false,
     });
     let reason = tokio::select! {
-        r = run_session(app, stream, who, buf, &tag, &info) => r,
+        r = run_session(app, stream, start, &tag, &info) => r,
         // KILL / KILL_CLIENT: the session (and any server it holds) is dropped.
         why = info.killed() => {
             Box::pin(send_fatal(stream, PROTOCOL_VIOLATION, why)).await;

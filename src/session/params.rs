@@ -73,6 +73,8 @@ impl ClientParams {
                 }
             }
         }
+        // Kept for the client's whole life: no spare capacity per idle client.
+        self.values.shrink_to_fit();
     }
 
     /// Whether `server` has some tracked parameter at another value than this client.

@@ -57,13 +57,12 @@ struct Session<'a> {
 pub(super) async fn run_session(
     app: &App,
     stream: &Stream,
-    who: LoggedIn,
-    leftover: BytesMut,
+    login: Box<(LoggedIn, BytesMut)>,
     tag: &ClientTag,
     info: &ClientInfo,
 ) -> String {
     // The start's state is gone once it returns: only the session loop stays.
-    match Box::pin(start(app, stream, who, leftover, tag, info)).await {
+    match Box::pin(start(app, stream, login, tag, info)).await {
         Ok(s) => serve(s).await,
         Err(reason) => reason,
     }
@@ -73,11 +72,11 @@ pub(super) async fn run_session(
 async fn start<'a>(
     app: &'a App,
     stream: &'a Stream,
-    who: LoggedIn,
-    leftover: BytesMut,
+    login: Box<(LoggedIn, BytesMut)>,
     tag: &'a ClientTag,
     info: &'a ClientInfo,
 ) -> Result<Box<Session<'a>>, String> {
+    let (who, leftover) = *login;
     let LoggedIn {
         pool,
         mut params,
@@ -239,7 +238,7 @@ impl Session<'_> {
         // parameters already match.
         let fast = pool.try_acquire_idle(request_at);
         if let Some(s) = fast.as_ref().filter(|s| !self.params.differs(s)) {
-            relay.stats.wait_hist.record(0);
+            pool.stats.wait_hist.record(0);
             link_server(&self.cancel_key, self.info, s, relay);
             self.server = fast;
             return None;
@@ -271,7 +270,7 @@ impl Session<'_> {
             Ok(s) => {
                 let waited = asked.elapsed().as_micros() as u64;
                 relay.stats.counts.wait_time_us += waited;
-                relay.stats.wait_hist.record(waited);
+                pool.stats.wait_hist.record(waited);
                 link_server(&self.cancel_key, self.info, &s, relay);
                 self.server = Some(s);
                 None

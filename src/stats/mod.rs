@@ -3,31 +3,26 @@
 //!
 //! The relay accumulates a plain [`StatsDelta`] per client and folds it into the
 //! pool's atomics when it gives a server back (or at session end), so the per-message
-//! path touches no shared cache line.
+//! path touches no shared cache line; latencies go straight into the pool's
+//! histograms, once per query.
 
 pub mod conns;
 pub mod histogram;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-pub use histogram::{Histogram, LocalHistogram, BUCKETS_US};
+pub use histogram::{Histogram, BUCKETS_US};
 
 /// Counts gathered by one client between flushes.
 #[derive(Debug, Default, Clone)]
 pub struct StatsDelta {
     pub counts: Totals,
-    pub query_hist: LocalHistogram,
-    pub xact_hist: LocalHistogram,
-    pub wait_hist: LocalHistogram,
 }
 
 impl StatsDelta {
     /// Whether nothing was counted since the last flush.
     pub fn is_empty(&self) -> bool {
         self.counts == Totals::default()
-            && self.query_hist.is_empty()
-            && self.xact_hist.is_empty()
-            && self.wait_hist.is_empty()
     }
 }
 
@@ -127,9 +122,6 @@ impl PoolStats {
         add(&self.server_parses, d.counts.server_parses);
         add(&self.binds, d.counts.binds);
         add(&self.logins, d.counts.logins);
-        self.query_hist.merge(&mut d.query_hist);
-        self.xact_hist.merge(&mut d.xact_hist);
-        self.wait_hist.merge(&mut d.wait_hist);
         *d = StatsDelta::default();
     }
 
@@ -163,7 +155,7 @@ mod tests {
         d.counts.queries = 3;
         d.counts.xacts = 2;
         d.counts.bytes_sent = 100;
-        d.query_hist.record(150);
+        s.query_hist.record(150);
         s.flush(&mut d);
         assert!(d.is_empty());
         d.counts.queries = 1;

@@ -78,7 +78,7 @@ impl Relay {
         if let Some(at) = self.request_started {
             let us = now.duration_since(at).as_micros() as u64;
             self.stats.counts.query_time_us += us;
-            self.stats.query_hist.record(us);
+            stats.query_hist.record(us);
         }
         self.request_started = (self.pending > 0).then_some(now);
         if self.xacts_done > 0 {
@@ -86,7 +86,7 @@ impl Relay {
             if let Some(at) = self.transaction_started {
                 let us = now.duration_since(at).as_micros() as u64;
                 self.stats.counts.xact_time_us += us;
-                self.stats.xact_hist.record(us);
+                stats.xact_hist.record(us);
             }
             self.transaction_started = if self.status != b'I' || self.pending > 0 {
                 Some(now)
