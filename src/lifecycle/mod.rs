@@ -65,11 +65,10 @@ pub fn main_with(args: Args) -> i32 {
         config.databases.len() + usize::from(config.fallback_database.is_some()),
         config.userlist.len()
     );
-    // SLUICE_WORKERS overrides the number of worker threads (default: one per core);
-    // 0 runs everything on the main thread, like PgBouncer (for measurements).
-    let workers = std::env::var("SLUICE_WORKERS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok());
+    let workers = worker_threads(
+        std::env::var("SLUICE_WORKERS").ok().as_deref(),
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+    );
     let mut builder = match workers {
         Some(0) => tokio::runtime::Builder::new_current_thread(),
         _ => tokio::runtime::Builder::new_multi_thread(),
@@ -90,6 +89,21 @@ pub fn main_with(args: Args) -> i32 {
     // a dead server, say); SIGQUIT promises an exit at once.
     runtime.shutdown_timeout(Duration::from_millis(500));
     code
+}
+
+/// How many worker threads to run: `SLUICE_WORKERS` if set (0: everything on the
+/// main thread, like PgBouncer), else none on machines of up to 2 cores and one per
+/// core above. On 2 cores the pooler shares the CPUs with the database and its
+/// clients, and a second worker costs more in cross-thread wake-ups (a server handed
+/// from a client on one worker to a waiter on the other) than it gains: measured
+/// there, one event loop used 1.0-1.2x PgBouncer's CPU per transaction, two workers
+/// 1.3-1.7x (docs/performance.md).
+fn worker_threads(env: Option<&str>, cores: usize) -> Option<usize> {
+    match env.and_then(|v| v.trim().parse::<usize>().ok()) {
+        Some(n) => Some(n),
+        None if cores <= 2 => Some(0),
+        None => None,
+    }
 }
 
 /// Binds, serves, and returns the exit code once shut down.
@@ -374,5 +388,16 @@ mod tests {
         // Reloadable settings pass through.
         assert_eq!(new.default_pool_size, 3);
         assert!(keep_restart_only(&old, &mut Settings::default()).is_empty());
+    }
+
+    #[test]
+    fn worker_threads_by_cores_and_override() {
+        assert_eq!(worker_threads(None, 1), Some(0));
+        assert_eq!(worker_threads(None, 2), Some(0));
+        assert_eq!(worker_threads(None, 16), None);
+        assert_eq!(worker_threads(Some("4"), 2), Some(4));
+        assert_eq!(worker_threads(Some("0"), 16), Some(0));
+        // A value that is not a number is ignored, as before.
+        assert_eq!(worker_threads(Some("many"), 16), None);
     }
 }
