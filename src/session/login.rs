@@ -30,6 +30,9 @@ pub struct LoggedIn {
     pub database: String,
     pub pool: Arc<Pool>,
     pub params: ClientParams,
+    /// Bytes owed to the client before the welcome (AuthenticationOk and any
+    /// NegotiateProtocolVersion): sent with it, saving a system call per login.
+    pub greeting: BytesMut,
 }
 
 /// What the startup phase produced.
@@ -55,7 +58,9 @@ pub async fn read_startup(
             match startup::packet_len(buf) {
                 Ok(Some(len)) if buf.len() >= len => break len,
                 Ok(Some(len)) => buf.reserve(len - buf.len()),
-                Ok(None) => buf.reserve(64),
+                // Room for a whole typical StartupMessage (drivers send 60-300 bytes)
+                // in one read.
+                Ok(None) => buf.reserve(512),
                 Err(e) => {
                     return Err(ClientError::fatal(
                         PROTOCOL_VIOLATION,
@@ -98,8 +103,8 @@ pub async fn read_startup(
 }
 
 /// Checks the startup parameters, finds the database, authenticates the client and
-/// returns its pool. Writes NegotiateProtocolVersion and AuthenticationOk to `out`
-/// (flushed along the way).
+/// returns its pool. NegotiateProtocolVersion and AuthenticationOk are left in
+/// `LoggedIn::greeting`, to go out with the welcome in one write.
 pub async fn login(
     app: &App,
     stream: &Stream,
@@ -201,12 +206,12 @@ pub async fn login(
         pool.set_scram_keys(k);
     }
     backend::authentication(&mut out, backend::AUTH_OK, &[]);
-    stream.write_all(&out).await.map_err(ClientError::Io)?;
     Ok(LoggedIn {
         user,
         database,
         pool,
         params,
+        greeting: out,
     })
 }
 

@@ -81,6 +81,7 @@ async fn start<'a>(
         pool,
         mut params,
         user,
+        greeting,
         ..
     } = who;
     let cfg = app.config();
@@ -102,7 +103,9 @@ async fn start<'a>(
         },
     };
     params.fill_unset(&welcome);
-    let mut out = BytesMut::with_capacity(512);
+    // AuthenticationOk and the welcome go out in one write.
+    let mut out = greeting;
+    out.reserve(512);
     for (k, v) in params.overlay(&welcome) {
         backend::parameter_status(&mut out, &k, &v);
     }
