@@ -58,9 +58,9 @@ pub async fn read_startup(
             match startup::packet_len(buf) {
                 Ok(Some(len)) if buf.len() >= len => break len,
                 Ok(Some(len)) => buf.reserve(len - buf.len()),
-                // Room for a whole typical StartupMessage (drivers send 60-300 bytes)
-                // in one read.
-                Ok(None) => buf.reserve(512),
+                // Small on purpose: a 512-byte first read saved a recvfrom per login
+                // but its freed buffers left ~450 bytes of heap holes per idle client.
+                Ok(None) => buf.reserve(64),
                 Err(e) => {
                     return Err(ClientError::fatal(
                         PROTOCOL_VIOLATION,
