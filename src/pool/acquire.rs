@@ -3,7 +3,8 @@
 //! Order of preference: a recently used idle connection (checked if it sat idle past
 //! `server_check_delay`), a new connection within `pool_size` and the shared limits, or
 //! a place in line (FIFO), from which a reserve slot may be taken after
-//! `reserve_pool_timeout`. Every wait is bounded by `query_wait_timeout`.
+//! `reserve_pool_timeout`. Every wait is bounded by `query_wait_timeout`, which the
+//! janitor enforces (twice a second) rather than a timer per waiter.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -164,13 +165,12 @@ impl Pool {
                 }
             }
         }
-        match deadline {
-            None => rx.await.map_err(|_| PoolError::PoolClosed),
-            Some(d) => match tokio::time::timeout_at(d.into(), rx).await {
-                Ok(g) => g.map_err(|_| PoolError::PoolClosed),
-                // The dropped receiver hands any late grant to the next waiter.
-                Err(_) => Err(PoolError::Timeout("query_wait_timeout")),
-            },
+        // No timer per waiter: the janitor drops the places in line older than
+        // query_wait_timeout (`Pool::expire_waiters`), as PgBouncer's does.
+        match rx.await {
+            Ok(g) => Ok(g),
+            Err(_) if self.lock_state().closed => Err(PoolError::PoolClosed),
+            Err(_) => Err(PoolError::Timeout("query_wait_timeout")),
         }
     }
 

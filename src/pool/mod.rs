@@ -331,6 +331,28 @@ impl Pool {
         drop(waiters);
     }
 
+    /// Drops the places in line of clients that waited `query_wait_timeout` or more:
+    /// their acquire fails with that reason. Called by the janitor.
+    pub fn expire_waiters(&self, now: Instant) {
+        let limit = self.config().query_wait_timeout;
+        if limit.is_zero() {
+            return;
+        }
+        let expired = {
+            let mut st = self.lock_state();
+            if st.waiters.is_empty() {
+                return;
+            }
+            let (old, keep): (VecDeque<Waiter>, _) = std::mem::take(&mut st.waiters)
+                .into_iter()
+                .partition(|w| now.saturating_duration_since(w.since) >= limit);
+            st.waiters = keep;
+            old
+        };
+        // Dropped unlocked: each sender's drop wakes its waiter.
+        drop(expired);
+    }
+
     /// How long the oldest waiting client has waited (SHOW POOLS `maxwait`).
     pub fn max_wait(&self) -> Duration {
         let st = self.lock_state();

@@ -118,7 +118,9 @@ impl Pools {
     /// Periodic upkeep: closes idle connections past their limits and keeps
     /// `min_pool_size` warm.
     pub fn maintain(&self) {
+        let now = std::time::Instant::now();
         for p in self.all() {
+            p.expire_waiters(now);
             p.close_expired_idle();
             p.fill_min();
         }
