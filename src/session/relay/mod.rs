@@ -458,6 +458,8 @@ impl Relay {
         *readies = 0;
         *xacts_done = 0;
         let mut bad_param = false;
+        // One deref of the boxed connection, so its fields borrow apart.
+        let server = &mut **server;
         let server_params = &mut server.params;
         let on_event = |e: Event<'_>| match e {
             Event::Start { tag, .. } => match tag {
