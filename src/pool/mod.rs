@@ -138,6 +138,8 @@ pub struct Pool {
     limits: PoolLimits,
     /// Traffic and timing counters (SHOW STATS, metrics).
     pub stats: PoolStats,
+    /// The tracked parameters its clients want, shared between clients that agree.
+    pub shared_params: crate::session::params::SharedParams,
 }
 
 impl Pool {
@@ -154,6 +156,7 @@ impl Pool {
             ids,
             limits,
             stats: PoolStats::default(),
+            shared_params: Default::default(),
         }
     }
 

@@ -61,6 +61,9 @@ pub struct ServerState {
     pub addr: Arc<ServerAddr>,
     /// Every ParameterStatus the server reported, kept current by the relay.
     pub params: Vec<(String, String)>,
+    /// The client parameter set `params` was last found to match; cleared whenever
+    /// a parameter changes.
+    pub params_match: Option<Arc<crate::session::params::ParamSet>>,
     pub created: Instant,
     /// When it last went idle.
     pub last_used: Instant,
@@ -91,6 +94,7 @@ impl ServerState {
 
     /// Records a ParameterStatus.
     pub fn set_param(&mut self, name: &str, value: &str) {
+        self.params_match = None;
         set_param(&mut self.params, name, value);
     }
 
@@ -233,6 +237,7 @@ pub(crate) async fn connect(
         backend_key: key,
         addr: Arc::new(cfg.addr.clone()),
         params: server_params,
+        params_match: None,
         created: now,
         last_used: now,
         generation,

@@ -42,7 +42,7 @@ pub(super) async fn acquire_linked(
         Some(s) => s,
         None => pool.acquire().await?,
     };
-    if let Some(sql) = params.sync_sql(&server) {
+    if let Some(sql) = params.sync_sql(&mut server) {
         // A zero server_connect_timeout means "no limit" elsewhere; keep a sane bound.
         let timeout = pool.config().server_connect_timeout;
         let timeout = if timeout.is_zero() {
@@ -56,6 +56,8 @@ pub(super) async fn acquire_linked(
             pool.release(server, false);
             return Err(e);
         }
+        // Remembers the match (when the server reports every value it was given).
+        params.differs(&mut server);
     }
     Ok(server)
 }

@@ -2,6 +2,8 @@
 //! asked for at startup or later SET, re-applied when it gets a server whose values
 //! differ (PgBouncer's "varcache").
 
+use std::sync::{Arc, Mutex};
+
 use crate::pool::ServerConn;
 
 /// Parameters always tracked, in PostgreSQL's spelling.
@@ -14,18 +16,49 @@ pub const BASE_TRACKED: [&str; 5] = [
 ];
 
 /// The tracked parameters as one client wants them.
-#[derive(Debug, Default, Clone)]
+///
+/// The values live in a shared, copy-on-write set: clients of a pool that want the
+/// same values hold one copy (an idle client keeps a pointer, not a dozen strings),
+/// and a server remembers the set it was last found to match, so the check at each
+/// checkout is a pointer compare.
+#[derive(Debug, Clone)]
 pub struct ClientParams {
+    set: Arc<ParamSet>,
+}
+
+/// Tracked parameter values, shared between clients and remembered by servers.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ParamSet {
     values: Vec<(String, String)>,
     /// `track_extra_parameters`, in their configured spelling.
     extra: Vec<String>,
 }
 
+/// The parameter set a pool's newest client got: the next client with the same
+/// values shares it rather than keeping a copy of its own.
+#[derive(Debug, Default)]
+pub struct SharedParams(Mutex<Option<Arc<ParamSet>>>);
+
+impl SharedParams {
+    /// Makes `params` point at the pool's shared set if the values are the same, or
+    /// makes its set the shared one.
+    pub fn share(&self, params: &mut ClientParams) {
+        let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match last.as_ref() {
+            Some(s) if Arc::ptr_eq(s, &params.set) => {}
+            Some(s) if **s == *params.set => params.set = s.clone(),
+            _ => *last = Some(params.set.clone()),
+        }
+    }
+}
+
 impl ClientParams {
     pub fn new(extra: &[String]) -> ClientParams {
         ClientParams {
-            values: Vec::new(),
-            extra: extra.to_vec(),
+            set: Arc::new(ParamSet {
+                values: Vec::new(),
+                extra: extra.to_vec(),
+            }),
         }
     }
 
@@ -34,14 +67,15 @@ impl ClientParams {
         BASE_TRACKED
             .iter()
             .copied()
-            .chain(self.extra.iter().map(String::as_str))
+            .chain(self.set.extra.iter().map(String::as_str))
             .find(|t| t.eq_ignore_ascii_case(name))
             .map(str::to_owned)
     }
 
     /// The client's value for a tracked parameter, if it has one.
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.values
+        self.set
+            .values
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
@@ -52,14 +86,16 @@ impl ClientParams {
         let Some(name) = self.tracked_name(name) else {
             return;
         };
-        match self.values.iter_mut().find(|(k, _)| *k == name) {
-            Some((_, v)) => {
-                if v != value {
-                    v.clear();
-                    v.push_str(value);
-                }
+        match self.set.values.iter().position(|(k, _)| *k == name) {
+            Some(i) if self.set.values[i].1 == value => {}
+            Some(i) => {
+                let v = &mut Arc::make_mut(&mut self.set).values[i].1;
+                v.clear();
+                v.push_str(value);
             }
-            None => self.values.push((name, value.to_owned())),
+            None => Arc::make_mut(&mut self.set)
+                .values
+                .push((name, value.to_owned())),
         }
     }
 
@@ -68,26 +104,45 @@ impl ClientParams {
     pub fn fill_unset(&mut self, welcome: &[(String, String)]) {
         for (k, v) in welcome {
             if let Some(name) = self.tracked_name(k) {
-                if !self.values.iter().any(|(n, _)| *n == name) {
-                    self.values.push((name, v.clone()));
+                if !self.set.values.iter().any(|(n, _)| *n == name) {
+                    Arc::make_mut(&mut self.set).values.push((name, v.clone()));
                 }
             }
         }
-        // Kept for the client's whole life: no spare capacity per idle client.
-        self.values.shrink_to_fit();
+        // Kept for the client's whole life: no spare capacity.
+        if self.set.values.capacity() > self.set.values.len() {
+            Arc::make_mut(&mut self.set).values.shrink_to_fit();
+        }
     }
 
     /// Whether `server` has some tracked parameter at another value than this client.
-    pub fn differs(&self, server: &ServerConn) -> bool {
-        self.values
+    /// A match is remembered on the server, so the next check is a pointer compare.
+    pub fn differs(&self, server: &mut ServerConn) -> bool {
+        if server
+            .params_match
+            .as_ref()
+            .is_some_and(|m| Arc::ptr_eq(m, &self.set))
+        {
+            return false;
+        }
+        let differs = self
+            .set
+            .values
             .iter()
-            .any(|(k, v)| server.param(k) != Some(v.as_str()))
+            .any(|(k, v)| server.param(k) != Some(v.as_str()));
+        if !differs {
+            server.params_match = Some(self.set.clone());
+        }
+        differs
     }
 
     /// The SET statements that make `server` match this client, or None if it does.
-    pub fn sync_sql(&self, server: &ServerConn) -> Option<String> {
+    pub fn sync_sql(&self, server: &mut ServerConn) -> Option<String> {
+        if !self.differs(server) {
+            return None;
+        }
         let mut sql = String::new();
-        for (k, v) in &self.values {
+        for (k, v) in &self.set.values {
             if server.param(k) != Some(v.as_str()) {
                 sql.push_str("SET ");
                 sql.push_str(k);
@@ -102,7 +157,7 @@ impl ClientParams {
     /// The server's welcome parameters with this client's own values laid over them.
     pub fn overlay(&self, welcome: &[(String, String)]) -> Vec<(String, String)> {
         let mut out: Vec<(String, String)> = welcome.to_vec();
-        for (k, v) in &self.values {
+        for (k, v) in &self.set.values {
             match out.iter_mut().find(|(n, _)| n.eq_ignore_ascii_case(k)) {
                 Some((_, old)) => old.clone_from(v),
                 None => out.push((k.clone(), v.clone())),
@@ -139,7 +194,7 @@ mod tests {
         p.set("intervalstyle", "iso_8601");
         p.set("work_mem", "1MB");
         assert_eq!(
-            p.values,
+            p.set.values,
             vec![
                 ("DateStyle".into(), "ISO, DMY".into()),
                 ("IntervalStyle".into(), "iso_8601".into())
@@ -165,5 +220,24 @@ mod tests {
         let o = p.overlay(&w);
         assert_eq!(o[0].1, "app");
         assert_eq!(o.len(), 2);
+    }
+
+    #[test]
+    fn equal_sets_are_shared_and_copied_on_write() {
+        let shared = SharedParams::default();
+        let mut a = ClientParams::new(&[]);
+        a.set("TimeZone", "UTC");
+        let mut b = a.clone();
+        b.set = Arc::new((*b.set).clone());
+        shared.share(&mut a);
+        shared.share(&mut b);
+        assert!(Arc::ptr_eq(&a.set, &b.set));
+        b.set("timezone", "Asia/Tokyo");
+        assert_eq!(a.get("TimeZone"), Some("UTC"));
+        assert_eq!(b.get("TimeZone"), Some("Asia/Tokyo"));
+        // Setting the same value again keeps the shared set.
+        let before = a.set.clone();
+        a.set("TimeZone", "UTC");
+        assert!(Arc::ptr_eq(&before, &a.set));
     }
 }

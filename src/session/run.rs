@@ -103,6 +103,7 @@ async fn start<'a>(
         },
     };
     params.fill_unset(&welcome);
+    pool.shared_params.share(&mut params);
     // AuthenticationOk and the welcome go out in one write.
     let mut out = greeting;
     out.reserve(512);
@@ -239,11 +240,11 @@ impl Session<'_> {
         }
         // The common case needs neither a future nor a clock: an idle server whose
         // parameters already match.
-        let fast = pool.try_acquire_idle(request_at);
-        if let Some(s) = fast.as_ref().filter(|s| !self.params.differs(s)) {
+        let mut fast = pool.try_acquire_idle(request_at);
+        if let Some(s) = fast.take_if(|s| !self.params.differs(s)) {
             pool.stats.wait_hist.record(0);
-            link_server(&self.cancel_key, self.info, s, relay);
-            self.server = fast;
+            link_server(&self.cancel_key, self.info, &s, relay);
+            self.server = Some(s);
             return None;
         }
         let asked = Instant::now();

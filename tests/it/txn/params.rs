@@ -158,3 +158,30 @@ async fn psql_environment_parameters_follow_the_client() {
         );
     }
 }
+
+/// Clients that log in with the same values share one parameter set, and a server
+/// remembers the set it matched. A SET by one of them must not leave the other
+/// believing the server still matches it.
+#[tokio::test]
+async fn clients_with_equal_parameters_stay_apart_after_a_set() {
+    let db = fresh_db("txn_sharedparams");
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let same = [("TimeZone", "Asia/Tokyo"), ("application_name", "twin")];
+    let mut a = raw(&s, &db, &same).await;
+    let mut b = raw(&s, &db, &same).await;
+    for _ in 0..2 {
+        assert_eq!(show(&mut a).await.0, "Asia/Tokyo");
+        assert_eq!(show(&mut b).await.0, "Asia/Tokyo");
+    }
+    let r = a.simple("SET TimeZone = 'Europe/Paris'", STEP).await;
+    assert!(first_error(&r).is_none(), "{r:?}");
+    let (tz, _, app, _, pid_b) = show(&mut b).await;
+    assert_eq!((tz.as_str(), app.as_str()), ("Asia/Tokyo", "twin"));
+    let (tz, _, _, _, pid_a) = show(&mut a).await;
+    assert_eq!(tz, "Europe/Paris");
+    assert_eq!(pid_a, pid_b, "a pool of one");
+    // A third client with the first values, after all that, still gets them.
+    let mut c = raw(&s, &db, &same).await;
+    assert_eq!(show(&mut c).await.0, "Asia/Tokyo");
+    assert_eq!(show(&mut a).await.0, "Europe/Paris");
+}
