@@ -22,12 +22,14 @@ pub fn take() -> BytesMut {
         .unwrap_or_else(|| BytesMut::with_capacity(BUF_SIZE))
 }
 
-/// Gives an empty buffer back; odd-sized or non-empty ones are simply dropped.
+/// Gives an empty buffer back; odd-sized, shared or non-empty ones are simply dropped.
 pub fn give(mut buf: BytesMut) {
-    if !buf.is_empty() || buf.capacity() < BUF_SIZE || buf.capacity() > 4 * BUF_SIZE {
+    // A buffer whose front was split off (the prepared-statement rewriter does that)
+    // gets its room back, without copying or allocating, once nothing else shares it:
+    // otherwise every transaction would allocate a fresh one.
+    if !buf.is_empty() || !buf.try_reclaim(BUF_SIZE) || buf.capacity() > 4 * BUF_SIZE {
         return;
     }
-    buf.clear();
     FREE.with(|f| {
         let mut f = f.borrow_mut();
         if f.len() < KEEP {
@@ -39,6 +41,7 @@ pub fn give(mut buf: BytesMut) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Buf;
 
     #[test]
     fn recycles_empty_buffers_only() {
@@ -53,5 +56,26 @@ mod tests {
         let small = BytesMut::with_capacity(10);
         give(small);
         assert!(take().capacity() >= BUF_SIZE);
+    }
+
+    #[test]
+    fn split_buffers_come_back_whole_once_unshared() {
+        let mut b = take();
+        let ptr = b.as_ptr();
+        b.extend_from_slice(&[7u8; 100]);
+        let front = b.split_to(60).freeze();
+        b.advance(40);
+        // Still shared with `front`: dropped, not kept.
+        give(b);
+        assert_ne!(take().as_ptr(), ptr);
+        let mut b = BytesMut::with_capacity(BUF_SIZE);
+        let ptr = b.as_ptr();
+        b.extend_from_slice(&[7u8; 100]);
+        drop(b.split_to(100).freeze());
+        give(b);
+        drop(front);
+        let again = take();
+        assert_eq!(again.as_ptr(), ptr);
+        assert!(again.capacity() >= BUF_SIZE);
     }
 }

@@ -16,7 +16,7 @@ use super::assign::{acquire_linked, finish_server, link_server};
 use super::cancel::CancelKeyGuard;
 use super::login::LoggedIn;
 use super::params::ClientParams;
-use super::relay::{Outcome, Relay, ReleaseAt};
+use super::relay::{Outcome, Parked, RelaySlot, ReleaseAt};
 use super::{fail_client, fail_with, protocol_failure, timeouts, ClientTag};
 use crate::app::{App, Gate};
 use crate::config::PoolMode;
@@ -44,7 +44,7 @@ struct Session<'a> {
     pool: Arc<Pool>,
     params: ClientParams,
     cancel_key: CancelKeyGuard<'a>,
-    relay: Box<Relay>,
+    relay: RelaySlot,
     server: Option<ServerConn>,
     gate: watch::Receiver<Gate>,
     mode: PoolMode,
@@ -129,20 +129,25 @@ async fn start<'a>(
         PoolMode::Statement => ReleaseAt::StatementEnd,
     };
     // Boxed so that the task of an idle client stays small.
-    let mut relay = Box::new(Relay::new(cfg.settings.max_packet_size));
-    relay.set_timeouts(timeouts(&cfg, &user));
+    // An idle client keeps only the parked part of its relay.
+    let mut kept = Parked::new(cfg.settings.max_packet_size, timeouts(&cfg, &user));
     let max_prepared = cfg.settings.max_prepared_statements as usize;
     if mode != PoolMode::Session && max_prepared > 0 {
-        relay.enable_prepared(app.statements.clone(), max_prepared);
+        kept.enable_prepared(app.statements.clone(), max_prepared);
     }
-    relay.stats.counts.logins += 1;
+    let mut relay = RelaySlot::new(kept);
+    let first = relay.get();
+    first.stats.counts.logins += 1;
     if !leftover.is_empty() {
-        if let Err(e) = relay.preload(&leftover) {
+        if let Err(e) = first.preload(&leftover) {
             let why = e.to_string();
-            return Err(Box::pin(protocol_failure(stream, &mut relay, tag, &why)).await);
+            return Err(Box::pin(protocol_failure(stream, first, tag, &why)).await);
         }
     }
     drop(leftover);
+    pool.stats.flush(&mut first.stats);
+    // Parked unless the client already sent a request with its login.
+    relay.park();
     let reset_always = pool.config().server_reset_query_always;
     drop(cfg);
     Ok(Box::new(Session {
@@ -165,24 +170,29 @@ async fn start<'a>(
 async fn serve(mut s: Box<Session<'_>>) -> String {
     let (stream, tag, mode) = (s.stream, s.tag, s.mode);
     let reason = loop {
-        if s.server.is_none() && s.relay.c2s.is_empty() {
+        if let Some(kept) = s.relay.parked() {
             // Idle: the only await an idle client's task holds.
-            match s.relay.read_client_unlinked(stream, &s.pool.stats).await {
+            if let Err(why) = kept.wait_idle(stream).await {
+                let relay = s.relay.get();
+                return Box::pin(fail_with(stream, relay, tag, PROTOCOL_VIOLATION, why)).await;
+            }
+        }
+        if s.server.is_none() && s.relay.get().c2s.is_empty() {
+            match s
+                .relay
+                .get()
+                .read_client_unlinked(stream, &s.pool.stats)
+                .await
+            {
                 Ok(true) => {}
                 Ok(false) => break "client close request".to_owned(),
                 Err(Outcome::ClientProtocol(e)) => {
                     let why = e.to_string();
-                    return Box::pin(protocol_failure(stream, &mut s.relay, tag, &why)).await;
+                    return Box::pin(protocol_failure(stream, s.relay.get(), tag, &why)).await;
                 }
                 Err(Outcome::Timeout(why)) => {
-                    return Box::pin(fail_with(
-                        stream,
-                        &mut s.relay,
-                        tag,
-                        PROTOCOL_VIOLATION,
-                        why,
-                    ))
-                    .await
+                    let relay = s.relay.get();
+                    return Box::pin(fail_with(stream, relay, tag, PROTOCOL_VIOLATION, why)).await;
                 }
                 Err(_) => break "client unexpected eof".to_owned(),
             }
@@ -194,9 +204,15 @@ async fn serve(mut s: Box<Session<'_>>) -> String {
         }
     };
     s.cancel_key.target.set(None);
-    s.pool.stats.flush(&mut s.relay.stats);
+    let clean = match s.relay.active() {
+        Some(relay) => {
+            s.pool.stats.flush(&mut relay.stats);
+            relay.server_clean()
+        }
+        None => true,
+    };
     if let Some(srv) = s.server.take() {
-        Box::pin(finish_server(&s.pool, srv, s.relay.server_clean(), mode)).await;
+        Box::pin(finish_server(&s.pool, srv, clean, mode)).await;
     }
     reason
 }
@@ -215,6 +231,7 @@ impl Session<'_> {
         };
         let outcome = self
             .relay
+            .get()
             .run(
                 self.stream,
                 srv,
@@ -229,7 +246,7 @@ impl Session<'_> {
     /// Gets a server for the pending request. Returns how the session ends if it
     /// cannot.
     async fn link(&mut self) -> Option<Step> {
-        let (pool, relay) = (&self.pool, &mut self.relay);
+        let (pool, relay) = (&self.pool, self.relay.get());
         // A paused or stopping pooler lends no more servers; the client waits.
         let request_at = relay.last_read();
         self.info.set_waiting(request_at);
@@ -302,7 +319,9 @@ impl Session<'_> {
                 Step::Next
             }
             Outcome::ReleasePoint => {
-                self.info.set_prepared(self.relay.prepared_count());
+                let relay = self.relay.get();
+                self.info.set_prepared(relay.prepared_count());
+                let last_activity = relay.last_activity();
                 if self.reset_always {
                     if let Some(s) = self.server.take() {
                         // Resets and returns it (or closes it if the reset fails).
@@ -312,15 +331,15 @@ impl Session<'_> {
                 self.cancel_key.target.set(None);
                 self.info.unlink();
                 if let Some(s) = self.server.take() {
-                    self.pool.release_at(s, true, self.relay.last_activity());
+                    self.pool.release_at(s, true, last_activity);
                 }
                 // The client may now stay idle for long: its counts go in now.
-                self.pool.stats.flush(&mut self.relay.stats);
-                self.relay.shrink_idle();
+                self.pool.stats.flush(&mut self.relay.get().stats);
+                self.relay.park();
                 Step::Next
             }
             Outcome::ClientClosed => Step::End(
-                if self.relay.terminated() {
+                if self.relay.get().terminated() {
                     "client close request"
                 } else {
                     "client unexpected eof"
@@ -334,7 +353,7 @@ impl Session<'_> {
                 Step::Done(
                     Box::pin(protocol_failure(
                         self.stream,
-                        &mut self.relay,
+                        self.relay.get(),
                         self.tag,
                         &why,
                     ))
@@ -358,7 +377,7 @@ impl Session<'_> {
                 let msg = "server conn crashed?";
                 let mut out = BytesMut::new();
                 backend::error_response(&mut out, "FATAL", CONNECTION_FAILURE, msg);
-                let _ = Box::pin(self.relay.send_to_client(self.stream, &out)).await;
+                let _ = Box::pin(self.relay.get().send_to_client(self.stream, &out)).await;
                 Step::End(msg.to_owned())
             }
         }
@@ -375,7 +394,7 @@ impl Session<'_> {
         self.drop_server();
         let why = Box::pin(fail_with(
             self.stream,
-            &mut self.relay,
+            self.relay.get(),
             self.tag,
             code,
             message,

@@ -11,9 +11,13 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 
+mod parked;
 mod prepared;
 mod timing;
 mod wake;
+
+pub use parked::{Parked, RelaySlot};
+pub use prepared::ClientPrepared;
 
 use super::framer::{Body, Event, Framer};
 use super::params::ClientParams;
@@ -107,13 +111,14 @@ pub struct Relay {
     readies: u32,
     xacts_done: u32,
     /// Prepared-statement rewriting (transaction and statement pooling only).
-    prepared: Option<Box<prepared::PreparedState>>,
+    prepared: Option<prepared::PreparedState>,
     /// When `stats` was last folded into the pool's.
     last_flush: Instant,
 }
 
 impl Relay {
-    pub fn new(max_packet: u32) -> Relay {
+    /// A relay for the next request of a client whose lasting state is `kept`.
+    fn from_parked(kept: &mut Parked) -> Relay {
         Relay {
             c2s: BytesMut::new(),
             s2c: BytesMut::new(),
@@ -124,18 +129,18 @@ impl Relay {
             status: b'I',
             terminated: false,
             desync: false,
-            max_packet,
+            max_packet: kept.max_packet,
             saw_ready: false,
-            timeouts: Timeouts::default(),
+            timeouts: kept.timeouts,
             request_started: None,
             transaction_started: None,
-            last_activity: Instant::now(),
-            last_read: Instant::now(),
+            last_activity: kept.last_activity,
+            last_read: kept.last_read,
             stats: StatsDelta::default(),
             readies: 0,
             xacts_done: 0,
-            prepared: None,
-            last_flush: Instant::now(),
+            prepared: kept.prepared.take().map(prepared::PreparedState::new),
+            last_flush: kept.last_flush,
         }
     }
 
@@ -157,17 +162,10 @@ impl Relay {
             && self.prepared.as_ref().is_none_or(|p| p.is_idle())
     }
 
-    /// Drops the buffers' memory while no server is linked (idle clients cost little).
-    pub fn shrink_idle(&mut self) {
-        if let Some(p) = &mut self.prepared {
-            p.shrink_idle();
-        }
-        if self.c2s.is_empty() {
-            bufpool::give(std::mem::take(&mut self.c2s));
-        }
-        if self.s2c.is_empty() {
-            bufpool::give(std::mem::take(&mut self.s2c));
-        }
+    /// Whether the relay may be put away until the client's next request: nothing
+    /// buffered, owed or counted, and the client still there.
+    fn parkable(&self) -> bool {
+        self.server_clean() && !self.terminated && self.stats.is_empty()
     }
 
     /// Waits for client bytes while no server is linked. Returns false when the client

@@ -14,17 +14,33 @@ use crate::protocol::header::TAG_TERMINATE;
 use crate::protocol::ProtocolError;
 use crate::session::framer::{Body, Event, Framer};
 
-/// One client's prepared-statement state.
+/// What of a client's prepared-statement state outlives a request: its statements.
 #[derive(Debug)]
-pub(super) struct PreparedState {
+pub struct ClientPrepared {
     registry: Arc<Registry>,
     client: ClientStatements,
+    /// `max_prepared_statements`.
+    max: usize,
+}
+
+impl ClientPrepared {
+    pub fn new(registry: Arc<Registry>, max: usize) -> ClientPrepared {
+        ClientPrepared {
+            registry,
+            client: ClientStatements::default(),
+            max,
+        }
+    }
+}
+
+/// One client's prepared-statement state during a request.
+#[derive(Debug)]
+pub(super) struct PreparedState {
+    pub(super) kept: Box<ClientPrepared>,
     tracker: ResponseTracker,
     rewriter: Rewriter,
     /// Client bytes not yet rewritten.
     pub(super) input: BytesMut,
-    /// `max_prepared_statements`.
-    max: usize,
 }
 
 impl PreparedState {
@@ -61,10 +77,21 @@ impl PreparedState {
         false
     }
 
-    pub(super) fn shrink_idle(&mut self) {
-        if self.input.is_empty() {
-            crate::net::bufpool::give(std::mem::take(&mut self.input));
+    /// A request's state around the client's statements.
+    pub(super) fn new(kept: Box<ClientPrepared>) -> PreparedState {
+        PreparedState {
+            kept,
+            tracker: ResponseTracker::default(),
+            rewriter: Rewriter::default(),
+            input: BytesMut::new(),
         }
+    }
+
+    /// Ends the request: the (empty) input buffer goes back for reuse and the
+    /// statements stay with the client.
+    pub(super) fn into_kept(self) -> Box<ClientPrepared> {
+        crate::net::bufpool::give(self.input);
+        self.kept
     }
 
     /// Runs one chunk of server bytes through the response tracker.
@@ -79,13 +106,14 @@ impl PreparedState {
         server: &mut ServerStatements,
         on_event: impl FnMut(Event<'_>) -> Body,
     ) -> Result<(), ProtocolError> {
+        let kept = &mut *self.kept;
         process_chunk(
             &mut self.tracker,
             framer,
             chunk,
-            &mut self.client,
+            &mut kept.client,
             server,
-            &self.registry,
+            &kept.registry,
             on_event,
         )
     }
@@ -94,37 +122,28 @@ impl PreparedState {
 impl Relay {
     /// Prepared statements the client holds (0 without prepared-statement mode).
     pub fn prepared_count(&self) -> u32 {
-        self.prepared.as_ref().map_or(0, |p| p.client.len() as u32)
-    }
-
-    /// Turns on prepared-statement rewriting with a per-server cache of `max`.
-    pub fn enable_prepared(&mut self, registry: Arc<Registry>, max: usize) {
-        self.prepared = Some(Box::new(PreparedState {
-            registry,
-            client: ClientStatements::default(),
-            tracker: ResponseTracker::default(),
-            rewriter: Rewriter::default(),
-            input: BytesMut::new(),
-            max,
-        }));
+        self.prepared
+            .as_ref()
+            .map_or(0, |p| p.kept.client.len() as u32)
     }
 
     /// Sends a batch again after its stale-plan error was hidden from the client: the
     /// rewriter prepares the statement's new version first. Replayed messages are not
     /// counted again (the failed batch's ReadyForQuery was dropped for them).
     pub(super) fn replay_if_needed(&mut self, server: &mut ServerConn) -> Result<(), Outcome> {
-        let Some(p) = self.prepared.as_deref_mut() else {
+        let Some(p) = self.prepared.as_mut() else {
             return Ok(());
         };
         let Some(mut bytes) = p.tracker.take_retry() else {
             return Ok(());
         };
+        let kept = &mut *p.kept;
         let mut ctx = Ctx {
-            registry: &p.registry,
-            client: &mut p.client,
+            registry: &kept.registry,
+            client: &mut kept.client,
             server: &mut server.prepared,
             tracker: &mut p.tracker,
-            max_prepared: p.max,
+            max_prepared: kept.max,
             server_parses: &mut self.stats.counts.server_parses,
         };
         Rewriter::for_replay()
@@ -135,19 +154,20 @@ impl Relay {
     /// Rewrites buffered client bytes for the linked server into `c2s`, and queues
     /// any answer Sluice gives itself that is due now.
     pub(super) fn rewrite_pending(&mut self, server: &mut ServerConn) -> Result<(), Outcome> {
-        let Some(p) = self.prepared.as_deref_mut() else {
+        let Some(p) = self.prepared.as_mut() else {
             return Ok(());
         };
         if p.input.is_empty() {
             return Ok(());
         }
         let pending_before = self.pending;
+        let kept = &mut *p.kept;
         let mut ctx = Ctx {
-            registry: &p.registry,
-            client: &mut p.client,
+            registry: &kept.registry,
+            client: &mut kept.client,
             server: &mut server.prepared,
             tracker: &mut p.tracker,
-            max_prepared: p.max,
+            max_prepared: kept.max,
             server_parses: &mut self.stats.counts.server_parses,
         };
         let (pending, unsynced, terminated) =

@@ -3,15 +3,10 @@
 
 use std::time::Instant;
 
-use super::{Relay, Timeouts};
+use super::Relay;
 use crate::stats::PoolStats;
 
 impl Relay {
-    /// Sets the timeouts to enforce from now on.
-    pub fn set_timeouts(&mut self, t: Timeouts) {
-        self.timeouts = t;
-    }
-
     /// The earliest moment a timeout could fire, and the reason it would give.
     pub(super) fn deadline(&self, linked: bool) -> Option<(Instant, &'static str)> {
         let t = &self.timeouts;

@@ -1,0 +1,113 @@
+//! A relay between requests. An idle client keeps only what outlives a request (its
+//! timeouts, clocks and prepared statements, a hundred-odd bytes); the relay proper
+//! (buffers, framers, protocol state, ~0.7 KB) is made for each request and dropped
+//! at its release point, so ten thousand idle clients do not each keep one.
+
+use std::future::{poll_fn, Future};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Instant;
+
+use super::{prepared, ClientPrepared, Relay, Timeouts};
+use crate::net::{bufpool, Stream};
+use crate::prepared::Registry;
+
+/// What of a relay outlives a request.
+#[derive(Debug)]
+pub struct Parked {
+    pub(super) timeouts: Timeouts,
+    pub(super) last_activity: Instant,
+    pub(super) last_read: Instant,
+    pub(super) last_flush: Instant,
+    pub(super) max_packet: u32,
+    /// Taken by the relay while a request runs.
+    pub(super) prepared: Option<Box<ClientPrepared>>,
+}
+
+impl Parked {
+    pub fn new(max_packet: u32, timeouts: Timeouts) -> Parked {
+        let now = Instant::now();
+        Parked {
+            timeouts,
+            last_activity: now,
+            last_read: now,
+            last_flush: now,
+            max_packet,
+            prepared: None,
+        }
+    }
+
+    /// Turns on prepared-statement rewriting with a per-server cache of `max`.
+    pub fn enable_prepared(&mut self, registry: Arc<Registry>, max: usize) {
+        self.prepared = Some(Box::new(ClientPrepared::new(registry, max)));
+    }
+
+    /// Waits until the client sends something, or its client_idle_timeout runs out
+    /// (the error is the reason to give). Reads nothing: the relay made next does.
+    pub async fn wait_idle(&self, client: &Stream) -> Result<(), &'static str> {
+        let t = self.timeouts.client_idle;
+        // Boxed (and only when set): an idle client's task keeps a pointer, not a timer.
+        let mut timer = (!t.is_zero())
+            .then(|| Box::pin(tokio::time::sleep_until((self.last_activity + t).into())));
+        poll_fn(|cx| {
+            if let Some(timer) = timer.as_mut() {
+                if timer.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Err("client_idle_timeout"));
+                }
+            }
+            // An error is the read's to report.
+            client.poll_read_ready(cx).map(|_| Ok(()))
+        })
+        .await
+    }
+}
+
+/// A client's relay: made when a request comes, parked when the server goes back.
+#[derive(Debug)]
+pub struct RelaySlot {
+    active: Option<Box<Relay>>,
+    parked: Parked,
+}
+
+impl RelaySlot {
+    pub fn new(parked: Parked) -> RelaySlot {
+        RelaySlot {
+            active: None,
+            parked,
+        }
+    }
+
+    /// The relay, made now if the client was idle.
+    pub fn get(&mut self) -> &mut Relay {
+        let parked = &mut self.parked;
+        self.active
+            .get_or_insert_with(|| Box::new(Relay::from_parked(parked)))
+    }
+
+    /// The relay if a request is under way.
+    pub fn active(&mut self) -> Option<&mut Relay> {
+        self.active.as_deref_mut()
+    }
+
+    /// The lasting state, valid while no relay is active.
+    pub fn parked(&self) -> Option<&Parked> {
+        self.active.is_none().then_some(&self.parked)
+    }
+
+    /// Puts the relay away if nothing is left in it (its counts must be flushed
+    /// first); otherwise it stays.
+    pub fn park(&mut self) {
+        let Some(mut r) = self.active.take_if(|r| r.parkable()) else {
+            return;
+        };
+        let p = &mut self.parked;
+        p.timeouts = r.timeouts;
+        p.last_activity = r.last_activity;
+        p.last_read = r.last_read;
+        p.last_flush = r.last_flush;
+        p.prepared = r.prepared.take().map(prepared::PreparedState::into_kept);
+        // Empty (the relay is clean), so they go back for the next request anyone makes.
+        bufpool::give(std::mem::take(&mut r.c2s));
+        bufpool::give(std::mem::take(&mut r.s2c));
+    }
+}
