@@ -178,12 +178,14 @@ async fn serve(mut s: Box<Session<'_>>) -> String {
             }
         }
         if s.server.is_none() && s.relay.get().c2s.is_empty() {
-            match s
-                .relay
-                .get()
-                .read_client_unlinked(stream, &s.pool.stats)
-                .await
-            {
+            // Bytes are usually there by now: read them without a future; the wait
+            // for more is boxed so that it adds nothing to an idle client's task.
+            let relay = s.relay.get();
+            let read = match relay.try_read_unlinked(stream) {
+                Some(r) => r,
+                None => Box::pin(relay.read_client_unlinked(stream, &s.pool.stats)).await,
+            };
+            match read {
                 Ok(true) => {}
                 Ok(false) => break "client close request".to_owned(),
                 Err(Outcome::ClientProtocol(e)) => {

@@ -194,35 +194,38 @@ impl Relay {
                     }
                 }
             }
-            let pending_before = self.pending;
-            match self.read_client(client) {
-                Ok(true) => self.note_client_activity(pending_before, Instant::now()),
-                Ok(false) => return Ok(false),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-                    return Err(Outcome::ClientProtocol(ProtocolError::Malformed(
-                        "invalid message length",
-                    )));
-                }
-                Err(e) => return Err(Outcome::ClientFailed(e)),
-            }
-            if let Some(p) = &self.prepared {
-                if p.starts_with_terminate() {
-                    self.terminated = true;
-                    return Ok(false);
-                }
-                if p.has_input() {
-                    return Ok(true);
-                }
-                continue;
-            }
-            if self.terminated && self.c2s.is_empty() {
-                return Ok(false);
-            }
-            if !self.c2s.is_empty() {
-                return Ok(true);
+            if let Some(r) = self.try_read_unlinked(client) {
+                return r;
             }
         }
+    }
+
+    /// One read of client bytes while no server is linked: `None` when nothing
+    /// complete enough came (wait and try again), else as [`Relay::read_client_unlinked`].
+    pub fn try_read_unlinked(&mut self, client: &Stream) -> Option<Result<bool, Outcome>> {
+        let pending_before = self.pending;
+        match self.read_client(client) {
+            Ok(true) => self.note_client_activity(pending_before, Instant::now()),
+            Ok(false) => return Some(Ok(false)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                return Some(Err(Outcome::ClientProtocol(ProtocolError::Malformed(
+                    "invalid message length",
+                ))));
+            }
+            Err(e) => return Some(Err(Outcome::ClientFailed(e))),
+        }
+        if let Some(p) = &self.prepared {
+            if p.starts_with_terminate() {
+                self.terminated = true;
+                return Some(Ok(false));
+            }
+            return p.has_input().then_some(Ok(true));
+        }
+        if self.terminated && self.c2s.is_empty() {
+            return Some(Ok(false));
+        }
+        (!self.c2s.is_empty()).then_some(Ok(true))
     }
 
     /// Whether more client bytes may be buffered while waiting for a server.
