@@ -128,28 +128,46 @@ pub async fn serve_client(app: Arc<App>, stream: Stream) {
             )),
         }
     };
-    let who = match result {
-        Ok(Some(Who::Pooled(who))) => who,
-        Ok(Some(Who::Console(a))) => {
-            Box::pin(crate::admin::serve(&app, &stream, buf, a, id, peer)).await;
-            return;
+    // The braces move the login result into a temporary that is gone after this
+    // statement; matching the variable in place would keep its (large) slot in this
+    // frame across the session's await, and so in every client's task.
+    #[allow(clippy::blocks_in_conditions)]
+    let start = match { result } {
+        Ok(Some(Who::Pooled(who))) => {
+            // The login buffer is only worth keeping if the client sent more than
+            // its login.
+            let buf = if buf.is_empty() { BytesMut::new() } else { buf };
+            Box::new((who, buf))
         }
-        Ok(None) => return,
-        Err(e) => {
-            Box::pin(report_login_failure(id, &peer, &stream, e)).await;
+        other => {
+            Box::pin(other_login(other, &app, &stream, buf, id, peer)).await;
             return;
         }
     };
-    // The login buffer is only worth keeping if the client sent more than its login.
-    let buf = if buf.is_empty() { BytesMut::new() } else { buf };
     // Boxed: the session's state is allocated once, apart from the (small) task.
     // The login result travels boxed too: an async fn keeps its arguments for its
     // whole life, and this one's are consumed at the start.
-    let start = Box::new((who, buf));
     Box::pin(pooled_session(
         &app, &stream, start, id, &peer, started, &cfg,
     ))
     .await;
+}
+
+/// A login that did not make a pooled client: the console, a cancel request, or a
+/// failure to report.
+async fn other_login(
+    result: Result<Option<Who>, ClientError>,
+    app: &Arc<App>,
+    stream: &Stream,
+    buf: BytesMut,
+    id: u64,
+    peer: PeerAddr,
+) {
+    match result {
+        Ok(Some(Who::Console(a))) => crate::admin::serve(app, stream, buf, a, id, peer).await,
+        Ok(Some(Who::Pooled(_))) | Ok(None) => {}
+        Err(e) => report_login_failure(id, &peer, stream, e).await,
+    }
 }
 
 /// A logged-in client of a pool, from the client limits to the disconnect log line.
