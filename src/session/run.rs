@@ -177,7 +177,7 @@ async fn serve(mut s: Box<Session<'_>>) -> String {
                 return Box::pin(fail_with(stream, relay, tag, PROTOCOL_VIOLATION, why)).await;
             }
         }
-        if s.server.is_none() && s.relay.get().c2s.is_empty() {
+        if s.server.is_none() && !s.relay.get().has_request() {
             // Bytes are usually there by now: read them without a future; the wait
             // for more is boxed so that it adds nothing to an idle client's task.
             let relay = s.relay.get();

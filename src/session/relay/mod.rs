@@ -80,7 +80,7 @@ pub enum ReleaseAt {
 #[derive(Debug)]
 pub struct Relay {
     /// Client bytes not yet written to the server.
-    pub c2s: BytesMut,
+    c2s: BytesMut,
     /// Server bytes not yet written to the client.
     s2c: BytesMut,
     client_framer: Framer,
@@ -366,9 +366,20 @@ impl Relay {
 
     /// Takes client bytes that arrived with the login packets.
     pub fn preload(&mut self, bytes: &[u8]) -> Result<(), ProtocolError> {
+        // Where a read would have put them: with prepared statements, the rewriter's
+        // input (so a named statement is renamed like any other).
+        if let Some(p) = &mut self.prepared {
+            p.input.extend_from_slice(bytes);
+            return Ok(());
+        }
         let start = self.c2s.len();
         self.c2s.extend_from_slice(bytes);
         self.scan_client(start)
+    }
+
+    /// Whether client bytes wait for a server (in `c2s` or the rewriter's input).
+    pub fn has_request(&self) -> bool {
+        !self.c2s.is_empty() || self.prepared.as_ref().is_some_and(|p| p.has_input())
     }
 
     /// Reads from the client into `c2s` and follows its messages. `Ok(false)`: EOF.

@@ -8,6 +8,7 @@ use tokio_postgres::types::Type;
 
 use super::common::*;
 use crate::support::probe::within;
+use crate::support::wire::frame;
 use crate::support::{run_bounded, MD5_PASSWORD, MD5_USER};
 
 /// tokio-postgres pipelines concurrent queries of one client: several
@@ -282,4 +283,58 @@ async fn error_inside_a_pipeline() {
     let b = client(&s, &db).await;
     assert_eq!(one(&b, "SELECT 1").await, "1");
     assert_eq!(col(&a.simple("SELECT 3", STEP).await), ["3"]);
+}
+
+/// A client that sends its first request in the same write as its password: the
+/// request waits in the login buffer, and its named statement must still be renamed
+/// for the server like any other (no client-named statement left on a shared server).
+#[tokio::test]
+async fn request_sent_with_the_login_goes_through_statement_renaming() {
+    let db = fresh_db("txn_loginpipe");
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let mut c = RawClient::connect(s.port()).await;
+    c.send(&crate::support::wire::startup_msg(&[
+        ("user", MD5_USER),
+        ("database", &db),
+    ]))
+    .await
+    .expect("startup");
+    let m = c.recv(STEP).await.expect("auth request");
+    assert_eq!(&m.body[..4], &5u32.to_be_bytes(), "md5 request: {m:?}");
+    let salt = [m.body[4], m.body[5], m.body[6], m.body[7]];
+    let hash = postgres_protocol::authentication::md5_hash(
+        MD5_USER.as_bytes(),
+        MD5_PASSWORD.as_bytes(),
+        salt,
+    );
+    let mut out = frame(b'p', format!("{hash}\0").as_bytes());
+    out.extend(frame(b'P', b"early\0SELECT 41 + 1\0\0\0"));
+    out.extend(frame(b'B', b"\0early\0\0\0\0\0\0\0"));
+    out.extend(frame(b'E', b"\0\0\0\0\0"));
+    out.extend(sync_msg());
+    c.send(&out).await.expect("password and request");
+    let mut readies = 0;
+    let mut seen = Vec::new();
+    while readies < 2 {
+        let m = c.recv(STEP).await.expect("closed during the first request");
+        assert_ne!(m.tag, b'E', "{:?} after {seen:?}", m.field(b'M'));
+        readies += usize::from(m.tag == b'Z');
+        seen.push(m);
+    }
+    assert_eq!(col(&seen), ["42"], "{seen:?}");
+    let names = col(&c
+        .simple("SELECT name FROM pg_prepared_statements", STEP)
+        .await);
+    assert!(
+        !names.iter().any(|n| n == "early"),
+        "the client's own name reached the server: {names:?}"
+    );
+    // And the statement is the client's for later transactions.
+    let mut bind = frame(b'B', b"\0early\0\0\0\0\0\0\0");
+    bind.extend(frame(b'E', b"\0\0\0\0\0"));
+    bind.extend(sync_msg());
+    c.send(&bind).await.expect("bind again");
+    let msgs = c.until_ready(STEP).await;
+    assert!(first_error(&msgs).is_none(), "{msgs:?}");
+    assert_eq!(col(&msgs), ["42"]);
 }
