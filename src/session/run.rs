@@ -128,7 +128,6 @@ async fn start<'a>(
         PoolMode::Transaction => ReleaseAt::TransactionEnd,
         PoolMode::Statement => ReleaseAt::StatementEnd,
     };
-    // Boxed so that the task of an idle client stays small.
     // An idle client keeps only the parked part of its relay.
     let mut kept = Parked::new(cfg.settings.max_packet_size, timeouts(&cfg, &user));
     let max_prepared = cfg.settings.max_prepared_statements as usize;

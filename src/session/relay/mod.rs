@@ -76,7 +76,8 @@ pub enum ReleaseAt {
     SessionCheckpoints,
 }
 
-/// Relay state for one client: buffers (allocated on first use) and protocol tracking.
+/// Relay state for one request of a client (parked between requests, see `parked.rs`):
+/// buffers (allocated on first use) and protocol tracking.
 #[derive(Debug)]
 pub struct Relay {
     /// Client bytes not yet written to the server.
