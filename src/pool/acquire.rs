@@ -203,7 +203,7 @@ impl Pool {
                 let mut st = self.lock_state();
                 st.last_login_error = None;
                 if st.welcome.is_none() {
-                    st.welcome = Some(Arc::new(conn.params.clone()));
+                    st.welcome = Some(Arc::new(conn.params.values.clone()));
                 }
                 st.active += 1;
                 conn.lent = super::LentMark::lent_by(self.clone());

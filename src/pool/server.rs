@@ -60,10 +60,7 @@ pub struct ServerState {
     /// Where it is connected, for CancelRequests.
     pub addr: Arc<ServerAddr>,
     /// Every ParameterStatus the server reported, kept current by the relay.
-    pub params: Vec<(String, String)>,
-    /// The client parameter set `params` was last found to match; cleared whenever
-    /// a parameter changes.
-    pub params_match: Option<Arc<crate::session::params::ParamSet>>,
+    pub params: ServerParams,
     pub created: Instant,
     /// When it last went idle.
     pub last_used: Instant,
@@ -86,16 +83,7 @@ pub struct ServerState {
 impl ServerState {
     /// The current value of a reported parameter.
     pub fn param(&self, name: &str) -> Option<&str> {
-        self.params
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// Records a ParameterStatus.
-    pub fn set_param(&mut self, name: &str, value: &str) {
-        self.params_match = None;
-        set_param(&mut self.params, name, value);
+        self.params.get(name)
     }
 
     /// Whether its age or idle time passed the pool's limits.
@@ -124,7 +112,7 @@ impl ServerState {
                     header::TAG_PARAMETER_STATUS => {
                         if let Ok((k, v)) = parse_parameter_status(&body) {
                             let (k, v) = (k.to_owned(), v.to_owned());
-                            self.set_param(&k, &v);
+                            self.params.set(&k, &v);
                         }
                     }
                     _ => {}
@@ -145,19 +133,40 @@ impl ServerState {
     }
 }
 
-/// Records a ParameterStatus in a parameter list (case-insensitive names).
-pub fn set_param(params: &mut Vec<(String, String)>, name: &str, value: &str) {
-    match params
-        .iter_mut()
-        .find(|(k, _)| k.eq_ignore_ascii_case(name))
-    {
-        Some((_, v)) => {
-            if v != value {
-                v.clear();
-                v.push_str(value);
+/// The parameters a server reported, and the client parameter set they were last
+/// found to match (so the next client with that set needs no comparison).
+#[derive(Debug, Default)]
+pub struct ServerParams {
+    pub values: Vec<(String, String)>,
+    /// Forgotten at any change of `values`.
+    pub matched: Option<Arc<crate::session::params::ParamSet>>,
+}
+
+impl ServerParams {
+    /// The current value of a reported parameter (case-insensitive name).
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.values
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Records a ParameterStatus.
+    pub fn set(&mut self, name: &str, value: &str) {
+        self.matched = None;
+        match self
+            .values
+            .iter_mut()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        {
+            Some((_, v)) => {
+                if v != value {
+                    v.clear();
+                    v.push_str(value);
+                }
             }
+            None => self.values.push((name.to_owned(), value.to_owned())),
         }
-        None => params.push((name.to_owned(), value.to_owned())),
     }
 }
 
@@ -236,8 +245,10 @@ pub(crate) async fn connect(
         backend_pid: pid,
         backend_key: key,
         addr: Arc::new(cfg.addr.clone()),
-        params: server_params,
-        params_match: None,
+        params: ServerParams {
+            values: server_params,
+            matched: None,
+        },
         created: now,
         last_used: now,
         generation,

@@ -119,7 +119,8 @@ impl ClientParams {
     /// A match is remembered on the server, so the next check is a pointer compare.
     pub fn differs(&self, server: &mut ServerConn) -> bool {
         if server
-            .params_match
+            .params
+            .matched
             .as_ref()
             .is_some_and(|m| Arc::ptr_eq(m, &self.set))
         {
@@ -131,7 +132,7 @@ impl ClientParams {
             .iter()
             .any(|(k, v)| server.param(k) != Some(v.as_str()));
         if !differs {
-            server.params_match = Some(self.set.clone());
+            server.params.matched = Some(self.set.clone());
         }
         differs
     }

@@ -474,7 +474,6 @@ impl Relay {
         // One deref of the boxed connection, so its fields borrow apart.
         let server = &mut **server;
         let server_params = &mut server.params;
-        let params_match = &mut server.params_match;
         let on_event = |e: Event<'_>| match e {
             Event::Start { tag, .. } => match tag {
                 TAG_READY_FOR_QUERY | TAG_PARAMETER_STATUS => Body::Capture,
@@ -499,8 +498,7 @@ impl Relay {
             } => {
                 match parse_parameter_status(body) {
                     Ok((k, v)) => {
-                        *params_match = None;
-                        crate::pool::server::set_param(server_params, k, v);
+                        server_params.set(k, v);
                         params.set(k, v);
                     }
                     Err(_) => bad_param = true,
