@@ -2,6 +2,7 @@
 //! request the server (or Sluice) must answer, in order, so that answers to injected
 //! Parses can be dropped and answers Sluice gives itself can be put in their place.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 
 use super::{ClientStatements, ServerStatements};
@@ -112,7 +113,62 @@ pub struct Replay {
     pub bytes: bytes::BytesMut,
 }
 
+thread_local! {
+    /// Empty queues of finished requests, so that a request does not allocate one.
+    static SPARE_QUEUES: RefCell<Vec<VecDeque<Expect>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Spare queues kept per thread, and the largest capacity worth keeping.
+const KEEP_QUEUES: usize = 64;
+const MAX_KEPT_CAPACITY: usize = 64;
+
 impl ResponseTracker {
+    /// A tracker for a request, its queue reused from a finished one on this thread.
+    pub fn recycled() -> ResponseTracker {
+        let queue = SPARE_QUEUES
+            .with(|s| s.borrow_mut().pop())
+            .unwrap_or_default();
+        ResponseTracker {
+            queue,
+            ..ResponseTracker::default()
+        }
+    }
+
+    /// Ends a request's tracker: its queue, if empty and small, goes back for reuse.
+    pub fn recycle(self) {
+        let q = self.queue;
+        if !q.is_empty() || q.capacity() == 0 || q.capacity() > MAX_KEPT_CAPACITY {
+            return;
+        }
+        SPARE_QUEUES.with(|s| {
+            let mut s = s.borrow_mut();
+            if s.len() < KEEP_QUEUES {
+                s.push(q);
+            }
+        });
+    }
+
+    /// Whether nothing spans chunks and every answer owed is passed through whole up
+    /// to its ReadyForQuery (simple queries, lone Syncs). Then only ReadyForQuery
+    /// changes the tracker's state, and other messages need not be looked at.
+    fn is_plain(&self) -> bool {
+        self.held.is_empty()
+            && self.drop_left == 0
+            && !self.flush_after_current
+            && self.suspect.is_none()
+            && self.held_error.is_none()
+            && !self.skip_param_desc
+            && self.queue.iter().all(|e| {
+                matches!(
+                    e,
+                    Expect::Forward {
+                        kind: Kind::UntilReady,
+                        undo: None
+                    }
+                )
+            })
+    }
+
     /// Whether every request has been answered.
     pub fn is_idle(&self) -> bool {
         self.queue.is_empty() && self.held.is_empty() && self.drop_left == 0
@@ -151,10 +207,6 @@ impl ResponseTracker {
                     ..
                 })
             );
-        eprintln!(
-            "DBG only_sync_left={only_sync_left} front={:?}",
-            self.queue.front()
-        );
         let Some(replay) = self.replay.take() else {
             return false;
         };
@@ -394,10 +446,16 @@ pub fn process_chunk(
         tracker.drop_left -= n;
     }
     let mut dropping = false;
+    // Most chunks answer simple queries: then only ReadyForQuery matters to the tracker
+    // (`on_message` changes nothing for any other message, and cannot make it unplain).
+    let plain = tracker.is_plain();
     // Server messages are trusted for length (PostgreSQL bounds them itself).
     framer.feed(chunk, u32::MAX, |e| {
         if let Event::Start { tag, len, at } = e {
-            dropping = tracker.on_message((tag, len, at), chunk_len, client, server, &mut edits);
+            if !plain || tag == b'Z' {
+                dropping =
+                    tracker.on_message((tag, len, at), chunk_len, client, server, &mut edits);
+            }
         }
         if dropping {
             // The relay never sees what Sluice asked for itself (its ReadyForQuery

@@ -195,3 +195,38 @@ fn error_skips_to_sync_and_drops_synthesized() {
     server.extend(msg(b'Z', b"I"));
     assert_eq!(run(queue, &server, &[]), server);
 }
+
+#[test]
+fn simple_query_answers_then_a_synthesized_one_at_every_split() {
+    // A simple query's answer (taken by the plain-chunk path), and a Parse the server
+    // need not see queued while that answer is still arriving.
+    let mut stream = msg(b'T', &[0, 0]);
+    stream.extend(msg(b'D', &[0, 0]));
+    stream.extend(msg(b'C', b"SELECT 1\0"));
+    stream.extend(msg(b'Z', b"I"));
+    for cut in 0..=stream.len() {
+        let mut t = ResponseTracker::recycled();
+        t.push(fwd(Kind::UntilReady));
+        let mut f = Framer::default();
+        let (mut c, mut s) = (ClientStatements::default(), ServerStatements::default());
+        let mut out = Vec::new();
+        for (i, part) in [&stream[..cut], &stream[cut..]].into_iter().enumerate() {
+            let mut chunk = bytes::BytesMut::from(part);
+            let reg = Registry::default();
+            process_chunk(&mut t, &mut f, &mut chunk, &mut c, &mut s, &reg, |_| {
+                Body::Skip
+            })
+            .unwrap();
+            out.extend_from_slice(&chunk);
+            if i == 0 {
+                t.push(Expect::Synthesize(PARSE_COMPLETE));
+                t.take_ready_synthesized(f.at_boundary(), &mut out);
+            }
+        }
+        let mut want = stream.clone();
+        want.extend_from_slice(PARSE_COMPLETE);
+        assert_eq!(out, want, "split at {cut}");
+        assert!(t.is_idle(), "split at {cut}: {:?}", t.queue);
+        t.recycle();
+    }
+}

@@ -193,7 +193,10 @@ fn fwd(kind: Kind) -> Expect {
 /// EXECUTE and DEALLOCATE get their special treatment; anything else passes.
 fn handle_query(msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> Result<(), RewriteError> {
     let body = &msg[HEADER_LEN..];
-    let text = std::str::from_utf8(body.strip_suffix(b"\0").unwrap_or(body)).ok();
+    let body = body.strip_suffix(b"\0").unwrap_or(body);
+    let text = super::sql::may_match(body)
+        .then(|| std::str::from_utf8(body).ok())
+        .flatten();
     // DISCARD ALL / DEALLOCATE ALL need nothing here: their CommandComplete, in
     // either protocol, clears the statements (a failed one keeps them).
     let Some(cmd) = text.and_then(super::sql::parse) else {

@@ -14,11 +14,16 @@ pub enum SqlCommand<'a> {
     Deallocate { name: String },
 }
 
+/// Whether a Query body may hold one of the commands, by its first letter: every
+/// simple query passes here, and most are rejected before any UTF-8 check.
+pub fn may_match(body: &[u8]) -> bool {
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    first.is_some_and(|b| matches!(b.to_ascii_uppercase(), b'P' | b'E' | b'D'))
+}
+
 /// Recognises `text` (a Query body without its NUL) as one of the commands.
 pub fn parse(text: &str) -> Option<SqlCommand<'_>> {
-    // Every simple query passes here: reject most of them on their first letter.
-    let first = text.trim_start().as_bytes().first()?.to_ascii_uppercase();
-    if !matches!(first, b'P' | b'E' | b'D') {
+    if !may_match(text.as_bytes()) {
         return None;
     }
     let t = text
@@ -157,5 +162,15 @@ mod tests {
         assert_eq!(parse("SELECT 1"), None);
         assert_eq!(parse("EXECUTE"), None);
         assert_eq!(parse("PREPARE \"unterminated AS SELECT 1"), None);
+    }
+
+    #[test]
+    fn first_letter_filter() {
+        assert!(may_match(b"  prepare x as select 1"));
+        assert!(may_match(b"\n\tEXECUTE x"));
+        assert!(may_match(b"deallocate x"));
+        assert!(!may_match(b"SELECT 1"));
+        assert!(!may_match(b"   "));
+        assert!(!may_match(b""));
     }
 }

@@ -81,7 +81,7 @@ impl PreparedState {
     pub(super) fn new(kept: Box<ClientPrepared>) -> PreparedState {
         PreparedState {
             kept,
-            tracker: ResponseTracker::default(),
+            tracker: ResponseTracker::recycled(),
             rewriter: Rewriter::default(),
             input: BytesMut::new(),
         }
@@ -91,6 +91,7 @@ impl PreparedState {
     /// statements stay with the client.
     pub(super) fn into_kept(self) -> Box<ClientPrepared> {
         crate::net::bufpool::give(self.input);
+        self.tracker.recycle();
         self.kept
     }
 
@@ -159,6 +160,10 @@ impl Relay {
         };
         if p.input.is_empty() {
             return Ok(());
+        }
+        if self.c2s.capacity() == 0 {
+            // A pooled buffer rather than one grown (and freed) per request.
+            self.c2s = crate::net::bufpool::take();
         }
         let pending_before = self.pending;
         let kept = &mut *p.kept;
