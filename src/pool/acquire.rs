@@ -59,7 +59,9 @@ impl Pool {
             };
             drop(doomed);
             let slot = match step {
-                Step::Idle(conn) => match self.check_idle(conn, &cfg).await {
+                // The rare paths (a check query, a new connection) are boxed, so that
+                // waiting for a server, the common one, is a small future.
+                Step::Idle(conn) => match Box::pin(self.check_idle(conn, &cfg)).await {
                     Some(conn) => return Ok(conn),
                     None => continue,
                 },
@@ -75,7 +77,7 @@ impl Pool {
                     Grant::Slot(slot) => slot,
                 },
             };
-            return self.connect_new(&cfg, slot, deadline).await;
+            return Box::pin(self.connect_new(&cfg, slot, deadline)).await;
         }
     }
 

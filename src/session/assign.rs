@@ -50,7 +50,7 @@ pub(super) async fn acquire_linked(
         } else {
             timeout
         };
-        if let Err(e) = server.run_internal(&sql, timeout).await {
+        if let Err(e) = Box::pin(server.run_internal(&sql, timeout)).await {
             // The server is fine but the client's value was refused; closing it keeps
             // the pool clean, and the client learns why.
             pool.release(server, false);

@@ -223,8 +223,12 @@ impl Session<'_> {
     /// point (or, in session mode, until the client leaves).
     async fn step(&mut self) -> Step {
         if self.server.is_none() {
-            if let Some(end) = self.link().await {
-                return end;
+            // The common case is synchronous; the wait (and the acquire's state, which
+            // is large) is boxed so this future stays small: it is boxed per request.
+            if let Err(fast) = self.try_link_idle() {
+                if let Some(end) = Box::pin(self.link(fast)).await {
+                    return end;
+                }
             }
         }
         let Some(srv) = self.server.as_mut() else {
@@ -244,21 +248,42 @@ impl Session<'_> {
         self.after(outcome).await
     }
 
-    /// Gets a server for the pending request. Returns how the session ends if it
-    /// cannot.
-    async fn link(&mut self) -> Option<Step> {
+    /// The common case of getting a server, needing neither a future nor a clock: the
+    /// pooler lends, and an idle server's parameters already match. Otherwise the
+    /// idle server it took (parameters to sync), if any, for [`Session::link`].
+    fn try_link_idle(&mut self) -> Result<(), Option<ServerConn>> {
         let (pool, relay) = (&self.pool, self.relay.get());
-        // A paused or stopping pooler lends no more servers; the client waits.
         let request_at = relay.last_read();
         self.info.set_waiting(request_at);
-        while self.gate.borrow().blocks(&pool.key.database) {
-            if self.gate.changed().await.is_err() {
-                break;
-            }
+        if self.gate.borrow().blocks(&pool.key.database) {
+            return Err(None);
         }
-        // The common case needs neither a future nor a clock: an idle server whose
-        // parameters already match.
         let mut fast = pool.try_acquire_idle(request_at);
+        if let Some(s) = fast.take_if(|s| !self.params.differs(s)) {
+            pool.stats.wait_hist.record(0);
+            link_server(&self.cancel_key, self.info, &s, relay);
+            self.server = Some(s);
+            return Ok(());
+        }
+        Err(fast)
+    }
+
+    /// Gets a server for the pending request when [`Session::try_link_idle`] could
+    /// not (`fast`: the idle server it took). Returns how the session ends if it
+    /// cannot.
+    async fn link(&mut self, fast: Option<ServerConn>) -> Option<Step> {
+        let (pool, relay) = (&self.pool, self.relay.get());
+        let request_at = relay.last_read();
+        // A paused or stopping pooler lends no more servers; the client waits.
+        let mut fast = fast;
+        if self.gate.borrow().blocks(&pool.key.database) {
+            while self.gate.borrow().blocks(&pool.key.database) {
+                if self.gate.changed().await.is_err() {
+                    break;
+                }
+            }
+            fast = pool.try_acquire_idle(request_at);
+        }
         if let Some(s) = fast.take_if(|s| !self.params.differs(s)) {
             pool.stats.wait_hist.record(0);
             link_server(&self.cancel_key, self.info, &s, relay);
