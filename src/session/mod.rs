@@ -219,6 +219,7 @@ async fn pooled_session(
         admin: false,
     });
     let reason = tokio::select! {
+        biased;
         r = run_session(app, stream, start, &tag, &info) => r,
         // KILL / KILL_CLIENT: the session (and any server it holds) is dropped.
         why = info.killed() => {

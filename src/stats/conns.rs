@@ -7,8 +7,9 @@
 //! the console reads it whenever asked.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime};
 
@@ -83,6 +84,9 @@ pub struct ClientInfo {
     prepared: std::sync::atomic::AtomicU32,
     kill: Notify,
     kill_reason: Mutex<Option<&'static str>>,
+    /// Set with `kill_reason`: lets the session's wait skip the Notify (a lock) on
+    /// every wake-up that is not a kill.
+    kill_flag: AtomicBool,
 }
 
 impl ClientInfo {
@@ -97,6 +101,7 @@ impl ClientInfo {
             prepared: std::sync::atomic::AtomicU32::new(0),
             kill: Notify::new(),
             kill_reason: Mutex::new(None),
+            kill_flag: AtomicBool::new(false),
         }
     }
 
@@ -171,14 +176,29 @@ impl ClientInfo {
     /// Asks the client's session to end with `reason` (KILL, KILL_CLIENT).
     pub fn kill(&self, reason: &'static str) {
         *lock(&self.kill_reason) = Some(reason);
+        self.kill_flag.store(true, Ordering::Release);
         // notify_one keeps a permit if the session is not waiting on it right now.
         self.kill.notify_one();
     }
 
     /// Resolves with the reason once the client is killed.
+    ///
+    /// It is polled at every wake-up of the client's task, so it looks at the Notify
+    /// only on its first poll (which stores the task's waker there; a task's waker
+    /// stays valid for its whole life) and once the kill flag is set.
     pub async fn killed(&self) -> &'static str {
         loop {
-            self.kill.notified().await;
+            let notified = self.kill.notified();
+            let mut notified = std::pin::pin!(notified);
+            let mut registered = false;
+            std::future::poll_fn(|cx| {
+                if registered && !self.kill_flag.load(Ordering::Acquire) {
+                    return std::task::Poll::Pending;
+                }
+                registered = true;
+                notified.as_mut().poll(cx)
+            })
+            .await;
             if let Some(r) = *lock(&self.kill_reason) {
                 return r;
             }
