@@ -271,25 +271,23 @@ impl Session<'_> {
     /// Gets a server for the pending request when [`Session::try_link_idle`] could
     /// not (`fast`: the idle server it took). Returns how the session ends if it
     /// cannot.
-    async fn link(&mut self, fast: Option<ServerConn>) -> Option<Step> {
-        let (pool, relay) = (&self.pool, self.relay.get());
-        let request_at = relay.last_read();
-        // A paused or stopping pooler lends no more servers; the client waits.
-        let mut fast = fast;
-        if self.gate.borrow().blocks(&pool.key.database) {
-            while self.gate.borrow().blocks(&pool.key.database) {
-                if self.gate.changed().await.is_err() {
-                    break;
-                }
+    async fn link(&mut self, mut fast: Option<ServerConn>) -> Option<Step> {
+        // A paused or stopping pooler lends no more servers; the client waits, then
+        // tries the common case again.
+        let mut waited = false;
+        while self.gate.borrow().blocks(&self.pool.key.database) {
+            waited = true;
+            if self.gate.changed().await.is_err() {
+                break;
             }
-            fast = pool.try_acquire_idle(request_at);
         }
-        if let Some(s) = fast.take_if(|s| !self.params.differs(s)) {
-            pool.stats.wait_hist.record(0);
-            link_server(&self.cancel_key, self.info, &s, relay);
-            self.server = Some(s);
-            return None;
+        if waited {
+            match self.try_link_idle() {
+                Ok(()) => return None,
+                Err(f) => fast = f,
+            }
         }
+        let (pool, relay) = (&self.pool, self.relay.get());
         let asked = Instant::now();
         let acquired = {
             // Watch the client while it waits: one that leaves gives up its place at

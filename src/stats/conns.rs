@@ -9,8 +9,8 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Instant, SystemTime};
 
 use tokio::sync::Notify;
@@ -83,10 +83,9 @@ pub struct ClientInfo {
     /// Prepared statements the client holds (transaction pooling), for SHOW CLIENTS.
     prepared: std::sync::atomic::AtomicU32,
     kill: Notify,
-    kill_reason: Mutex<Option<&'static str>>,
-    /// Set with `kill_reason`: lets the session's wait skip the Notify (a lock) on
-    /// every wake-up that is not a kill.
-    kill_flag: AtomicBool,
+    /// Set once by the first kill; read without a lock at every wake-up of the
+    /// session, so the Notify (which takes one) is looked at only after a kill.
+    kill_reason: OnceLock<&'static str>,
 }
 
 impl ClientInfo {
@@ -100,8 +99,7 @@ impl ClientInfo {
             link: Mutex::new(None),
             prepared: std::sync::atomic::AtomicU32::new(0),
             kill: Notify::new(),
-            kill_reason: Mutex::new(None),
-            kill_flag: AtomicBool::new(false),
+            kill_reason: OnceLock::new(),
         }
     }
 
@@ -175,8 +173,8 @@ impl ClientInfo {
 
     /// Asks the client's session to end with `reason` (KILL, KILL_CLIENT).
     pub fn kill(&self, reason: &'static str) {
-        *lock(&self.kill_reason) = Some(reason);
-        self.kill_flag.store(true, Ordering::Release);
+        // The first reason stands if the client is killed twice.
+        let _ = self.kill_reason.set(reason);
         // notify_one keeps a permit if the session is not waiting on it right now.
         self.kill.notify_one();
     }
@@ -185,21 +183,21 @@ impl ClientInfo {
     ///
     /// It is polled at every wake-up of the client's task, so it looks at the Notify
     /// only on its first poll (which stores the task's waker there; a task's waker
-    /// stays valid for its whole life) and once the kill flag is set.
+    /// stays valid for its whole life) and once a kill reason is set.
     pub async fn killed(&self) -> &'static str {
         loop {
             let notified = self.kill.notified();
             let mut notified = std::pin::pin!(notified);
             let mut registered = false;
             std::future::poll_fn(|cx| {
-                if registered && !self.kill_flag.load(Ordering::Acquire) {
+                if registered && self.kill_reason.get().is_none() {
                     return std::task::Poll::Pending;
                 }
                 registered = true;
                 notified.as_mut().poll(cx)
             })
             .await;
-            if let Some(r) = *lock(&self.kill_reason) {
+            if let Some(r) = self.kill_reason.get() {
                 return r;
             }
         }
