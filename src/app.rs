@@ -60,7 +60,7 @@ impl Gate {
 pub struct App {
     config: RwLock<Arc<Config>>,
     pub pools: Pools,
-    pub cancels: CancelRegistry,
+    pub cancels: Arc<CancelRegistry>,
     /// Prepared statements shared by all clients (transaction pooling).
     pub statements: Arc<crate::prepared::Registry>,
     /// Connected clients (logged in or logging in), for `max_client_conn`.
@@ -71,22 +71,24 @@ pub struct App {
     /// PAUSE, SUSPEND, DISABLE and stopping, for sessions to wait on.
     gate: watch::Sender<Gate>,
     /// Logged-in clients, for the console and metrics.
-    pub client_reg: ClientRegistry,
+    pub client_reg: Arc<ClientRegistry>,
     /// The console's and the statistics' own state.
     pub admin: AdminState,
     /// Logged-in clients per database (`d:` prefix) and per user (`u:` prefix), for
     /// `max_db_client_connections` and `max_user_client_connections`.
     client_counts: Mutex<HashMap<String, u32>>,
+    /// Idle clients asleep without a task (session/keeper.rs).
+    pub keeper: crate::session::keeper::Keeper,
 }
 
 /// Counts a logged-in client against its database and user until dropped.
 #[derive(Debug)]
-pub struct ClientCount<'a> {
-    app: &'a App,
+pub struct ClientCount {
+    app: Arc<App>,
     keys: [String; 2],
 }
 
-impl Drop for ClientCount<'_> {
+impl Drop for ClientCount {
     fn drop(&mut self) {
         let mut m = self
             .app
@@ -111,15 +113,16 @@ impl App {
         Arc::new(App {
             config: RwLock::new(Arc::new(config)),
             pools: Pools::new(),
-            cancels: CancelRegistry::default(),
+            cancels: Arc::default(),
             statements: Arc::default(),
             clients: AtomicU32::new(0),
             client_ids: AtomicU64::new(1),
             shutdown,
             gate,
-            client_reg: ClientRegistry::default(),
+            client_reg: Arc::default(),
             admin: AdminState::default(),
             client_counts: Mutex::new(HashMap::new()),
+            keeper: Default::default(),
         })
     }
 
@@ -207,12 +210,12 @@ impl App {
     /// Counts a logged-in client against its database and user limits (0 means
     /// unlimited). Returns the name of the setting that refuses it, if one does.
     pub fn count_client(
-        &self,
+        self: &Arc<Self>,
         db: &str,
         db_max: u32,
         user: &str,
         user_max: u32,
-    ) -> Result<ClientCount<'_>, &'static str> {
+    ) -> Result<ClientCount, &'static str> {
         let keys = [format!("d:{db}"), format!("u:{user}")];
         let mut m = self.client_counts.lock().unwrap_or_else(|p| p.into_inner());
         if db_max != 0 && m.get(&keys[0]).copied().unwrap_or(0) >= db_max {
@@ -225,7 +228,10 @@ impl App {
             *m.entry(k.clone()).or_insert(0) += 1;
         }
         drop(m);
-        Ok(ClientCount { app: self, keys })
+        Ok(ClientCount {
+            app: self.clone(),
+            keys,
+        })
     }
 
     /// Logged-in clients of a database.

@@ -234,6 +234,7 @@ pub fn kill(ctx: &mut Ctx<'_>, db: &str) -> Result<(), CmdError> {
             c.kill("database removed");
         }
     }
+    app.keeper.kick();
     // Idle servers close now; lent ones close with their killed sessions.
     for p in pools_of(app, db) {
         p.reconnect_all();
@@ -255,6 +256,7 @@ pub fn kill_client(ctx: &mut Ctx<'_>, arg: &str) -> Result<(), CmdError> {
         .ok_or_else(|| CmdError::from("client not found"))?;
     tracing::info!("KILL_CLIENT '{id}' command issued");
     client.kill("admin forced disconnect");
+    ctx.app.keeper.kick();
     rows::command_complete(&mut ctx.out, "KILL_CLIENT");
     Ok(())
 }

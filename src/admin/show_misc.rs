@@ -83,6 +83,12 @@ pub fn mem(app: &App, out: &mut BytesMut) {
             std::mem::size_of::<crate::stats::conns::ClientInfo>() as u64,
             clients,
         ),
+        // Idle clients asleep without a task (session/keeper.rs).
+        (
+            "asleep_client_cache",
+            std::mem::size_of::<crate::session::Session>() as u64,
+            app.keeper.asleep() as u64,
+        ),
     ];
     let mut t = Table::new(
         out,

@@ -162,9 +162,11 @@ async fn run(path: PathBuf, config: Config, sink: Arc<LogSink>, user: Option<Str
     let _background = crate::admin::start_background(&app, metrics);
     let accept = tokio::spawn(accept_loops(app.clone(), listeners));
     let janitor = tokio::spawn(janitor(app.clone()));
+    let keeper = tokio::spawn(crate::session::keeper::run(app.clone()));
     let code = signals(app.clone(), &path, &sink).await;
     accept.abort();
     janitor.abort();
+    keeper.abort();
     if let Some(p) = &socket_file {
         let _ = std::fs::remove_file(p);
     }
@@ -237,6 +239,7 @@ async fn janitor(app: Arc<App>) {
     loop {
         tick.tick().await;
         app.pools.maintain();
+        crate::session::keeper::sweep(&app);
     }
 }
 

@@ -6,4 +6,4 @@ pub mod listener;
 pub mod stream;
 
 pub use listener::{bind_listeners, Listeners};
-pub use stream::{PeerAddr, Stream};
+pub use stream::{PeerAddr, StdStream, Stream};

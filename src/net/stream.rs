@@ -169,4 +169,38 @@ impl Stream {
             Stream::Tcp(_) => None,
         }
     }
+
+    /// The socket without its tokio registration, for a client that sleeps in the
+    /// keeper's epoll set (it stays non-blocking).
+    pub fn into_std(self) -> io::Result<StdStream> {
+        match self {
+            Stream::Tcp(s) => s.into_std().map(StdStream::Tcp),
+            Stream::Unix(s) => s.into_std().map(StdStream::Unix),
+        }
+    }
+
+    /// Registers a socket put away by [`Stream::into_std`] again; must run inside the
+    /// runtime.
+    pub fn from_std(s: StdStream) -> io::Result<Stream> {
+        match s {
+            StdStream::Tcp(s) => TcpStream::from_std(s).map(Stream::Tcp),
+            StdStream::Unix(s) => UnixStream::from_std(s).map(Stream::Unix),
+        }
+    }
+}
+
+/// A client socket while no tokio task owns it (non-blocking).
+#[derive(Debug)]
+pub enum StdStream {
+    Tcp(std::net::TcpStream),
+    Unix(std::os::unix::net::UnixStream),
+}
+
+impl std::os::fd::AsRawFd for StdStream {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        match self {
+            StdStream::Tcp(s) => s.as_raw_fd(),
+            StdStream::Unix(s) => s.as_raw_fd(),
+        }
+    }
 }

@@ -12,7 +12,7 @@ use crate::stats::conns::{ClientInfo, LinkedServer};
 
 /// Records that the client now holds `s`: for cancels, the console and SHOW STATS.
 pub(super) fn link_server(
-    cancel_key: &CancelKeyGuard<'_>,
+    cancel_key: &CancelKeyGuard,
     info: &ClientInfo,
     s: &ServerConn,
     relay: &mut Relay,

@@ -41,14 +41,14 @@ pub struct CancelRegistry {
 
 /// Removes a client's key from the registry when the client goes away.
 #[derive(Debug)]
-pub struct CancelKeyGuard<'a> {
-    registry: &'a CancelRegistry,
+pub struct CancelKeyGuard {
+    registry: Arc<CancelRegistry>,
     pub pid: u32,
     pub key: u32,
     pub target: Arc<CancelTarget>,
 }
 
-impl Drop for CancelKeyGuard<'_> {
+impl Drop for CancelKeyGuard {
     fn drop(&mut self) {
         self.registry.lock().remove(&(self.pid, self.key));
     }
@@ -60,7 +60,7 @@ impl CancelRegistry {
     }
 
     /// Issues a fresh random key for a new client.
-    pub fn register(&self) -> CancelKeyGuard<'_> {
+    pub fn register(self: &Arc<Self>) -> CancelKeyGuard {
         let target = Arc::new(CancelTarget::default());
         let mut map = self.lock();
         loop {
@@ -68,7 +68,7 @@ impl CancelRegistry {
             if let std::collections::hash_map::Entry::Vacant(e) = map.entry((pid, key)) {
                 e.insert(target.clone());
                 return CancelKeyGuard {
-                    registry: self,
+                    registry: self.clone(),
                     pid,
                     key,
                     target,

@@ -4,6 +4,7 @@
 mod assign;
 pub mod cancel;
 pub mod framer;
+pub mod keeper;
 pub mod login;
 pub mod params;
 pub mod relay;
@@ -23,7 +24,8 @@ use crate::protocol::sqlstate::*;
 use crate::stats::conns::ClientMeta;
 use login::{LoggedIn, Startup};
 use relay::{Relay, Timeouts};
-use run::run_session;
+pub(crate) use run::Session;
+use run::{Ended, Registrations, Welcome};
 
 /// A client's log prefix (`C-<id>: db/user@addr`) and whether its pooler errors are
 /// logged (`log_pooler_errors`).
@@ -62,10 +64,11 @@ enum Who {
     Console(crate::admin::AdminLogin),
 }
 
-/// Counts a client out of `max_client_conn` when its task ends, however it ends.
-struct ClientSlot<'a>(&'a App);
+/// Counts a client out of `max_client_conn` when dropped: when its task ends, or its
+/// session if it has one (which may outlive the task: keeper.rs).
+pub(crate) struct ClientSlot(Arc<App>);
 
-impl Drop for ClientSlot<'_> {
+impl Drop for ClientSlot {
     fn drop(&mut self) {
         self.0.remove_client();
     }
@@ -84,7 +87,7 @@ pub async fn serve_client(app: Arc<App>, stream: Stream) {
         Box::pin(send_fatal(&stream, TOO_MANY_CONNECTIONS, msg)).await;
         return;
     }
-    let _slot = ClientSlot(&app);
+    let slot = ClientSlot(app.clone());
     let started = Instant::now();
     let mut buf = BytesMut::new();
 
@@ -141,16 +144,18 @@ pub async fn serve_client(app: Arc<App>, stream: Stream) {
         }
         other => {
             Box::pin(other_login(other, &app, &stream, buf, id, peer)).await;
+            drop(slot);
             return;
         }
     };
+    let Some((session, welcome)) =
+        open_session(app, &stream, start, id, &peer, started, slot, &cfg).await
+    else {
+        return;
+    };
+    drop(cfg);
     // Boxed: the session's state is allocated once, apart from the (small) task.
-    // The login result travels boxed too: an async fn keeps its arguments for its
-    // whole life, and this one's are consumed at the start.
-    Box::pin(pooled_session(
-        &app, &stream, start, id, &peer, started, &cfg,
-    ))
-    .await;
+    Box::pin(drive(stream, session, Some(welcome))).await;
 }
 
 /// A login that did not make a pooled client: the console, a cancel request, or a
@@ -170,18 +175,20 @@ async fn other_login(
     }
 }
 
-/// A logged-in client of a pool, from the client limits to the disconnect log line.
+/// A logged-in client of a pool: checks the client limits, registers it for the
+/// console and makes its session. None if a limit turned it away.
 #[allow(clippy::too_many_arguments)]
-async fn pooled_session(
-    app: &App,
+async fn open_session(
+    app: Arc<App>,
     stream: &Stream,
     start: Box<(LoggedIn, BytesMut)>,
     id: u64,
     peer: &PeerAddr,
     started: Instant,
+    slot: ClientSlot,
     cfg: &crate::config::Config,
-) {
-    let who = &start.0;
+) -> Option<(Box<Session>, Welcome)> {
+    let (who, leftover) = *start;
     let tag = ClientTag {
         text: format!("C-{id}: {}/{}@{peer}", who.database, who.user),
         log_pooler_errors: cfg.settings.log_pooler_errors,
@@ -198,13 +205,13 @@ async fn pooled_session(
         .get(&who.user)
         .and_then(|u| u.max_user_client_connections)
         .unwrap_or(s.max_user_client_connections);
-    let _counted = match app.count_client(&who.database, db_max, &who.user, user_max) {
+    let counted = match app.count_client(&who.database, db_max, &who.user, user_max) {
         Ok(c) => c,
         Err(setting) => {
             let message = format!("no more connections allowed ({setting})");
             tracing::warn!("{tag} closing because: {message}");
             Box::pin(send_fatal(stream, TOO_MANY_CONNECTIONS, &message)).await;
-            return;
+            return None;
         }
     };
     // Registered for the console (SHOW CLIENTS, KILL_CLIENT) while the session runs.
@@ -218,19 +225,49 @@ async fn pooled_session(
         application_name: who.params.get("application_name").unwrap_or("").to_owned(),
         admin: false,
     });
-    let reason = tokio::select! {
+    let r = Registrations {
+        app,
+        tag,
+        info,
+        counted,
+        slot,
+        started,
+    };
+    let (session, greeting) = Session::new(r, who);
+    Some((session, Welcome { greeting, leftover }))
+}
+
+/// Runs a session in the current task until it ends (then logs why) or sleeps (then
+/// hands it to the keeper). With `welcome`, the session is new; without, it wakes up.
+async fn drive(stream: Stream, mut s: Box<Session>, welcome: Option<Welcome>) {
+    let info = s.info.info.clone();
+    info.set_asleep(false);
+    let ended = tokio::select! {
         biased;
-        r = run_session(app, stream, start, &tag, &info) => r,
-        // KILL / KILL_CLIENT: the session (and any server it holds) is dropped.
+        r = run::serve(&mut s, &stream, welcome) => r,
+        // KILL / KILL_CLIENT: any server the session holds is closed.
         why = info.killed() => {
-            Box::pin(send_fatal(stream, PROTOCOL_VIOLATION, why)).await;
-            why.to_owned()
+            s.drop_server();
+            Box::pin(send_fatal(&stream, PROTOCOL_VIOLATION, why)).await;
+            Ended::Closed(why.to_owned())
         }
     };
-    if cfg.settings.log_disconnections {
+    let reason = match ended {
+        Ended::Closed(reason) => reason,
+        Ended::Asleep => match stream.into_std() {
+            Ok(socket) => {
+                info.set_asleep(true);
+                let app = s.app.clone();
+                return app.keeper.put(socket, s);
+            }
+            Err(e) => format!("client I/O error: {e}"),
+        },
+    };
+    if s.log_disconnections {
         tracing::info!(
-            "{tag} closing because: {reason} (age={}s)",
-            started.elapsed().as_secs()
+            "{} closing because: {reason} (age={}s)",
+            s.tag,
+            s.started.elapsed().as_secs()
         );
     }
 }

@@ -1,10 +1,11 @@
 //! The logged-in part of a client's life: the welcome, then one step per request
-//! (get a server, relay until the release point) until the client leaves.
+//! (get a server, relay until the release point) until the client leaves or sleeps.
 //!
-//! An idle client waits in `run_session`'s loop, whose state is small; everything a
+//! An idle client waits in `serve`'s loop, whose state is small; everything a
 //! request needs (the acquire, the relay, the outcome handling) lives in the future
-//! of `Session::step`, boxed once per request. So the task of an idle client holds
-//! a few hundred bytes rather than every await point's state.
+//! of `Session::step`, boxed once per request. A client idle for long leaves even
+//! that: `serve` returns [`Ended::Asleep`] and the keeper holds its socket and
+//! [`Session`] without a task (keeper.rs).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,15 +17,15 @@ use super::assign::{acquire_linked, finish_server, link_server};
 use super::cancel::CancelKeyGuard;
 use super::login::LoggedIn;
 use super::params::ClientParams;
-use super::relay::{Outcome, Parked, RelaySlot, ReleaseAt};
-use super::{fail_client, fail_with, protocol_failure, timeouts, ClientTag};
-use crate::app::{App, Gate};
+use super::relay::{Idle, Outcome, Parked, RelaySlot, ReleaseAt};
+use super::{fail_client, fail_with, protocol_failure, timeouts, ClientSlot, ClientTag};
+use crate::app::{App, ClientCount, Gate};
 use crate::config::PoolMode;
 use crate::net::Stream;
 use crate::pool::{Pool, ServerConn};
 use crate::protocol::backend;
 use crate::protocol::sqlstate::*;
-use crate::stats::conns::ClientInfo;
+use crate::stats::conns::Registered;
 
 /// What a step leaves the session to do.
 enum Step {
@@ -36,144 +37,199 @@ enum Step {
     Done(String),
 }
 
-/// The state that outlives one request.
-struct Session<'a> {
-    stream: &'a Stream,
-    tag: &'a ClientTag,
-    info: &'a ClientInfo,
+/// How [`serve`] stopped.
+pub(super) enum Ended {
+    /// The session is over, for this reason (for the log).
+    Closed(String),
+    /// The client is idle, holds no server and was asked to sleep: its socket can go to
+    /// the keeper (keeper.rs) and its task end.
+    Asleep,
+}
+
+/// A pooled client: its registrations (each undone when dropped) and the state that
+/// outlives one request. It owns everything it needs, borrowing nothing from a task,
+/// so that an idle client can sleep without one and wake up in a new one.
+pub(crate) struct Session {
+    pub(super) app: Arc<App>,
+    pub(super) tag: ClientTag,
+    pub(super) info: Registered,
+    pub(super) started: Instant,
+    cancel_key: CancelKeyGuard,
     pool: Arc<Pool>,
     params: ClientParams,
-    cancel_key: CancelKeyGuard<'a>,
     relay: RelaySlot,
     server: Option<ServerConn>,
     gate: watch::Receiver<Gate>,
     mode: PoolMode,
     release_at: ReleaseAt,
     reset_always: bool,
+    pub(super) log_disconnections: bool,
+    /// Not asked to sleep yet (see [`Parked::wait_idle`]); cleared at the first sleep.
+    fresh: bool,
+    _counted: ClientCount,
+    // Last: the client counts out of max_client_conn once all else is gone.
+    _slot: ClientSlot,
 }
 
-/// After login: welcome, then relay until the client leaves. Returns the reason the
-/// session ended, for the log.
-pub(super) async fn run_session(
-    app: &App,
-    stream: &Stream,
-    login: Box<(LoggedIn, BytesMut)>,
-    tag: &ClientTag,
-    info: &ClientInfo,
-) -> String {
-    // The start's state is gone once it returns: only the session loop stays.
-    match Box::pin(start(app, stream, login, tag, info)).await {
-        Ok(s) => serve(s).await,
-        Err(reason) => reason,
+/// What a new session sends first: the login's greeting, then the welcome; and any
+/// request bytes that came with the login.
+pub(super) struct Welcome {
+    pub greeting: BytesMut,
+    pub leftover: BytesMut,
+}
+
+/// The registrations a session starts from.
+pub(super) struct Registrations {
+    pub app: Arc<App>,
+    pub tag: ClientTag,
+    pub info: Registered,
+    pub counted: ClientCount,
+    pub slot: ClientSlot,
+    pub started: Instant,
+}
+
+impl Session {
+    /// A logged-in client's session, before its welcome.
+    pub(super) fn new(r: Registrations, who: LoggedIn) -> (Box<Session>, BytesMut) {
+        let LoggedIn {
+            pool,
+            params,
+            user,
+            greeting,
+            ..
+        } = who;
+        let app = r.app;
+        let cfg = app.config();
+        let mode = pool.config().pool_mode;
+        // server_fast_close: a session-mode server retired by RECONNECT or a reload
+        // closes at the end of the current transaction, and the client with it.
+        let fast_close = mode == PoolMode::Session && cfg.settings.server_fast_close;
+        let release_at = match mode {
+            PoolMode::Session if fast_close => ReleaseAt::SessionCheckpoints,
+            PoolMode::Session => ReleaseAt::SessionEnd,
+            PoolMode::Transaction => ReleaseAt::TransactionEnd,
+            PoolMode::Statement => ReleaseAt::StatementEnd,
+        };
+        // An idle client keeps only the parked part of its relay.
+        let mut kept = Parked::new(cfg.settings.max_packet_size, timeouts(&cfg, &user));
+        let max_prepared = cfg.settings.max_prepared_statements as usize;
+        if mode != PoolMode::Session && max_prepared > 0 {
+            kept.enable_prepared(app.statements.clone(), max_prepared);
+        }
+        let s = Session {
+            cancel_key: app.cancels.register(),
+            gate: app.gate_watch(),
+            reset_always: pool.config().server_reset_query_always,
+            log_disconnections: cfg.settings.log_disconnections,
+            app: app.clone(),
+            tag: r.tag,
+            info: r.info,
+            started: r.started,
+            pool,
+            params,
+            relay: RelaySlot::new(kept),
+            server: None,
+            mode,
+            release_at,
+            fresh: true,
+            _counted: r.counted,
+            _slot: r.slot,
+        };
+        (Box::new(s), greeting)
     }
-}
 
-/// The welcome (parameters, cancel key, ReadyForQuery) and the session's state.
-async fn start<'a>(
-    app: &'a App,
-    stream: &'a Stream,
-    login: Box<(LoggedIn, BytesMut)>,
-    tag: &'a ClientTag,
-    info: &'a ClientInfo,
-) -> Result<Box<Session<'a>>, String> {
-    let (who, leftover) = *login;
-    let LoggedIn {
-        pool,
-        mut params,
-        user,
-        greeting,
-        ..
-    } = who;
-    let cfg = app.config();
-    let cancel_key = app.cancels.register();
-
-    // The welcome needs the server's parameters; the first client of a pool waits for
-    // a server login to learn them.
-    let welcome = match pool.welcome().or_else(|| app.pools.sibling_welcome(&pool)) {
-        Some(w) => w,
-        None => match Box::pin(pool.acquire()).await {
-            Ok(server) => {
-                pool.release(server, true);
-                match pool.welcome() {
-                    Some(w) => w,
-                    None => Arc::new(Vec::new()),
+    /// The welcome (parameters, cancel key, ReadyForQuery), after the login's greeting.
+    async fn welcome(&mut self, stream: &Stream, w: Welcome) -> Result<(), String> {
+        let Welcome { greeting, leftover } = w;
+        let pool = &self.pool;
+        // The welcome needs the server's parameters; the first client of a pool waits
+        // for a server login to learn them.
+        let welcome = match pool
+            .welcome()
+            .or_else(|| self.app.pools.sibling_welcome(pool))
+        {
+            Some(w) => w,
+            None => match Box::pin(pool.acquire()).await {
+                Ok(server) => {
+                    pool.release(server, true);
+                    match pool.welcome() {
+                        Some(w) => w,
+                        None => Arc::new(Vec::new()),
+                    }
                 }
+                Err(e) => return Err(Box::pin(fail_client(stream, &self.tag, &e)).await),
+            },
+        };
+        self.params.fill_unset(&welcome);
+        pool.shared_params.share(&mut self.params);
+        // AuthenticationOk and the welcome go out in one write.
+        let mut out = greeting;
+        out.reserve(512);
+        for (k, v) in self.params.overlay(&welcome) {
+            backend::parameter_status(&mut out, &k, &v);
+        }
+        drop(welcome);
+        backend::backend_key_data(&mut out, self.cancel_key.pid, self.cancel_key.key);
+        backend::ready_for_query(&mut out, b'I');
+        if let Err(e) = Box::pin(stream.write_all(&out)).await {
+            return Err(format!("client I/O error: {e}"));
+        }
+        drop(out);
+        let first = self.relay.get();
+        first.stats.counts.logins += 1;
+        if !leftover.is_empty() {
+            if let Err(e) = first.preload(&leftover) {
+                let why = e.to_string();
+                return Err(Box::pin(protocol_failure(stream, first, &self.tag, &why)).await);
             }
-            Err(e) => return Err(Box::pin(fail_client(stream, tag, &e)).await),
-        },
-    };
-    params.fill_unset(&welcome);
-    pool.shared_params.share(&mut params);
-    // AuthenticationOk and the welcome go out in one write.
-    let mut out = greeting;
-    out.reserve(512);
-    for (k, v) in params.overlay(&welcome) {
-        backend::parameter_status(&mut out, &k, &v);
+        }
+        drop(leftover);
+        self.pool.stats.flush(&mut first.stats);
+        // Parked unless the client already sent a request with its login.
+        self.relay.park();
+        Ok(())
     }
-    drop(welcome);
-    backend::backend_key_data(&mut out, cancel_key.pid, cancel_key.key);
-    backend::ready_for_query(&mut out, b'I');
-    if let Err(e) = Box::pin(stream.write_all(&out)).await {
-        return Err(format!("client I/O error: {e}"));
-    }
-    drop(out);
 
-    let mode = pool.config().pool_mode;
-    // server_fast_close: a session-mode server retired by RECONNECT or a reload closes
-    // at the end of the current transaction, and the client with it (PgBouncer).
-    let fast_close = mode == PoolMode::Session && cfg.settings.server_fast_close;
-    let release_at = match mode {
-        PoolMode::Session if fast_close => ReleaseAt::SessionCheckpoints,
-        PoolMode::Session => ReleaseAt::SessionEnd,
-        PoolMode::Transaction => ReleaseAt::TransactionEnd,
-        PoolMode::Statement => ReleaseAt::StatementEnd,
-    };
-    // An idle client keeps only the parked part of its relay.
-    let mut kept = Parked::new(cfg.settings.max_packet_size, timeouts(&cfg, &user));
-    let max_prepared = cfg.settings.max_prepared_statements as usize;
-    if mode != PoolMode::Session && max_prepared > 0 {
-        kept.enable_prepared(app.statements.clone(), max_prepared);
+    /// When this sleeping client's client_idle_timeout runs out, if one is set.
+    pub(super) fn idle_deadline(&self) -> Option<Instant> {
+        self.relay.parked().and_then(|p| p.idle_deadline())
     }
-    let mut relay = RelaySlot::new(kept);
-    let first = relay.get();
-    first.stats.counts.logins += 1;
-    if !leftover.is_empty() {
-        if let Err(e) = first.preload(&leftover) {
-            let why = e.to_string();
-            return Err(Box::pin(protocol_failure(stream, first, tag, &why)).await);
+
+    /// Closes the linked server, if any (a killed client's server is in an unknown
+    /// state).
+    pub(super) fn drop_server(&mut self) {
+        self.cancel_key.target.set(None);
+        drop(self.server.take());
+    }
+}
+
+/// Serves requests until the client leaves or goes to sleep; with `welcome`, the
+/// session is new and welcomes its client first.
+pub(super) async fn serve(s: &mut Session, stream: &Stream, welcome: Option<Welcome>) -> Ended {
+    if let Some(w) = welcome {
+        if let Err(reason) = Box::pin(s.welcome(stream, w)).await {
+            return Ended::Closed(reason);
         }
     }
-    drop(leftover);
-    pool.stats.flush(&mut first.stats);
-    // Parked unless the client already sent a request with its login.
-    relay.park();
-    let reset_always = pool.config().server_reset_query_always;
-    drop(cfg);
-    Ok(Box::new(Session {
-        stream,
-        tag,
-        info,
-        pool,
-        params,
-        cancel_key,
-        relay,
-        server: None,
-        gate: app.gate_watch(),
-        mode,
-        release_at,
-        reset_always,
-    }))
-}
-
-/// Serves requests until the client leaves.
-async fn serve(mut s: Box<Session<'_>>) -> String {
-    let (stream, tag, mode) = (s.stream, s.tag, s.mode);
+    let mode = s.mode;
     let reason = loop {
         if let Some(kept) = s.relay.parked() {
             // Idle: the only await an idle client's task holds.
-            if let Err(why) = kept.wait_idle(stream).await {
-                let relay = s.relay.get();
-                return Box::pin(fail_with(stream, relay, tag, PROTOCOL_VIOLATION, why)).await;
+            // A session-mode client that holds its server stays awake.
+            let can_sleep = s.server.is_none() && s.app.keeper.running();
+            match kept.wait_idle(stream, &s.info, s.fresh, can_sleep).await {
+                // From now on only the janitor's sweep puts it to sleep: no timer per
+                // request.
+                Ok(Idle::Request) => s.fresh = false,
+                Ok(Idle::Sleep) => {
+                    s.fresh = false;
+                    return Ended::Asleep;
+                }
+                Err(why) => {
+                    let relay = s.relay.get();
+                    let why = fail_with(stream, relay, &s.tag, PROTOCOL_VIOLATION, why);
+                    return Ended::Closed(Box::pin(why).await);
+                }
             }
         }
         if s.server.is_none() && !s.relay.get().has_request() {
@@ -189,19 +245,22 @@ async fn serve(mut s: Box<Session<'_>>) -> String {
                 Ok(false) => break "client close request".to_owned(),
                 Err(Outcome::ClientProtocol(e)) => {
                     let why = e.to_string();
-                    return Box::pin(protocol_failure(stream, s.relay.get(), tag, &why)).await;
+                    let relay = s.relay.get();
+                    let why = protocol_failure(stream, relay, &s.tag, &why);
+                    return Ended::Closed(Box::pin(why).await);
                 }
                 Err(Outcome::Timeout(why)) => {
                     let relay = s.relay.get();
-                    return Box::pin(fail_with(stream, relay, tag, PROTOCOL_VIOLATION, why)).await;
+                    let why = fail_with(stream, relay, &s.tag, PROTOCOL_VIOLATION, why);
+                    return Ended::Closed(Box::pin(why).await);
                 }
                 Err(_) => break "client unexpected eof".to_owned(),
             }
         }
-        match Box::pin(s.step()).await {
+        match Box::pin(s.step(stream)).await {
             Step::Next => {}
             Step::End(reason) => break reason,
-            Step::Done(reason) => return reason,
+            Step::Done(reason) => return Ended::Closed(reason),
         }
     };
     s.cancel_key.target.set(None);
@@ -215,18 +274,18 @@ async fn serve(mut s: Box<Session<'_>>) -> String {
     if let Some(srv) = s.server.take() {
         Box::pin(finish_server(&s.pool, srv, clean, mode)).await;
     }
-    reason
+    Ended::Closed(reason)
 }
 
-impl Session<'_> {
+impl Session {
     /// Serves one request: links a server if none is, then relays until the release
     /// point (or, in session mode, until the client leaves).
-    async fn step(&mut self) -> Step {
+    async fn step(&mut self, stream: &Stream) -> Step {
         if self.server.is_none() {
             // The common case is synchronous; the wait (and the acquire's state, which
             // is large) is boxed so this future stays small: it is boxed per request.
             if let Err(fast) = self.try_link_idle() {
-                if let Some(end) = Box::pin(self.link(fast)).await {
+                if let Some(end) = Box::pin(self.link(stream, fast)).await {
                     return end;
                 }
             }
@@ -238,14 +297,14 @@ impl Session<'_> {
             .relay
             .get()
             .run(
-                self.stream,
+                stream,
                 srv,
                 &mut self.params,
                 self.release_at,
                 &self.pool.stats,
             )
             .await;
-        self.after(outcome).await
+        self.after(stream, outcome).await
     }
 
     /// The common case of getting a server, needing neither a future nor a clock: the
@@ -261,7 +320,7 @@ impl Session<'_> {
         let mut fast = pool.try_acquire_idle(request_at);
         if let Some(s) = fast.take_if(|s| !self.params.differs(s)) {
             pool.stats.wait_hist.record(0);
-            link_server(&self.cancel_key, self.info, &s, relay);
+            link_server(&self.cancel_key, &self.info, &s, relay);
             self.server = Some(s);
             return Ok(());
         }
@@ -271,7 +330,7 @@ impl Session<'_> {
     /// Gets a server for the pending request when [`Session::try_link_idle`] could
     /// not (`fast`: the idle server it took). Returns how the session ends if it
     /// cannot.
-    async fn link(&mut self, mut fast: Option<ServerConn>) -> Option<Step> {
+    async fn link(&mut self, stream: &Stream, mut fast: Option<ServerConn>) -> Option<Step> {
         // A paused or stopping pooler lends no more servers; the client waits, then
         // tries the common case again.
         let mut waited = false;
@@ -297,8 +356,8 @@ impl Session<'_> {
                 tokio::select! {
                     biased;
                     r = &mut acquire => break Some(r),
-                    r = self.stream.readable(), if relay.can_buffer_more() => {
-                        match r.and_then(|_| relay.read_while_waiting(self.stream)) {
+                    r = stream.readable(), if relay.can_buffer_more() => {
+                        match r.and_then(|_| relay.read_while_waiting(stream)) {
                             Ok(true) => {}
                             Ok(false) => break None,
                             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -316,18 +375,18 @@ impl Session<'_> {
                 let waited = asked.elapsed().as_micros() as u64;
                 relay.stats.counts.wait_time_us += waited;
                 pool.stats.wait_hist.record(waited);
-                link_server(&self.cancel_key, self.info, &s, relay);
+                link_server(&self.cancel_key, &self.info, &s, relay);
                 self.server = Some(s);
                 None
             }
             Err(e) => Some(Step::Done(
-                Box::pin(fail_client(self.stream, self.tag, &e)).await,
+                Box::pin(fail_client(stream, &self.tag, &e)).await,
             )),
         }
     }
 
     /// Acts on how the relay stopped.
-    async fn after(&mut self, outcome: Outcome) -> Step {
+    async fn after(&mut self, stream: &Stream, outcome: Outcome) -> Step {
         match outcome {
             Outcome::ReleasePoint if self.mode == PoolMode::Session => {
                 // Only with server_fast_close: keep the server unless it was retired.
@@ -338,7 +397,7 @@ impl Session<'_> {
                     .is_some_and(|s| s.generation != generation);
                 if retired {
                     self.info.unlink();
-                    return self.fail(ADMIN_SHUTDOWN, "server_fast_close").await;
+                    return self.fail(stream, ADMIN_SHUTDOWN, "server_fast_close").await;
                 }
                 Step::Next
             }
@@ -375,13 +434,7 @@ impl Session<'_> {
                 self.drop_server();
                 let why = e.to_string();
                 Step::Done(
-                    Box::pin(protocol_failure(
-                        self.stream,
-                        self.relay.get(),
-                        self.tag,
-                        &why,
-                    ))
-                    .await,
+                    Box::pin(protocol_failure(stream, self.relay.get(), &self.tag, &why)).await,
                 )
             }
             Outcome::Timeout(why) => {
@@ -390,10 +443,10 @@ impl Session<'_> {
                 } else {
                     PROTOCOL_VIOLATION
                 };
-                self.fail(code, why).await
+                self.fail(stream, code, why).await
             }
             Outcome::LongTransaction => {
-                self.fail(PROTOCOL_VIOLATION, "Long transactions not allowed")
+                self.fail(stream, PROTOCOL_VIOLATION, "Long transactions not allowed")
                     .await
             }
             Outcome::ServerClosed(_) | Outcome::ServerProtocol(_) => {
@@ -401,25 +454,19 @@ impl Session<'_> {
                 let msg = "server conn crashed?";
                 let mut out = BytesMut::new();
                 backend::error_response(&mut out, "FATAL", CONNECTION_FAILURE, msg);
-                let _ = Box::pin(self.relay.get().send_to_client(self.stream, &out)).await;
+                let _ = Box::pin(self.relay.get().send_to_client(stream, &out)).await;
                 Step::End(msg.to_owned())
             }
         }
     }
 
-    /// Closes the linked server (its state is unknown) and forgets it for cancels.
-    fn drop_server(&mut self) {
-        self.cancel_key.target.set(None);
-        drop(self.server.take());
-    }
-
     /// Closes the server, sends the client a FATAL error and ends the session.
-    async fn fail(&mut self, code: &str, message: &str) -> Step {
+    async fn fail(&mut self, stream: &Stream, code: &str, message: &str) -> Step {
         self.drop_server();
         let why = Box::pin(fail_with(
-            self.stream,
+            stream,
             self.relay.get(),
-            self.tag,
+            &self.tag,
             code,
             message,
         ))

@@ -86,6 +86,9 @@ pub struct ClientInfo {
     /// Set once by the first kill; read without a lock at every wake-up of the
     /// session, so the Notify (which takes one) is looked at only after a kill.
     kill_reason: OnceLock<&'static str>,
+    /// 0: awake; 1: asked to sleep (woken through `kill`'s Notify); 2: asleep in the
+    /// keeper, without a task.
+    sleep: AtomicU8,
 }
 
 impl ClientInfo {
@@ -100,6 +103,7 @@ impl ClientInfo {
             prepared: std::sync::atomic::AtomicU32::new(0),
             kill: Notify::new(),
             kill_reason: OnceLock::new(),
+            sleep: AtomicU8::new(0),
         }
     }
 
@@ -155,6 +159,15 @@ impl ClientInfo {
         *lock(&self.link)
     }
 
+    /// How long ago the last request started (or the client connected, if it has
+    /// sent none).
+    pub fn request_age(&self, now: Instant) -> std::time::Duration {
+        let since = now.saturating_duration_since(self.connected_at);
+        since.saturating_sub(std::time::Duration::from_micros(
+            self.request_us.load(Ordering::Relaxed),
+        ))
+    }
+
     /// When the last request started.
     pub fn request_time(&self) -> SystemTime {
         self.connect_time
@@ -179,18 +192,53 @@ impl ClientInfo {
         self.kill.notify_one();
     }
 
+    /// The kill reason, if the client was killed.
+    pub fn kill_reason(&self) -> Option<&'static str> {
+        self.kill_reason.get().copied()
+    }
+
+    /// Asks an awake client's session to sleep at its next idle moment; false if it
+    /// was asked already or sleeps.
+    pub fn ask_to_sleep(&self) -> bool {
+        let asked = self
+            .sleep
+            .compare_exchange(0, 1, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok();
+        if asked {
+            // Wakes the session's task, which is waiting on this Notify too.
+            self.kill.notify_one();
+        }
+        asked
+    }
+
+    pub fn asked_to_sleep(&self) -> bool {
+        self.sleep.load(Ordering::Relaxed) == 1
+    }
+
+    /// Marks the client asleep (its session went to the keeper) or awake again.
+    pub fn set_asleep(&self, asleep: bool) {
+        self.sleep
+            .store(if asleep { 2 } else { 0 }, Ordering::Relaxed);
+    }
+
+    pub fn is_asleep(&self) -> bool {
+        self.sleep.load(Ordering::Relaxed) == 2
+    }
+
     /// Resolves with the reason once the client is killed.
     ///
     /// It is polled at every wake-up of the client's task, so it looks at the Notify
     /// only on its first poll (which stores the task's waker there; a task's waker
-    /// stays valid for its whole life) and once a kill reason is set.
+    /// stays valid for its whole life), once a kill reason is set, and while the
+    /// client is asked to sleep (that request wakes the task through the same Notify,
+    /// which must then be registered with again).
     pub async fn killed(&self) -> &'static str {
         loop {
             let notified = self.kill.notified();
             let mut notified = std::pin::pin!(notified);
             let mut registered = false;
             std::future::poll_fn(|cx| {
-                if registered && self.kill_reason.get().is_none() {
+                if registered && self.kill_reason.get().is_none() && !self.asked_to_sleep() {
                     return std::task::Poll::Pending;
                 }
                 registered = true;
@@ -217,18 +265,18 @@ pub struct ClientRegistry {
 
 /// Keeps a client registered until dropped.
 #[derive(Debug)]
-pub struct Registered<'a> {
-    registry: &'a ClientRegistry,
+pub struct Registered {
+    registry: Arc<ClientRegistry>,
     pub info: Arc<ClientInfo>,
 }
 
-impl Drop for Registered<'_> {
+impl Drop for Registered {
     fn drop(&mut self) {
         lock(&self.registry.map).remove(&self.info.meta.id);
     }
 }
 
-impl std::ops::Deref for Registered<'_> {
+impl std::ops::Deref for Registered {
     type Target = ClientInfo;
     fn deref(&self) -> &ClientInfo {
         &self.info
@@ -237,12 +285,19 @@ impl std::ops::Deref for Registered<'_> {
 
 impl ClientRegistry {
     /// Registers a client for as long as the returned guard lives.
-    pub fn register(&self, meta: ClientMeta) -> Registered<'_> {
+    pub fn register(self: &Arc<Self>, meta: ClientMeta) -> Registered {
         let info = Arc::new(ClientInfo::new(meta));
         lock(&self.map).insert(info.meta.id, info.clone());
         Registered {
-            registry: self,
+            registry: self.clone(),
             info,
+        }
+    }
+
+    /// Calls `f` on every registered client, in no order, under the registry's lock.
+    pub fn for_each(&self, mut f: impl FnMut(&ClientInfo)) {
+        for c in lock(&self.map).values() {
+            f(c);
         }
     }
 
@@ -285,7 +340,7 @@ mod tests {
 
     #[test]
     fn register_state_and_unregister() {
-        let r = ClientRegistry::default();
+        let r = Arc::new(ClientRegistry::default());
         {
             let g = r.register(meta(7));
             assert_eq!(r.len(), 1);
@@ -311,7 +366,7 @@ mod tests {
 
     #[tokio::test]
     async fn kill_wakes_the_session_even_if_sent_first() {
-        let r = ClientRegistry::default();
+        let r = Arc::new(ClientRegistry::default());
         let g = r.register(meta(1));
         g.kill("admin forced disconnect");
         assert_eq!(g.killed().await, "admin forced disconnect");

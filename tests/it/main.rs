@@ -19,5 +19,6 @@ mod pooling;
 mod prepared_sql;
 mod relay;
 mod signals;
+mod sleep;
 mod startup;
 mod txn;

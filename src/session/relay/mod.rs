@@ -16,7 +16,7 @@ mod prepared;
 mod timing;
 mod wake;
 
-pub use parked::{Parked, RelaySlot};
+pub use parked::{Idle, Parked, RelaySlot, FRESH_SLEEP};
 pub use prepared::ClientPrepared;
 
 use super::framer::{Body, Event, Framer};

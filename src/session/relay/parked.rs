@@ -4,13 +4,17 @@
 //! at its release point, so ten thousand idle clients do not each keep one.
 
 use std::future::{poll_fn, Future};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use tokio::time::Sleep;
 
 use super::{prepared, ClientPrepared, Relay, Timeouts};
 use crate::net::{bufpool, Stream};
 use crate::prepared::Registry;
+use crate::stats::conns::ClientInfo;
 
 /// What of a relay outlives a request.
 #[derive(Debug)]
@@ -37,18 +41,35 @@ impl Parked {
         }
     }
 
+    /// When the client_idle_timeout of a client idle since its last activity runs
+    /// out, if one is set.
+    pub fn idle_deadline(&self) -> Option<Instant> {
+        let t = self.timeouts.client_idle;
+        (!t.is_zero()).then(|| self.last_activity + t)
+    }
+
     /// Turns on prepared-statement rewriting with a per-server cache of `max`.
     pub fn enable_prepared(&mut self, registry: Arc<Registry>, max: usize) {
         self.prepared = Some(Box::new(ClientPrepared::new(registry, max)));
     }
 
     /// Waits until the client sends something, or its client_idle_timeout runs out
-    /// (the error is the reason to give). Reads nothing: the relay made next does.
-    pub async fn wait_idle(&self, client: &Stream) -> Result<(), &'static str> {
+    /// (the error is the reason to give), or, if it `can_sleep`, it should sleep: when
+    /// asked to (the janitor's sweep, [`ClientInfo::ask_to_sleep`]) or, for a `fresh`
+    /// client (just logged in), once it has sent nothing for [`FRESH_SLEEP`]. Reads
+    /// nothing: the relay made next does.
+    pub async fn wait_idle(
+        &self,
+        client: &Stream,
+        info: &ClientInfo,
+        fresh: bool,
+        can_sleep: bool,
+    ) -> Result<Idle, &'static str> {
         let t = self.timeouts.client_idle;
         // Boxed (and only when set): an idle client's task keeps a pointer, not a timer.
         let mut timer = (!t.is_zero())
             .then(|| Box::pin(tokio::time::sleep_until((self.last_activity + t).into())));
+        let mut fresh_timer: Option<Pin<Box<Sleep>>> = None;
         poll_fn(|cx| {
             if let Some(timer) = timer.as_mut() {
                 if timer.as_mut().poll(cx).is_ready() {
@@ -56,10 +77,43 @@ impl Parked {
                 }
             }
             // An error is the read's to report.
-            client.poll_read_ready(cx).map(|_| Ok(()))
+            if client.poll_read_ready(cx).is_ready() {
+                return Poll::Ready(Ok(Idle::Request));
+            }
+            if !can_sleep {
+                return Poll::Pending;
+            }
+            if info.asked_to_sleep() {
+                return Poll::Ready(Ok(Idle::Sleep));
+            }
+            if fresh {
+                // Made only once the client is seen to be quiet: a client that sends
+                // its first query right after the welcome (most do) never starts it.
+                let t =
+                    fresh_timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(FRESH_SLEEP)));
+                if t.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Ok(Idle::Sleep));
+                }
+            }
+            Poll::Pending
         })
         .await
     }
+}
+
+/// How long a client that has just logged in may stay quiet before it sleeps, handing
+/// its socket to the keeper and ending its task. Short, so that a crowd of clients
+/// that log in and wait (an application's connection pool) never holds a task each;
+/// long enough that one that queries at once never sleeps.
+pub const FRESH_SLEEP: Duration = Duration::from_millis(50);
+
+/// Why [`Parked::wait_idle`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Idle {
+    /// The client sent something (or closed, or failed: the read will tell).
+    Request,
+    /// The client should sleep.
+    Sleep,
 }
 
 /// A client's relay: made when a request comes, parked when the server goes back.

@@ -1,0 +1,243 @@
+//! Sleeping clients. A client idle for a while (just logged in and quiet, or found
+//! idle by the janitor's sweep) gives up its tokio task and socket registration: its
+//! socket waits in an epoll set of the keeper's own and its [`Session`] in a slab
+//! slot, 16 bytes beside the session itself. When the socket turns readable (a
+//! request, or the client leaving), the client is killed, or its client_idle_timeout
+//! runs out, the keeper spawns a task that registers the socket with tokio again and
+//! drives the session on from its idle loop. See docs/architecture.md.
+//!
+//! This is what keeps an idle client near PgBouncer's cost: a task and a registration
+//! alone are 640 bytes, and the futures an idle session waits in about 600 more.
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::{mpsc, Notify};
+
+use super::{drive, Session};
+use crate::app::App;
+use crate::net::{StdStream, Stream};
+
+/// How long a client must have been idle (since its last request began) before the
+/// janitor's sweep asks it to sleep.
+pub const SWEEP_IDLE: Duration = Duration::from_secs(2);
+
+/// A sleeping client.
+struct Sleeper {
+    socket: StdStream,
+    session: Box<Session>,
+}
+
+/// The keeper's handle in [`App`]: sessions are put to sleep through it.
+#[derive(Debug)]
+pub struct Keeper {
+    tx: mpsc::UnboundedSender<Sleeper>,
+    rx: Mutex<Option<mpsc::UnboundedReceiver<Sleeper>>>,
+    /// Set while the keeper task runs; sessions sleep only then.
+    running: AtomicBool,
+    /// Woken after a KILL, to wake killed sleepers.
+    kick: Notify,
+    asleep: AtomicUsize,
+}
+
+impl std::fmt::Debug for Sleeper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Sleeper")
+    }
+}
+
+impl Default for Keeper {
+    fn default() -> Keeper {
+        let (tx, rx) = mpsc::unbounded_channel();
+        Keeper {
+            tx,
+            rx: Mutex::new(Some(rx)),
+            running: AtomicBool::new(false),
+            kick: Notify::new(),
+            asleep: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl Keeper {
+    /// Whether sessions may sleep (the keeper task runs).
+    pub fn running(&self) -> bool {
+        self.running.load(Ordering::Relaxed)
+    }
+
+    /// Clients asleep now.
+    pub fn asleep(&self) -> usize {
+        self.asleep.load(Ordering::Relaxed)
+    }
+
+    /// Wakes sleepers that were killed (KILL, KILL_CLIENT, a removed database).
+    pub fn kick(&self) {
+        self.kick.notify_one();
+    }
+
+    /// Puts a session to sleep, its socket taken out of tokio.
+    pub(super) fn put(&self, socket: StdStream, session: Box<Session>) {
+        self.asleep.fetch_add(1, Ordering::Relaxed);
+        if let Err(mpsc::error::SendError(s)) = self.tx.send(Sleeper { socket, session }) {
+            // The keeper is gone (shutting down): the client stays awake.
+            tokio::spawn(wake(s));
+        }
+    }
+}
+
+/// Wakes a sleeping client in a task of its own.
+async fn wake(s: Sleeper) {
+    let Sleeper { socket, session } = s;
+    session.app.keeper.asleep.fetch_sub(1, Ordering::Relaxed);
+    match Stream::from_std(socket) {
+        Ok(stream) => Box::pin(drive(stream, session, None)).await,
+        Err(e) => {
+            if session.log_disconnections {
+                tracing::info!("{} closing because: client I/O error: {e}", session.tag);
+            }
+        }
+    }
+}
+
+/// The sleepers by token, with a free list.
+#[derive(Default)]
+struct Slab {
+    slots: Vec<Option<Sleeper>>,
+    free: Vec<usize>,
+    /// Sleepers with a client_idle_timeout: the tick looks for due ones only if any.
+    with_deadline: usize,
+}
+
+impl Slab {
+    fn add(&mut self, poll: &Poll, s: Sleeper) -> Result<(), Sleeper> {
+        let i = self.free.pop().unwrap_or(self.slots.len());
+        let fd = s.socket.as_raw_fd();
+        // mio registers edge-triggered; a socket already readable reports at once.
+        if poll
+            .registry()
+            .register(&mut SourceFd(&fd), Token(i), Interest::READABLE)
+            .is_err()
+        {
+            if i < self.slots.len() {
+                self.free.push(i);
+            }
+            return Err(s);
+        }
+        self.with_deadline += usize::from(s.session.idle_deadline().is_some());
+        if i == self.slots.len() {
+            self.slots.push(Some(s));
+        } else {
+            self.slots[i] = Some(s);
+        }
+        Ok(())
+    }
+
+    fn take(&mut self, poll: &Poll, i: usize) -> Option<Sleeper> {
+        let s = self.slots.get_mut(i)?.take()?;
+        let _ = poll
+            .registry()
+            .deregister(&mut SourceFd(&s.socket.as_raw_fd()));
+        self.free.push(i);
+        self.with_deadline -= usize::from(s.session.idle_deadline().is_some());
+        Some(s)
+    }
+
+    /// Takes every sleeper for which `wake` is true.
+    fn take_where(&mut self, poll: &Poll, wake: impl Fn(&Session) -> bool) -> Vec<Sleeper> {
+        let hits: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| self.slots[i].as_ref().is_some_and(|s| wake(&s.session)))
+            .collect();
+        hits.into_iter()
+            .filter_map(|i| self.take(poll, i))
+            .collect()
+    }
+}
+
+/// The keeper task: holds sleeping clients until something happens to them. Runs
+/// until the process exits; its sleepers are then closed.
+pub async fn run(app: Arc<App>) {
+    let keeper = &app.keeper;
+    let rx = keeper.rx.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let Some(mut rx) = rx else {
+        return;
+    };
+    // SAFETY: `Poll` owns its epoll descriptor, keeps it open until dropped and always
+    // returns that same descriptor from `as_raw_fd`; the `AsyncFd` owns the `Poll`, so
+    // the descriptor outlives the registration.
+    let registered = Poll::new().and_then(|p| unsafe {
+        AsyncFd::register_with_interest(p, tokio::io::Interest::READABLE).map_err(Into::into)
+    });
+    let poll = match registered {
+        Ok(p) => p,
+        Err(e) => {
+            // Clients stay awake, each in its task.
+            tracing::warn!("idle clients cannot sleep: {e}");
+            return;
+        }
+    };
+    keeper.running.store(true, Ordering::Relaxed);
+    let mut poll = poll;
+    let mut slab = Slab::default();
+    let mut events = Events::with_capacity(256);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            s = rx.recv() => {
+                let Some(s) = s else { return };
+                if let Err(s) = slab.add(poll.get_ref(), s) {
+                    tokio::spawn(wake(s));
+                }
+            }
+            r = poll.readable_mut() => {
+                let Ok(mut guard) = r else { return };
+                loop {
+                    let p = guard.get_inner_mut();
+                    if p.poll(&mut events, Some(Duration::ZERO)).is_err() || events.is_empty() {
+                        break;
+                    }
+                    for ev in events.iter() {
+                        if let Some(s) = slab.take(p, ev.token().0) {
+                            tokio::spawn(wake(s));
+                        }
+                    }
+                }
+                guard.clear_ready();
+            }
+            _ = keeper.kick.notified() => {
+                for s in slab.take_where(poll.get_ref(), |s| s.info.kill_reason().is_some()) {
+                    tokio::spawn(wake(s));
+                }
+            }
+            _ = tick.tick(), if slab.with_deadline > 0 => {
+                let now = Instant::now();
+                let due = |s: &Session| s.idle_deadline().is_some_and(|d| d <= now);
+                for s in slab.take_where(poll.get_ref(), due) {
+                    tokio::spawn(wake(s));
+                }
+            }
+        }
+    }
+}
+
+/// The janitor's sweep: asks clients idle for [`SWEEP_IDLE`] or more to sleep.
+pub fn sweep(app: &App) {
+    if !app.keeper.running() {
+        return;
+    }
+    let now = Instant::now();
+    app.client_reg.for_each(|c| {
+        if !c.meta.admin
+            && !c.is_asleep()
+            && c.state() == crate::stats::conns::ClientState::Idle
+            && c.request_age(now) >= SWEEP_IDLE
+        {
+            c.ask_to_sleep();
+        }
+    });
+}

@@ -1,0 +1,123 @@
+//! Idle clients that sleep: a client quiet since its login, or idle for a while, gives
+//! up its task (session/keeper.rs) and wakes up when it sends something, is killed,
+//! or its client_idle_timeout runs out. SHOW MEM's `asleep_client_cache` row counts
+//! them.
+
+use std::time::Duration;
+
+use crate::admin::{builder, pooled, psql_ok, select1};
+use crate::support::probe::within;
+use crate::support::{wait_until, Sluice};
+
+const T: Duration = Duration::from_secs(30);
+
+fn asleep(s: &Sluice) -> u64 {
+    psql_ok(s, "SHOW MEM")
+        .cell("name", "asleep_client_cache", "used")
+        .and_then(|v| v.parse().ok())
+        .expect("SHOW MEM lists asleep_client_cache")
+}
+
+fn wait_asleep(s: &Sluice, n: u64) -> bool {
+    wait_until(Duration::from_secs(10), || asleep(s) == n)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_clients_sleep_and_wake_with_their_state() {
+    let s = builder().setting("pool_mode", "transaction").start();
+    // Quiet after its login: it sleeps at once.
+    let c = pooled(&s, Some("sleeper")).await;
+    assert!(wait_asleep(&s, 1), "a quiet new client did not sleep");
+    // Still listed, idle.
+    let clients = psql_ok(&s, "SHOW CLIENTS");
+    assert_eq!(
+        clients.cell("application_name", "sleeper", "state"),
+        Some("idle".into())
+    );
+    // A request wakes it; a prepared statement (tracked by the pooler in transaction
+    // mode) and a session setting outlive the next sleep.
+    select1(&c).await;
+    within(T, "SET", c.simple_query("SET application_name = 'renamed'"))
+        .await
+        .expect("SET");
+    let st = within(T, "prepare", c.prepare("SELECT $1::int + 1"))
+        .await
+        .expect("prepare");
+    let row = within(T, "execute", c.query_one(&st, &[&41i32]))
+        .await
+        .expect("execute");
+    assert_eq!(row.get::<_, i32>(0), 42);
+    // Idle for a while: the janitor's sweep puts it to sleep again.
+    assert!(wait_asleep(&s, 1), "an idle client did not sleep again");
+    let row = within(T, "execute after sleep", c.query_one(&st, &[&1i32]))
+        .await
+        .expect("execute after sleep");
+    assert_eq!(row.get::<_, i32>(0), 2);
+    let rows = within(T, "SHOW", c.simple_query("SHOW application_name"))
+        .await
+        .expect("SHOW");
+    let name = rows.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+        _ => None,
+    });
+    assert_eq!(name.as_deref(), Some("renamed"));
+    // A sleeping client that leaves is gone from the console and the keeper.
+    assert!(wait_asleep(&s, 1));
+    drop(c);
+    assert!(wait_asleep(&s, 0), "a client that left still sleeps");
+    assert!(wait_until(T, || psql_ok(&s, "SHOW CLIENTS")
+        .column("user")
+        .iter()
+        .all(|u| u == "postgres")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sleeping_clients_are_killed_and_time_out() {
+    let s = builder()
+        .setting("pool_mode", "transaction")
+        .setting("client_idle_timeout", "3")
+        .start();
+    let victim = pooled(&s, Some("victim")).await;
+    let bystander = pooled(&s, Some("bystander")).await;
+    assert!(wait_asleep(&s, 2));
+    let id = psql_ok(&s, "SHOW CLIENTS")
+        .cell("application_name", "victim", "id")
+        .expect("victim listed");
+    psql_ok(&s, &format!("KILL_CLIENT {id}"));
+    assert!(
+        wait_until(Duration::from_secs(5), || psql_ok(&s, "SHOW CLIENTS")
+            .cell("application_name", "victim", "id")
+            .is_none()),
+        "a sleeping client outlived KILL_CLIENT"
+    );
+    assert!(s.log().contains("admin forced disconnect"), "{}", s.log());
+    let err = within(T, "victim query", victim.simple_query("SELECT 1")).await;
+    assert!(err.is_err(), "the killed client still works");
+    // The bystander slept through it, then its client_idle_timeout ends it.
+    assert_eq!(asleep(&s), 1);
+    assert!(
+        wait_until(T, || s.log().contains("client_idle_timeout")),
+        "{}",
+        s.log()
+    );
+    assert!(wait_asleep(&s, 0));
+    let err = within(T, "bystander query", bystander.simple_query("SELECT 1")).await;
+    assert!(
+        err.is_err(),
+        "a client past client_idle_timeout still works"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_mode_client_holding_its_server_stays_awake() {
+    let s = builder().setting("pool_mode", "session").start();
+    let c = pooled(&s, None).await;
+    // No server yet: it may sleep.
+    assert!(wait_asleep(&s, 1));
+    select1(&c).await;
+    // Now it holds its server until it leaves; a sweep (every half second, for clients
+    // idle 2 s) must leave it awake.
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(asleep(&s), 0, "a client holding a server slept");
+    select1(&c).await;
+}
