@@ -12,7 +12,7 @@ use crate::admin::AdminState;
 use crate::config::Config;
 use crate::pool::Pools;
 use crate::session::cancel::CancelRegistry;
-use crate::stats::conns::ClientRegistry;
+use crate::stats::conns::{ClientInfo, ClientRegistry};
 
 /// How the process is shutting down, if it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -60,7 +60,7 @@ impl Gate {
 pub struct App {
     config: RwLock<Arc<Config>>,
     pub pools: Pools,
-    pub cancels: Arc<CancelRegistry>,
+    pub cancels: CancelRegistry,
     /// Prepared statements shared by all clients (transaction pooling).
     pub statements: Arc<crate::prepared::Registry>,
     /// Connected clients (logged in or logging in), for `max_client_conn`.
@@ -81,29 +81,8 @@ pub struct App {
     pub keeper: crate::session::keeper::Keeper,
 }
 
-/// Counts a logged-in client against its database and user until dropped.
-#[derive(Debug)]
-pub struct ClientCount {
-    app: Arc<App>,
-    keys: [String; 2],
-}
-
-impl Drop for ClientCount {
-    fn drop(&mut self) {
-        let mut m = self
-            .app
-            .client_counts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        for k in &self.keys {
-            if let Some(c) = m.get_mut(k) {
-                *c = c.saturating_sub(1);
-                if *c == 0 {
-                    m.remove(k);
-                }
-            }
-        }
-    }
+fn count_keys(db: &str, user: &str) -> [String; 2] {
+    [format!("d:{db}"), format!("u:{user}")]
 }
 
 impl App {
@@ -113,7 +92,7 @@ impl App {
         Arc::new(App {
             config: RwLock::new(Arc::new(config)),
             pools: Pools::new(),
-            cancels: Arc::default(),
+            cancels: CancelRegistry::default(),
             statements: Arc::default(),
             clients: AtomicU32::new(0),
             client_ids: AtomicU64::new(1),
@@ -164,6 +143,11 @@ impl App {
         self.gate.subscribe()
     }
 
+    /// Whether the gate holds back requests for `db` now (read on every checkout).
+    pub fn gate_blocks(&self, db: &str) -> bool {
+        self.gate.borrow().blocks(db)
+    }
+
     /// A copy of the gate now.
     pub fn gate(&self) -> Gate {
         self.gate.borrow().clone()
@@ -207,16 +191,16 @@ impl App {
         }
     }
 
-    /// Counts a logged-in client against its database and user limits (0 means
+    /// Counts a logged-in client against the limits of its database and user (0 means
     /// unlimited). Returns the name of the setting that refuses it, if one does.
+    /// Undo it with [`App::uncount_client`].
     pub fn count_client(
-        self: &Arc<Self>,
-        db: &str,
+        &self,
+        who: &ClientInfo,
         db_max: u32,
-        user: &str,
         user_max: u32,
-    ) -> Result<ClientCount, &'static str> {
-        let keys = [format!("d:{db}"), format!("u:{user}")];
+    ) -> Result<(), &'static str> {
+        let keys = count_keys(&who.meta.database, &who.meta.user);
         let mut m = self.client_counts.lock().unwrap_or_else(|p| p.into_inner());
         if db_max != 0 && m.get(&keys[0]).copied().unwrap_or(0) >= db_max {
             return Err("max_db_client_connections");
@@ -224,14 +208,25 @@ impl App {
         if user_max != 0 && m.get(&keys[1]).copied().unwrap_or(0) >= user_max {
             return Err("max_user_client_connections");
         }
-        for k in &keys {
-            *m.entry(k.clone()).or_insert(0) += 1;
+        for k in keys {
+            *m.entry(k).or_insert(0) += 1;
         }
-        drop(m);
-        Ok(ClientCount {
-            app: self.clone(),
-            keys,
-        })
+        Ok(())
+    }
+
+    /// A client counted by [`App::count_client`] has left. The keys are made again
+    /// rather than kept, so that an idle client holds no copy of them.
+    pub fn uncount_client(&self, who: &ClientInfo) {
+        let keys = count_keys(&who.meta.database, &who.meta.user);
+        let mut m = self.client_counts.lock().unwrap_or_else(|p| p.into_inner());
+        for k in &keys {
+            if let Some(c) = m.get_mut(k) {
+                *c = c.saturating_sub(1);
+                if *c == 0 {
+                    m.remove(k);
+                }
+            }
+        }
     }
 
     /// Logged-in clients of a database.

@@ -135,12 +135,12 @@ pub async fn serve(
     let tag = format!("C-{id}: {ADMIN_DB}/{}@{peer}", who.user);
     let info = app.client_reg.register(ClientMeta {
         id,
-        user: who.user.clone(),
-        database: ADMIN_DB.to_owned(),
-        pool_user: ADMIN_DB.to_owned(),
+        user: who.user.as_str().into(),
+        database: ADMIN_DB.into(),
+        pool_user: ADMIN_DB.into(),
         peer,
         local_addr: stream.local_addr(),
-        application_name: who.application_name.clone(),
+        application_name: who.application_name.as_str().into(),
         admin: true,
     });
     app.admin.console_stats.flush(&mut StatsDelta {

@@ -230,8 +230,8 @@ pub fn kill(ctx: &mut Ctx<'_>, db: &str) -> Result<(), CmdError> {
         }
     }
     for c in app.client_reg.all() {
-        if !c.meta.admin && db.is_none_or(|d| c.meta.database == d) {
-            c.kill("database removed");
+        if !c.meta.admin && db.is_none_or(|d| *c.meta.database == *d) {
+            c.kill(crate::stats::conns::KillReason::DatabaseRemoved);
         }
     }
     app.keeper.kick();
@@ -255,7 +255,7 @@ pub fn kill_client(ctx: &mut Ctx<'_>, arg: &str) -> Result<(), CmdError> {
         .get(id)
         .ok_or_else(|| CmdError::from("client not found"))?;
     tracing::info!("KILL_CLIENT '{id}' command issued");
-    client.kill("admin forced disconnect");
+    client.kill(crate::stats::conns::KillReason::AdminForced);
     ctx.app.keeper.kick();
     rows::command_complete(&mut ctx.out, "KILL_CLIENT");
     Ok(())
@@ -276,7 +276,7 @@ fn closing_servers(app: &App, db: Option<&str>) -> usize {
                 .count();
             let linked = clients
                 .iter()
-                .filter(|c| c.meta.database == p.key.database && c.meta.pool_user == p.key.user)
+                .filter(|c| *c.meta.database == *p.key.database && *c.meta.pool_user == *p.key.user)
                 .filter_map(|c| c.linked())
                 .filter(|s| s.generation != generation)
                 .count();

@@ -48,7 +48,7 @@ fn client_counts(app: &App) -> HashMap<(String, String), ClientCounts> {
     let mut m: HashMap<(String, String), ClientCounts> = HashMap::new();
     for c in app.client_reg.all() {
         let e = m
-            .entry((c.meta.database.clone(), c.meta.pool_user.clone()))
+            .entry((c.meta.database.to_string(), c.meta.pool_user.to_string()))
             .or_default();
         if c.state() == ClientState::Waiting {
             e.waiting += 1;
@@ -335,7 +335,7 @@ pub(super) fn user_names(app: &App) -> BTreeSet<String> {
     let mut names: BTreeSet<String> = cfg.userlist.keys().cloned().collect();
     names.extend(cfg.users.keys().cloned());
     names.extend(app.pools.all().iter().map(|p| p.key.user.clone()));
-    names.extend(app.client_reg.all().iter().map(|c| c.meta.user.clone()));
+    names.extend(app.client_reg.all().iter().map(|c| c.meta.user.to_string()));
     names.insert(ADMIN_DB.to_owned());
     names
 }
@@ -368,7 +368,7 @@ pub fn users(app: &App, out: &mut BytesMut) {
             .map_or(0, |p| p.limits().user.count());
         let clients_now = clients
             .iter()
-            .filter(|c| !c.meta.admin && c.meta.user == name)
+            .filter(|c| !c.meta.admin && *c.meta.user == *name)
             .count() as u32;
         t.row(vec![
             name.clone().into(),

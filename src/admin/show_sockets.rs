@@ -107,15 +107,15 @@ fn client_row(c: &ClientInfo, state: &str, listen_port: u16, debug: bool) -> Vec
     let waited = c.waited();
     let mut row = vec![
         "C".into(),
-        c.meta.user.clone().into(),
-        c.meta.database.clone().into(),
+        c.meta.user.to_string().into(),
+        c.meta.database.to_string().into(),
         "none".into(),
         state.into(),
         addr.into(),
         port.into(),
         laddr.into(),
         lport.into(),
-        time_text(c.connect_time).into(),
+        time_text(c.connect_time()).into(),
         time_text(c.request_time()).into(),
         waited.as_secs().into(),
         u64::from(waited.subsec_micros()).into(),
@@ -127,7 +127,7 @@ fn client_row(c: &ClientInfo, state: &str, listen_port: u16, debug: bool) -> Vec
             .into(),
         0u32.into(),
         "".into(),
-        c.meta.application_name.clone().into(),
+        c.meta.application_name.to_string().into(),
         c.prepared().into(),
         c.meta.id.into(),
     ];
@@ -198,7 +198,7 @@ fn server_views(app: &App) -> Vec<ServerView> {
         let cfg = pool.config();
         let generation = pool.generation();
         for c in clients.iter().filter(|c| {
-            !c.meta.admin && c.meta.database == row.database && c.meta.pool_user == row.user
+            !c.meta.admin && *c.meta.database == *row.database && *c.meta.pool_user == *row.user
         }) {
             if let Some(s) = c.linked() {
                 views.push(ServerView {
@@ -213,7 +213,7 @@ fn server_views(app: &App) -> Vec<ServerView> {
                     close_needed: s.generation != generation,
                     link: Some(c.meta.id),
                     backend_pid: s.backend_pid,
-                    application_name: c.meta.application_name.clone(),
+                    application_name: c.meta.application_name.to_string(),
                     prepared: s.prepared,
                 });
             }

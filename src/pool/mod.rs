@@ -130,6 +130,9 @@ pub struct PoolCounts {
 #[derive(Debug)]
 pub struct Pool {
     pub key: PoolKey,
+    /// The key's names, shared with its clients' console entries (no copy per client).
+    pub db_name: Arc<str>,
+    pub user_name: Arc<str>,
     /// Read on every checkout and release: `ArcSwap` reads touch no shared cache line.
     cfg: ArcSwap<PoolConfig>,
     state: Mutex<PoolState>,
@@ -150,6 +153,8 @@ impl Pool {
         limits: PoolLimits,
     ) -> Pool {
         Pool {
+            db_name: Arc::from(key.database.as_str()),
+            user_name: Arc::from(key.user.as_str()),
             key,
             cfg: ArcSwap::from_pointee(cfg),
             state: Mutex::new(PoolState::default()),

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::cancel::CancelKeyGuard;
+use super::cancel::CancelKey;
 use super::params;
 use super::relay::Relay;
 use crate::config::PoolMode;
@@ -12,7 +12,7 @@ use crate::stats::conns::{ClientInfo, LinkedServer};
 
 /// Records that the client now holds `s`: for cancels, the console and SHOW STATS.
 pub(super) fn link_server(
-    cancel_key: &CancelKeyGuard,
+    cancel_key: &CancelKey,
     info: &ClientInfo,
     s: &ServerConn,
     relay: &mut Relay,

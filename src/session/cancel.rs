@@ -39,19 +39,13 @@ pub struct CancelRegistry {
     map: Mutex<HashMap<(u32, u32), Arc<CancelTarget>>>,
 }
 
-/// Removes a client's key from the registry when the client goes away.
+/// A client's cancel key; its owner removes it from the registry when the client
+/// goes away ([`CancelRegistry::remove`]).
 #[derive(Debug)]
-pub struct CancelKeyGuard {
-    registry: Arc<CancelRegistry>,
+pub struct CancelKey {
     pub pid: u32,
     pub key: u32,
     pub target: Arc<CancelTarget>,
-}
-
-impl Drop for CancelKeyGuard {
-    fn drop(&mut self) {
-        self.registry.lock().remove(&(self.pid, self.key));
-    }
 }
 
 impl CancelRegistry {
@@ -59,20 +53,20 @@ impl CancelRegistry {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Forgets a client's key.
+    pub fn remove(&self, pid: u32, key: u32) {
+        self.lock().remove(&(pid, key));
+    }
+
     /// Issues a fresh random key for a new client.
-    pub fn register(self: &Arc<Self>) -> CancelKeyGuard {
+    pub fn register(&self) -> CancelKey {
         let target = Arc::new(CancelTarget::default());
         let mut map = self.lock();
         loop {
             let (pid, key) = (rand::random::<u32>() & 0x7fff_ffff, rand::random::<u32>());
             if let std::collections::hash_map::Entry::Vacant(e) = map.entry((pid, key)) {
                 e.insert(target.clone());
-                return CancelKeyGuard {
-                    registry: self.clone(),
-                    pid,
-                    key,
-                    target,
-                };
+                return CancelKey { pid, key, target };
             }
         }
     }

@@ -93,7 +93,7 @@ impl Keeper {
 /// Wakes a sleeping client in a task of its own.
 async fn wake(s: Sleeper) {
     let Sleeper { socket, session } = s;
-    session.app.keeper.asleep.fetch_sub(1, Ordering::Relaxed);
+    session.app().keeper.asleep.fetch_sub(1, Ordering::Relaxed);
     match Stream::from_std(socket) {
         Ok(stream) => Box::pin(drive(stream, session, None)).await,
         Err(e) => {

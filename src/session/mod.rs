@@ -12,7 +12,6 @@ mod run;
 
 use std::io;
 use std::sync::Arc;
-use std::time::Instant;
 
 use bytes::BytesMut;
 
@@ -21,23 +20,25 @@ use crate::net::{PeerAddr, Stream};
 use crate::pool::PoolError;
 use crate::protocol::backend;
 use crate::protocol::sqlstate::*;
-use crate::stats::conns::ClientMeta;
+use crate::stats::conns::{ClientInfo, ClientMeta};
 use login::{LoggedIn, Startup};
 use relay::{Relay, Timeouts};
 pub(crate) use run::Session;
 use run::{Ended, Registrations, Welcome};
 
-/// A client's log prefix (`C-<id>: db/user@addr`) and whether its pooler errors are
-/// logged (`log_pooler_errors`).
+/// A client's log prefix (`C-<id>: db/user@addr`, made from its console entry when
+/// logged, not kept as text) and whether its pooler errors are logged
+/// (`log_pooler_errors`).
 #[derive(Debug)]
 pub struct ClientTag {
-    text: String,
+    info: Arc<ClientInfo>,
     log_pooler_errors: bool,
 }
 
 impl std::fmt::Display for ClientTag {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.text)
+        let m = &self.info.meta;
+        write!(f, "C-{}: {}/{}@{}", m.id, m.database, m.user, m.peer)
     }
 }
 
@@ -88,7 +89,6 @@ pub async fn serve_client(app: Arc<App>, stream: Stream) {
         return;
     }
     let slot = ClientSlot(app.clone());
-    let started = Instant::now();
     let mut buf = BytesMut::new();
 
     // Boxed: the login state is big and short-lived; an idle client keeps only the
@@ -148,8 +148,7 @@ pub async fn serve_client(app: Arc<App>, stream: Stream) {
             return;
         }
     };
-    let Some((session, welcome)) =
-        open_session(app, &stream, start, id, &peer, started, slot, &cfg).await
+    let Some((session, welcome)) = open_session(app, &stream, start, id, &peer, slot, &cfg).await
     else {
         return;
     };
@@ -184,13 +183,28 @@ async fn open_session(
     start: Box<(LoggedIn, BytesMut)>,
     id: u64,
     peer: &PeerAddr,
-    started: Instant,
     slot: ClientSlot,
     cfg: &crate::config::Config,
 ) -> Option<(Box<Session>, Welcome)> {
     let (who, leftover) = *start;
+    // Registered for the console (SHOW CLIENTS, KILL_CLIENT) while the session runs.
+    // The names are the pool's unless the client's differ (a forced user).
+    let shared = |own: &str, pool: &Arc<str>| match **pool == *own {
+        true => pool.clone(),
+        false => Arc::from(own),
+    };
+    let info = app.client_reg.register(ClientMeta {
+        id,
+        user: shared(&who.user, &who.pool.user_name),
+        database: shared(&who.database, &who.pool.db_name),
+        pool_user: who.pool.user_name.clone(),
+        peer: peer.clone(),
+        local_addr: stream.local_addr(),
+        application_name: who.params.get("application_name").unwrap_or("").into(),
+        admin: false,
+    });
     let tag = ClientTag {
-        text: format!("C-{id}: {}/{}@{peer}", who.database, who.user),
+        info: info.info.clone(),
         log_pooler_errors: cfg.settings.log_pooler_errors,
     };
     let s = &cfg.settings;
@@ -205,8 +219,8 @@ async fn open_session(
         .get(&who.user)
         .and_then(|u| u.max_user_client_connections)
         .unwrap_or(s.max_user_client_connections);
-    let counted = match app.count_client(&who.database, db_max, &who.user, user_max) {
-        Ok(c) => c,
+    match app.count_client(&info, db_max, user_max) {
+        Ok(()) => {}
         Err(setting) => {
             let message = format!("no more connections allowed ({setting})");
             tracing::warn!("{tag} closing because: {message}");
@@ -214,25 +228,7 @@ async fn open_session(
             return None;
         }
     };
-    // Registered for the console (SHOW CLIENTS, KILL_CLIENT) while the session runs.
-    let info = app.client_reg.register(ClientMeta {
-        id,
-        user: who.user.clone(),
-        database: who.database.clone(),
-        pool_user: who.pool.key.user.clone(),
-        peer: peer.clone(),
-        local_addr: stream.local_addr(),
-        application_name: who.params.get("application_name").unwrap_or("").to_owned(),
-        admin: false,
-    });
-    let r = Registrations {
-        app,
-        tag,
-        info,
-        counted,
-        slot,
-        started,
-    };
+    let r = Registrations { tag, info, slot };
     let (session, greeting) = Session::new(r, who);
     Some((session, Welcome { greeting, leftover }))
 }
@@ -257,7 +253,7 @@ async fn drive(stream: Stream, mut s: Box<Session>, welcome: Option<Welcome>) {
         Ended::Asleep => match stream.into_std() {
             Ok(socket) => {
                 info.set_asleep(true);
-                let app = s.app.clone();
+                let app = s.app().clone();
                 return app.keeper.put(socket, s);
             }
             Err(e) => format!("client I/O error: {e}"),
@@ -267,7 +263,7 @@ async fn drive(stream: Stream, mut s: Box<Session>, welcome: Option<Welcome>) {
         tracing::info!(
             "{} closing because: {reason} (age={}s)",
             s.tag,
-            s.started.elapsed().as_secs()
+            s.info.age().as_secs()
         );
     }
 }

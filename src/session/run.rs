@@ -11,15 +11,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::BytesMut;
-use tokio::sync::watch;
 
 use super::assign::{acquire_linked, finish_server, link_server};
-use super::cancel::CancelKeyGuard;
+use super::cancel::CancelKey;
 use super::login::LoggedIn;
 use super::params::ClientParams;
 use super::relay::{Idle, Outcome, Parked, RelaySlot, ReleaseAt};
 use super::{fail_client, fail_with, protocol_failure, timeouts, ClientSlot, ClientTag};
-use crate::app::{App, ClientCount, Gate};
+use crate::app::App;
 use crate::config::PoolMode;
 use crate::net::Stream;
 use crate::pool::{Pool, ServerConn};
@@ -49,26 +48,33 @@ pub(super) enum Ended {
 /// A pooled client: its registrations (each undone when dropped) and the state that
 /// outlives one request. It owns everything it needs, borrowing nothing from a task,
 /// so that an idle client can sleep without one and wake up in a new one.
+///
+/// Every idle client keeps one, so it is kept small: what can be reached through the
+/// app (the gate, the registries) is not copied here.
 pub(crate) struct Session {
-    pub(super) app: Arc<App>,
     pub(super) tag: ClientTag,
     pub(super) info: Registered,
-    pub(super) started: Instant,
-    cancel_key: CancelKeyGuard,
+    cancel_key: CancelKey,
     pool: Arc<Pool>,
     params: ClientParams,
     relay: RelaySlot,
     server: Option<ServerConn>,
-    gate: watch::Receiver<Gate>,
     mode: PoolMode,
     release_at: ReleaseAt,
     reset_always: bool,
     pub(super) log_disconnections: bool,
-    /// Not asked to sleep yet (see [`Parked::wait_idle`]); cleared at the first sleep.
+    /// Just logged in, no request yet (see [`Parked::wait_idle`]).
     fresh: bool,
-    _counted: ClientCount,
     // Last: the client counts out of max_client_conn once all else is gone.
-    _slot: ClientSlot,
+    slot: ClientSlot,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let app = self.app();
+        app.cancels.remove(self.cancel_key.pid, self.cancel_key.key);
+        app.uncount_client(&self.info);
+    }
 }
 
 /// What a new session sends first: the login's greeting, then the welcome; and any
@@ -78,14 +84,12 @@ pub(super) struct Welcome {
     pub leftover: BytesMut,
 }
 
-/// The registrations a session starts from.
+/// The registrations a session starts from (its count against the database and user
+/// limits is undone when the session drops).
 pub(super) struct Registrations {
-    pub app: Arc<App>,
     pub tag: ClientTag,
     pub info: Registered,
-    pub counted: ClientCount,
     pub slot: ClientSlot,
-    pub started: Instant,
 }
 
 impl Session {
@@ -98,7 +102,7 @@ impl Session {
             greeting,
             ..
         } = who;
-        let app = r.app;
+        let app = &r.slot.0;
         let cfg = app.config();
         let mode = pool.config().pool_mode;
         // server_fast_close: a session-mode server retired by RECONNECT or a reload
@@ -112,19 +116,16 @@ impl Session {
         };
         // An idle client keeps only the parked part of its relay.
         let mut kept = Parked::new(cfg.settings.max_packet_size, timeouts(&cfg, &user));
-        let max_prepared = cfg.settings.max_prepared_statements as usize;
+        let max_prepared = cfg.settings.max_prepared_statements;
         if mode != PoolMode::Session && max_prepared > 0 {
             kept.enable_prepared(app.statements.clone(), max_prepared);
         }
         let s = Session {
             cancel_key: app.cancels.register(),
-            gate: app.gate_watch(),
             reset_always: pool.config().server_reset_query_always,
             log_disconnections: cfg.settings.log_disconnections,
-            app: app.clone(),
             tag: r.tag,
             info: r.info,
-            started: r.started,
             pool,
             params,
             relay: RelaySlot::new(kept),
@@ -132,8 +133,7 @@ impl Session {
             mode,
             release_at,
             fresh: true,
-            _counted: r.counted,
-            _slot: r.slot,
+            slot: r.slot,
         };
         (Box::new(s), greeting)
     }
@@ -146,7 +146,7 @@ impl Session {
         // for a server login to learn them.
         let welcome = match pool
             .welcome()
-            .or_else(|| self.app.pools.sibling_welcome(pool))
+            .or_else(|| self.app().pools.sibling_welcome(pool))
         {
             Some(w) => w,
             None => match Box::pin(pool.acquire()).await {
@@ -190,6 +190,10 @@ impl Session {
         Ok(())
     }
 
+    pub(super) fn app(&self) -> &Arc<App> {
+        &self.slot.0
+    }
+
     /// When this sleeping client's client_idle_timeout runs out, if one is set.
     pub(super) fn idle_deadline(&self) -> Option<Instant> {
         self.relay.parked().and_then(|p| p.idle_deadline())
@@ -216,7 +220,7 @@ pub(super) async fn serve(s: &mut Session, stream: &Stream, welcome: Option<Welc
         if let Some(kept) = s.relay.parked() {
             // Idle: the only await an idle client's task holds.
             // A session-mode client that holds its server stays awake.
-            let can_sleep = s.server.is_none() && s.app.keeper.running();
+            let can_sleep = s.server.is_none() && s.app().keeper.running();
             match kept.wait_idle(stream, &s.info, s.fresh, can_sleep).await {
                 // From now on only the janitor's sweep puts it to sleep: no timer per
                 // request.
@@ -314,7 +318,7 @@ impl Session {
         let (pool, relay) = (&self.pool, self.relay.get());
         let request_at = relay.last_read();
         self.info.set_waiting(request_at);
-        if self.gate.borrow().blocks(&pool.key.database) {
+        if self.slot.0.gate_blocks(&pool.key.database) {
             return Err(None);
         }
         let mut fast = pool.try_acquire_idle(request_at);
@@ -334,9 +338,10 @@ impl Session {
         // A paused or stopping pooler lends no more servers; the client waits, then
         // tries the common case again.
         let mut waited = false;
-        while self.gate.borrow().blocks(&self.pool.key.database) {
+        let mut gate = self.app().gate_watch();
+        while gate.borrow_and_update().blocks(&self.pool.key.database) {
             waited = true;
-            if self.gate.changed().await.is_err() {
+            if gate.changed().await.is_err() {
                 break;
             }
         }

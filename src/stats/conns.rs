@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime};
 
 use tokio::sync::Notify;
@@ -57,24 +57,51 @@ pub struct LinkedServer {
 pub struct ClientMeta {
     pub id: u64,
     /// The user the client logged in as.
-    pub user: String,
-    pub database: String,
+    pub user: Arc<str>,
+    pub database: Arc<str>,
     /// The user of the pool it uses (the forced user, else `user`).
-    pub pool_user: String,
+    pub pool_user: Arc<str>,
     pub peer: PeerAddr,
     pub local_addr: Option<SocketAddr>,
-    pub application_name: String,
+    pub application_name: Box<str>,
     /// A console connection rather than a pooled one.
     pub admin: bool,
+}
+
+/// Why a client was killed (the reason it is told, and the log's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum KillReason {
+    /// KILL_CLIENT.
+    AdminForced = 1,
+    /// KILL of its database (or of all).
+    DatabaseRemoved = 2,
+}
+
+impl KillReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KillReason::AdminForced => "admin forced disconnect",
+            KillReason::DatabaseRemoved => "database removed",
+        }
+    }
+
+    fn from_u8(v: u8) -> Option<KillReason> {
+        match v {
+            1 => Some(KillReason::AdminForced),
+            2 => Some(KillReason::DatabaseRemoved),
+            _ => None,
+        }
+    }
 }
 
 /// One registered client.
 #[derive(Debug)]
 pub struct ClientInfo {
     pub meta: ClientMeta,
-    pub connect_time: SystemTime,
-    /// `connect_time` on the monotonic clock: request times are kept relative to it,
-    /// so marking a request needs no wall-clock read.
+    /// When it connected, on the monotonic clock; the wall-clock time is derived
+    /// when shown. Request times are kept relative to it, so marking a request needs
+    /// no wall-clock read.
     connected_at: Instant,
     state: AtomicU8,
     /// Microseconds from `connected_at` to the last request (when it started waiting).
@@ -85,7 +112,8 @@ pub struct ClientInfo {
     kill: Notify,
     /// Set once by the first kill; read without a lock at every wake-up of the
     /// session, so the Notify (which takes one) is looked at only after a kill.
-    kill_reason: OnceLock<&'static str>,
+    /// A [`KillReason`], 0 if none.
+    kill_reason: AtomicU8,
     /// 0: awake; 1: asked to sleep (woken through `kill`'s Notify); 2: asleep in the
     /// keeper, without a task.
     sleep: AtomicU8,
@@ -95,14 +123,13 @@ impl ClientInfo {
     fn new(meta: ClientMeta) -> ClientInfo {
         ClientInfo {
             meta,
-            connect_time: SystemTime::now(),
             connected_at: Instant::now(),
             state: AtomicU8::new(0),
             request_us: AtomicU64::new(0),
             link: Mutex::new(None),
             prepared: std::sync::atomic::AtomicU32::new(0),
             kill: Notify::new(),
-            kill_reason: OnceLock::new(),
+            kill_reason: AtomicU8::new(0),
             sleep: AtomicU8::new(0),
         }
     }
@@ -159,6 +186,11 @@ impl ClientInfo {
         *lock(&self.link)
     }
 
+    /// How long ago the client connected.
+    pub fn age(&self) -> std::time::Duration {
+        self.connected_at.elapsed()
+    }
+
     /// How long ago the last request started (or the client connected, if it has
     /// sent none).
     pub fn request_age(&self, now: Instant) -> std::time::Duration {
@@ -170,7 +202,7 @@ impl ClientInfo {
 
     /// When the last request started.
     pub fn request_time(&self) -> SystemTime {
-        self.connect_time
+        self.connect_time()
             + std::time::Duration::from_micros(self.request_us.load(Ordering::Relaxed))
     }
 
@@ -185,16 +217,26 @@ impl ClientInfo {
     }
 
     /// Asks the client's session to end with `reason` (KILL, KILL_CLIENT).
-    pub fn kill(&self, reason: &'static str) {
+    pub fn kill(&self, reason: KillReason) {
         // The first reason stands if the client is killed twice.
-        let _ = self.kill_reason.set(reason);
+        let _ = self.kill_reason.compare_exchange(
+            0,
+            reason as u8,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
         // notify_one keeps a permit if the session is not waiting on it right now.
         self.kill.notify_one();
     }
 
     /// The kill reason, if the client was killed.
     pub fn kill_reason(&self) -> Option<&'static str> {
-        self.kill_reason.get().copied()
+        KillReason::from_u8(self.kill_reason.load(Ordering::Relaxed)).map(KillReason::as_str)
+    }
+
+    /// When it connected (wall clock).
+    pub fn connect_time(&self) -> SystemTime {
+        SystemTime::now() - self.connected_at.elapsed()
     }
 
     /// Asks an awake client's session to sleep at its next idle moment; false if it
@@ -238,14 +280,14 @@ impl ClientInfo {
             let mut notified = std::pin::pin!(notified);
             let mut registered = false;
             std::future::poll_fn(|cx| {
-                if registered && self.kill_reason.get().is_none() && !self.asked_to_sleep() {
+                if registered && self.kill_reason().is_none() && !self.asked_to_sleep() {
                     return std::task::Poll::Pending;
                 }
                 registered = true;
                 notified.as_mut().poll(cx)
             })
             .await;
-            if let Some(r) = self.kill_reason.get() {
+            if let Some(r) = self.kill_reason() {
                 return r;
             }
         }
@@ -333,7 +375,7 @@ mod tests {
             pool_user: "u".into(),
             peer: PeerAddr::Unix,
             local_addr: None,
-            application_name: String::new(),
+            application_name: "".into(),
             admin: false,
         }
     }
@@ -368,7 +410,7 @@ mod tests {
     async fn kill_wakes_the_session_even_if_sent_first() {
         let r = Arc::new(ClientRegistry::default());
         let g = r.register(meta(1));
-        g.kill("admin forced disconnect");
+        g.kill(KillReason::AdminForced);
         assert_eq!(g.killed().await, "admin forced disconnect");
     }
 }

@@ -140,7 +140,7 @@ impl Relay {
             stats: StatsDelta::default(),
             readies: 0,
             xacts_done: 0,
-            prepared: kept.prepared.take().map(prepared::PreparedState::new),
+            prepared: kept.take_prepared().map(prepared::PreparedState::new),
             last_flush: kept.last_flush,
         }
     }

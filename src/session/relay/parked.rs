@@ -26,6 +26,9 @@ pub struct Parked {
     pub(super) max_packet: u32,
     /// Taken by the relay while a request runs.
     pub(super) prepared: Option<Box<ClientPrepared>>,
+    /// Prepared statements are on but the client has sent no request yet: its state is
+    /// made at the first (most idle clients of a crowd never send one).
+    prepared_later: Option<(Arc<Registry>, u32)>,
 }
 
 impl Parked {
@@ -38,6 +41,7 @@ impl Parked {
             last_flush: now,
             max_packet,
             prepared: None,
+            prepared_later: None,
         }
     }
 
@@ -49,8 +53,16 @@ impl Parked {
     }
 
     /// Turns on prepared-statement rewriting with a per-server cache of `max`.
-    pub fn enable_prepared(&mut self, registry: Arc<Registry>, max: usize) {
-        self.prepared = Some(Box::new(ClientPrepared::new(registry, max)));
+    pub fn enable_prepared(&mut self, registry: Arc<Registry>, max: u32) {
+        self.prepared_later = Some((registry, max));
+    }
+
+    /// The prepared-statement state for a request, made now if this is the first.
+    pub(super) fn take_prepared(&mut self) -> Option<Box<ClientPrepared>> {
+        self.prepared.take().or_else(|| {
+            let (registry, max) = self.prepared_later.take()?;
+            Some(Box::new(ClientPrepared::new(registry, max as usize)))
+        })
     }
 
     /// Waits until the client sends something, or its client_idle_timeout runs out
