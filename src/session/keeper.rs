@@ -190,7 +190,11 @@ pub async fn run(app: Arc<App>) {
         tokio::select! {
             s = rx.recv() => {
                 let Some(s) = s else { return };
-                if let Err(s) = slab.add(poll.get_ref(), s) {
+                // A kill that came while it was on its way here found no sleeper to
+                // wake: it wakes now.
+                if s.session.info.kill_reason().is_some() {
+                    tokio::spawn(wake(s));
+                } else if let Err(s) = slab.add(poll.get_ref(), s) {
                     tokio::spawn(wake(s));
                 }
             }

@@ -343,16 +343,13 @@ async fn fail_with(
 fn timeouts(cfg: &crate::config::Config, user: &str) -> Timeouts {
     let s = &cfg.settings;
     let u = cfg.users.get(user);
-    Timeouts {
-        query: u.and_then(|u| u.query_timeout).unwrap_or(s.query_timeout),
-        idle_transaction: u
-            .and_then(|u| u.idle_transaction_timeout)
+    Timeouts::new(
+        u.and_then(|u| u.query_timeout).unwrap_or(s.query_timeout),
+        u.and_then(|u| u.idle_transaction_timeout)
             .unwrap_or(s.idle_transaction_timeout),
-        transaction: u
-            .and_then(|u| u.transaction_timeout)
+        u.and_then(|u| u.transaction_timeout)
             .unwrap_or(s.transaction_timeout),
-        client_idle: u
-            .and_then(|u| u.client_idle_timeout)
+        u.and_then(|u| u.client_idle_timeout)
             .unwrap_or(s.client_idle_timeout),
-    }
+    )
 }

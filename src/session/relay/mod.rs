@@ -7,13 +7,14 @@
 //! copied except ReadyForQuery's status byte and ParameterStatus.
 
 use std::io;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::{Buf, BytesMut};
 
 mod parked;
 mod prepared;
 mod timing;
+pub use timing::Timeouts;
 mod wake;
 
 pub use parked::{Idle, Parked, RelaySlot, FRESH_SLEEP};
@@ -51,15 +52,6 @@ pub enum Outcome {
     Timeout(&'static str),
     /// Statement mode: the server entered a transaction block.
     LongTransaction,
-}
-
-/// Client-facing timeouts; zero disables each, as in PgBouncer.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Timeouts {
-    pub query: Duration,
-    pub idle_transaction: Duration,
-    pub transaction: Duration,
-    pub client_idle: Duration,
 }
 
 /// When the relay should hand the server back.

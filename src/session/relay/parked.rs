@@ -48,7 +48,7 @@ impl Parked {
     /// When the client_idle_timeout of a client idle since its last activity runs
     /// out, if one is set.
     pub fn idle_deadline(&self) -> Option<Instant> {
-        let t = self.timeouts.client_idle;
+        let t = self.timeouts.client_idle();
         (!t.is_zero()).then(|| self.last_activity + t)
     }
 
@@ -77,7 +77,7 @@ impl Parked {
         fresh: bool,
         can_sleep: bool,
     ) -> Result<Idle, &'static str> {
-        let t = self.timeouts.client_idle;
+        let t = self.timeouts.client_idle();
         // Boxed (and only when set): an idle client's task keeps a pointer, not a timer.
         let mut timer = (!t.is_zero())
             .then(|| Box::pin(tokio::time::sleep_until((self.last_activity + t).into())));

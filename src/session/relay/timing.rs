@@ -1,7 +1,7 @@
 //! Relay timing: the client-facing timeouts and the query/transaction clocks behind
 //! SHOW STATS and the histograms.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::Relay;
 use crate::stats::PoolStats;
@@ -16,21 +16,21 @@ impl Relay {
                 best = Some((at, why));
             }
         };
-        if let (false, Some(at)) = (t.query.is_zero(), self.request_started) {
-            consider(at + t.query, "query_timeout");
+        if let (false, Some(at)) = (t.query().is_zero(), self.request_started) {
+            consider(at + t.query(), "query_timeout");
         }
-        if let (false, Some(at)) = (t.transaction.is_zero(), self.transaction_started) {
-            consider(at + t.transaction, "transaction timeout");
+        if let (false, Some(at)) = (t.transaction().is_zero(), self.transaction_started) {
+            consider(at + t.transaction(), "transaction timeout");
         }
         let idle_in_tx = linked && self.pending == 0 && self.status != b'I';
-        if !t.idle_transaction.is_zero() && idle_in_tx {
+        if !t.idle_transaction().is_zero() && idle_in_tx {
             consider(
-                self.last_activity + t.idle_transaction,
+                self.last_activity + t.idle_transaction(),
                 "idle transaction timeout",
             );
         }
-        if !t.client_idle.is_zero() && self.pending == 0 && self.status == b'I' {
-            consider(self.last_activity + t.client_idle, "client_idle_timeout");
+        if !t.client_idle().is_zero() && self.pending == 0 && self.status == b'I' {
+            consider(self.last_activity + t.client_idle(), "client_idle_timeout");
         }
         best
     }
@@ -45,7 +45,8 @@ impl Relay {
             if self.transaction_started.is_none() {
                 self.transaction_started = Some(now);
             }
-        } else if !self.timeouts.client_idle.is_zero() || !self.timeouts.idle_transaction.is_zero()
+        } else if !self.timeouts.client_idle().is_zero()
+            || !self.timeouts.idle_transaction().is_zero()
         {
             self.last_activity = now;
         }
@@ -110,5 +111,73 @@ impl Relay {
             stats.flush(&mut self.stats);
             self.last_flush = now;
         }
+    }
+}
+
+/// Client-facing timeouts; zero disables each, as in PgBouncer. Kept in whole
+/// milliseconds (up to 49 days) because every idle client keeps a copy: 16 bytes
+/// instead of 64.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Timeouts {
+    ms: [u32; 4],
+}
+
+impl Timeouts {
+    pub fn new(
+        query: Duration,
+        idle_transaction: Duration,
+        transaction: Duration,
+        client_idle: Duration,
+    ) -> Timeouts {
+        // A nonzero timeout below a millisecond stays nonzero.
+        let ms = |d: Duration| match d.as_millis() {
+            0 if !d.is_zero() => 1,
+            n => u32::try_from(n).unwrap_or(u32::MAX),
+        };
+        Timeouts {
+            ms: [
+                ms(query),
+                ms(idle_transaction),
+                ms(transaction),
+                ms(client_idle),
+            ],
+        }
+    }
+
+    pub fn query(&self) -> Duration {
+        Duration::from_millis(self.ms[0].into())
+    }
+
+    pub fn idle_transaction(&self) -> Duration {
+        Duration::from_millis(self.ms[1].into())
+    }
+
+    pub fn transaction(&self) -> Duration {
+        Duration::from_millis(self.ms[2].into())
+    }
+
+    pub fn client_idle(&self) -> Duration {
+        Duration::from_millis(self.ms[3].into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_keep_milliseconds_and_never_turn_off() {
+        let t = Timeouts::new(
+            Duration::from_micros(300),
+            Duration::from_millis(1500),
+            Duration::ZERO,
+            Duration::from_secs(60 * 86_400),
+        );
+        // Below a millisecond: still on.
+        assert_eq!(t.query(), Duration::from_millis(1));
+        assert_eq!(t.idle_transaction(), Duration::from_millis(1500));
+        assert!(t.transaction().is_zero());
+        // Past u32 milliseconds: the longest it can hold, still on.
+        assert_eq!(t.client_idle(), Duration::from_millis(u32::MAX.into()));
     }
 }
