@@ -99,9 +99,11 @@ impl KillReason {
 #[derive(Debug)]
 pub struct ClientInfo {
     pub meta: ClientMeta,
-    /// When it connected, on the monotonic clock; the wall-clock time is derived
-    /// when shown. Request times are kept relative to it, so marking a request needs
-    /// no wall-clock read.
+    /// When it connected, in microseconds since the Unix epoch (8 bytes, not a
+    /// `SystemTime`'s 16: every idle client keeps one).
+    connect_us: u64,
+    /// The same moment on the monotonic clock: request times are kept relative to it,
+    /// so marking a request needs no wall-clock read.
     connected_at: Instant,
     state: AtomicU8,
     /// Microseconds from `connected_at` to the last request (when it started waiting).
@@ -123,6 +125,9 @@ impl ClientInfo {
     fn new(meta: ClientMeta) -> ClientInfo {
         ClientInfo {
             meta,
+            connect_us: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as u64),
             connected_at: Instant::now(),
             state: AtomicU8::new(0),
             request_us: AtomicU64::new(0),
@@ -236,7 +241,7 @@ impl ClientInfo {
 
     /// When it connected (wall clock).
     pub fn connect_time(&self) -> SystemTime {
-        SystemTime::now() - self.connected_at.elapsed()
+        SystemTime::UNIX_EPOCH + std::time::Duration::from_micros(self.connect_us)
     }
 
     /// Asks an awake client's session to sleep at its next idle moment; false if it
