@@ -86,11 +86,18 @@ mkdir -p "$WORK/sock"
 chmod 755 "$WORK/sock"
 [ "$(id -u)" -ne 0 ] || chown nobody "$WORK/sock"
 
-# A TCP port on 127.0.0.1 with nothing listening on it.
+# A TCP port on 127.0.0.1 with nothing listening on it, below the kernel's ephemeral
+# range when there is room: a port that a live client connection uses as its local
+# end cannot be listened on, and pgbench -C leaves thousands of those.
 free_port() {
-    local p
+    local p low base=20000 span=40000
+    low="$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true)"
+    if [ -n "$low" ] && [ "$low" -gt 12000 ]; then
+        base=10000
+        span=$((low - 10000))
+    fi
     for _ in $(seq 100); do
-        p=$((20000 + RANDOM % 40000))
+        p=$((base + RANDOM % span))
         if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
             echo "$p"
             return 0
@@ -160,9 +167,11 @@ DIRECT_TPS="$(bench "$PGPORT" direct)" || die "pgbench against PostgreSQL failed
 log "direct: $DIRECT_TPS tps"
 
 # --- Sluice -------------------------------------------------------------------
-SPORT="$(free_port)" || die "no free port"
 printf '"postgres" ""\n' >"$WORK/userlist.txt"
-cat >"$WORK/sluice.ini" <<INI
+SLUICE_PID=""
+for attempt in 1 2 3; do
+    SPORT="$(free_port)" || die "no free port"
+    cat >"$WORK/sluice.ini" <<INI
 [databases]
 postgres = host=127.0.0.1 port=$PGPORT dbname=postgres
 
@@ -177,13 +186,19 @@ admin_users = postgres
 pool_mode = session
 default_pool_size = 20
 INI
-log "starting $SLUICE_BIN on 127.0.0.1:$SPORT"
-"$SLUICE_BIN" "$WORK/sluice.ini" >"$WORK/sluice.out" 2>&1 &
-SLUICE_PID=$!
-if ! wait_port "$SPORT" "$SLUICE_PID"; then
+    log "starting $SLUICE_BIN on 127.0.0.1:$SPORT"
+    "$SLUICE_BIN" "$WORK/sluice.ini" >"$WORK/sluice.out" 2>&1 &
+    SLUICE_PID=$!
+    if wait_port "$SPORT" "$SLUICE_PID"; then
+        break
+    fi
     tail -n 30 "$WORK/sluice.out" "$WORK/sluice.log" >&2 2>/dev/null || true
-    die "Sluice did not start listening on 127.0.0.1:$SPORT"
-fi
+    kill "$SLUICE_PID" 2>/dev/null || true
+    wait "$SLUICE_PID" 2>/dev/null || true
+    SLUICE_PID=""
+    log "Sluice did not start listening on 127.0.0.1:$SPORT (attempt $attempt)"
+done
+[ -n "$SLUICE_PID" ] || die "could not start Sluice"
 
 if ! SLUICE_TPS="$(bench "$SPORT" sluice)"; then
     tail -n 30 "$WORK/sluice.log" >&2 2>/dev/null || true
