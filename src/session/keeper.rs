@@ -202,8 +202,13 @@ pub async fn run(app: Arc<App>) {
                 let Ok(mut guard) = r else { return };
                 loop {
                     let p = guard.get_inner_mut();
-                    if p.poll(&mut events, Some(Duration::ZERO)).is_err() || events.is_empty() {
-                        break;
+                    match p.poll(&mut events, Some(Duration::ZERO)) {
+                        // Events left unread would never be reported again: the
+                        // keeper's own registration is edge-triggered.
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(_) => break,
+                        Ok(()) if events.is_empty() => break,
+                        Ok(()) => {}
                     }
                     for ev in events.iter() {
                         if let Some(s) = slab.take(p, ev.token().0) {
