@@ -98,7 +98,7 @@ async fn wake(s: Sleeper) {
         Ok(stream) => Box::pin(drive(stream, session, None)).await,
         Err(e) => {
             if session.log_disconnections {
-                tracing::info!("{} closing because: client I/O error: {e}", session.tag);
+                tracing::info!("{} closing because: client I/O error: {e}", session.tag());
             }
         }
     }

@@ -28,14 +28,23 @@ use run::{Ended, Registrations, Welcome};
 
 /// A client's log prefix (`C-<id>: db/user@addr`, made from its console entry when
 /// logged, not kept as text) and whether its pooler errors are logged
-/// (`log_pooler_errors`).
-#[derive(Debug)]
-pub struct ClientTag {
-    info: Arc<ClientInfo>,
+/// (`log_pooler_errors`). A view made where needed, not kept.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientTag<'a> {
+    info: &'a ClientInfo,
     log_pooler_errors: bool,
 }
 
-impl std::fmt::Display for ClientTag {
+impl<'a> ClientTag<'a> {
+    fn new(info: &'a ClientInfo, log_pooler_errors: bool) -> ClientTag<'a> {
+        ClientTag {
+            info,
+            log_pooler_errors,
+        }
+    }
+}
+
+impl std::fmt::Display for ClientTag<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let m = &self.info.meta;
         write!(f, "C-{}: {}/{}@{}", m.id, m.database, m.user, m.peer)
@@ -203,10 +212,7 @@ async fn open_session(
         application_name: who.params.get("application_name").unwrap_or("").into(),
         admin: false,
     });
-    let tag = ClientTag {
-        info: info.info.clone(),
-        log_pooler_errors: cfg.settings.log_pooler_errors,
-    };
+    let log_pooler_errors = cfg.settings.log_pooler_errors;
     let s = &cfg.settings;
     let db_max = cfg
         .databases
@@ -223,12 +229,17 @@ async fn open_session(
         Ok(()) => {}
         Err(setting) => {
             let message = format!("no more connections allowed ({setting})");
+            let tag = ClientTag::new(&info, log_pooler_errors);
             tracing::warn!("{tag} closing because: {message}");
             Box::pin(send_fatal(stream, TOO_MANY_CONNECTIONS, &message)).await;
             return None;
         }
     };
-    let r = Registrations { tag, info, slot };
+    let r = Registrations {
+        info,
+        slot,
+        log_pooler_errors,
+    };
     let (session, greeting) = Session::new(r, who);
     Some((session, Welcome { greeting, leftover }))
 }
@@ -262,7 +273,7 @@ async fn drive(stream: Stream, mut s: Box<Session>, welcome: Option<Welcome>) {
     if s.log_disconnections {
         tracing::info!(
             "{} closing because: {reason} (age={}s)",
-            s.tag,
+            s.tag(),
             s.info.age().as_secs()
         );
     }
@@ -300,7 +311,7 @@ async fn send_fatal(stream: &Stream, code: &str, message: &str) {
 }
 
 /// Tells the client why it cannot get a server, and closes it.
-async fn fail_client(stream: &Stream, tag: &ClientTag, e: &PoolError) -> String {
+async fn fail_client(stream: &Stream, tag: ClientTag<'_>, e: &PoolError) -> String {
     let (code, message) = e.client_error();
     if tag.log_pooler_errors {
         tracing::warn!("{tag} pooler error: {message}");
@@ -314,7 +325,7 @@ async fn fail_client(stream: &Stream, tag: &ClientTag, e: &PoolError) -> String 
 async fn protocol_failure(
     stream: &Stream,
     relay: &mut Relay,
-    tag: &ClientTag,
+    tag: ClientTag<'_>,
     what: &str,
 ) -> String {
     let message = format!("client protocol error: {what}");
@@ -325,7 +336,7 @@ async fn protocol_failure(
 async fn fail_with(
     stream: &Stream,
     relay: &mut Relay,
-    tag: &ClientTag,
+    tag: ClientTag<'_>,
     code: &str,
     message: &str,
 ) -> String {

@@ -52,7 +52,6 @@ pub(super) enum Ended {
 /// Every idle client keeps one, so it is kept small: what can be reached through the
 /// app (the gate, the registries) is not copied here.
 pub(crate) struct Session {
-    pub(super) tag: ClientTag,
     pub(super) info: Registered,
     cancel_key: CancelKey,
     pool: Arc<Pool>,
@@ -63,6 +62,7 @@ pub(crate) struct Session {
     release_at: ReleaseAt,
     reset_always: bool,
     pub(super) log_disconnections: bool,
+    log_pooler_errors: bool,
     /// Just logged in, no request yet (see [`Parked::wait_idle`]).
     fresh: bool,
     // Last: the client counts out of max_client_conn once all else is gone.
@@ -87,9 +87,9 @@ pub(super) struct Welcome {
 /// The registrations a session starts from (its count against the database and user
 /// limits is undone when the session drops).
 pub(super) struct Registrations {
-    pub tag: ClientTag,
     pub info: Registered,
     pub slot: ClientSlot,
+    pub log_pooler_errors: bool,
 }
 
 impl Session {
@@ -124,7 +124,7 @@ impl Session {
             cancel_key: app.cancels.register(),
             reset_always: pool.config().server_reset_query_always,
             log_disconnections: cfg.settings.log_disconnections,
-            tag: r.tag,
+            log_pooler_errors: r.log_pooler_errors,
             info: r.info,
             pool,
             params,
@@ -157,7 +157,7 @@ impl Session {
                         None => Arc::new(Vec::new()),
                     }
                 }
-                Err(e) => return Err(Box::pin(fail_client(stream, &self.tag, &e)).await),
+                Err(e) => return Err(Box::pin(fail_client(stream, self.tag(), &e)).await),
             },
         };
         self.params.fill_unset(&welcome);
@@ -180,7 +180,13 @@ impl Session {
         if !leftover.is_empty() {
             if let Err(e) = first.preload(&leftover) {
                 let why = e.to_string();
-                return Err(Box::pin(protocol_failure(stream, first, &self.tag, &why)).await);
+                return Err(Box::pin(protocol_failure(
+                    stream,
+                    first,
+                    ClientTag::new(&self.info, self.log_pooler_errors),
+                    &why,
+                ))
+                .await);
             }
         }
         drop(leftover);
@@ -188,6 +194,11 @@ impl Session {
         // Parked unless the client already sent a request with its login.
         self.relay.park();
         Ok(())
+    }
+
+    /// Its log prefix.
+    pub(super) fn tag(&self) -> ClientTag<'_> {
+        ClientTag::new(&self.info, self.log_pooler_errors)
     }
 
     pub(super) fn app(&self) -> &Arc<App> {
@@ -231,7 +242,13 @@ pub(super) async fn serve(s: &mut Session, stream: &Stream, welcome: Option<Welc
                 }
                 Err(why) => {
                     let relay = s.relay.get();
-                    let why = fail_with(stream, relay, &s.tag, PROTOCOL_VIOLATION, why);
+                    let why = fail_with(
+                        stream,
+                        relay,
+                        ClientTag::new(&s.info, s.log_pooler_errors),
+                        PROTOCOL_VIOLATION,
+                        why,
+                    );
                     return Ended::Closed(Box::pin(why).await);
                 }
             }
@@ -250,12 +267,23 @@ pub(super) async fn serve(s: &mut Session, stream: &Stream, welcome: Option<Welc
                 Err(Outcome::ClientProtocol(e)) => {
                     let why = e.to_string();
                     let relay = s.relay.get();
-                    let why = protocol_failure(stream, relay, &s.tag, &why);
+                    let why = protocol_failure(
+                        stream,
+                        relay,
+                        ClientTag::new(&s.info, s.log_pooler_errors),
+                        &why,
+                    );
                     return Ended::Closed(Box::pin(why).await);
                 }
                 Err(Outcome::Timeout(why)) => {
                     let relay = s.relay.get();
-                    let why = fail_with(stream, relay, &s.tag, PROTOCOL_VIOLATION, why);
+                    let why = fail_with(
+                        stream,
+                        relay,
+                        ClientTag::new(&s.info, s.log_pooler_errors),
+                        PROTOCOL_VIOLATION,
+                        why,
+                    );
                     return Ended::Closed(Box::pin(why).await);
                 }
                 Err(_) => break "client unexpected eof".to_owned(),
@@ -385,7 +413,7 @@ impl Session {
                 None
             }
             Err(e) => Some(Step::Done(
-                Box::pin(fail_client(stream, &self.tag, &e)).await,
+                Box::pin(fail_client(stream, self.tag(), &e)).await,
             )),
         }
     }
@@ -439,7 +467,13 @@ impl Session {
                 self.drop_server();
                 let why = e.to_string();
                 Step::Done(
-                    Box::pin(protocol_failure(stream, self.relay.get(), &self.tag, &why)).await,
+                    Box::pin(protocol_failure(
+                        stream,
+                        self.relay.get(),
+                        ClientTag::new(&self.info, self.log_pooler_errors),
+                        &why,
+                    ))
+                    .await,
                 )
             }
             Outcome::Timeout(why) => {
@@ -471,7 +505,7 @@ impl Session {
         let why = Box::pin(fail_with(
             stream,
             self.relay.get(),
-            &self.tag,
+            ClientTag::new(&self.info, self.log_pooler_errors),
             code,
             message,
         ))

@@ -244,9 +244,9 @@ impl ClientInfo {
         SystemTime::UNIX_EPOCH + std::time::Duration::from_micros(self.connect_us)
     }
 
-    /// Asks an awake client's session to sleep at its next idle moment; false if it
-    /// was asked already or sleeps.
-    pub fn ask_to_sleep(&self) -> bool {
+    /// Asks an awake client's session to sleep at its next idle moment (nothing if it
+    /// was asked already or sleeps).
+    pub fn ask_to_sleep(&self) {
         let asked = self
             .sleep
             .compare_exchange(0, 1, Ordering::Relaxed, Ordering::Relaxed)
@@ -255,7 +255,6 @@ impl ClientInfo {
             // Wakes the session's task, which is waiting on this Notify too.
             self.kill.notify_one();
         }
-        asked
     }
 
     pub fn asked_to_sleep(&self) -> bool {
