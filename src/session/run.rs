@@ -240,17 +240,7 @@ pub(super) async fn serve(s: &mut Session, stream: &Stream, welcome: Option<Welc
                     s.fresh = false;
                     return Ended::Asleep;
                 }
-                Err(why) => {
-                    let relay = s.relay.get();
-                    let why = fail_with(
-                        stream,
-                        relay,
-                        ClientTag::new(&s.info, s.log_pooler_errors),
-                        PROTOCOL_VIOLATION,
-                        why,
-                    );
-                    return Ended::Closed(Box::pin(why).await);
-                }
+                Err(why) => return Ended::Closed(s.fail(stream, PROTOCOL_VIOLATION, why).await),
             }
         }
         if s.server.is_none() && !s.relay.get().has_request() {
@@ -276,15 +266,7 @@ pub(super) async fn serve(s: &mut Session, stream: &Stream, welcome: Option<Welc
                     return Ended::Closed(Box::pin(why).await);
                 }
                 Err(Outcome::Timeout(why)) => {
-                    let relay = s.relay.get();
-                    let why = fail_with(
-                        stream,
-                        relay,
-                        ClientTag::new(&s.info, s.log_pooler_errors),
-                        PROTOCOL_VIOLATION,
-                        why,
-                    );
-                    return Ended::Closed(Box::pin(why).await);
+                    return Ended::Closed(s.fail(stream, PROTOCOL_VIOLATION, why).await);
                 }
                 Err(_) => break "client unexpected eof".to_owned(),
             }
@@ -430,7 +412,9 @@ impl Session {
                     .is_some_and(|s| s.generation != generation);
                 if retired {
                     self.info.unlink();
-                    return self.fail(stream, ADMIN_SHUTDOWN, "server_fast_close").await;
+                    return Step::Done(
+                        self.fail(stream, ADMIN_SHUTDOWN, "server_fast_close").await,
+                    );
                 }
                 Step::Next
             }
@@ -482,11 +466,11 @@ impl Session {
                 } else {
                     PROTOCOL_VIOLATION
                 };
-                self.fail(stream, code, why).await
+                Step::Done(self.fail(stream, code, why).await)
             }
             Outcome::LongTransaction => {
-                self.fail(stream, PROTOCOL_VIOLATION, "Long transactions not allowed")
-                    .await
+                let why = "Long transactions not allowed";
+                Step::Done(self.fail(stream, PROTOCOL_VIOLATION, why).await)
             }
             Outcome::ServerClosed(_) | Outcome::ServerProtocol(_) => {
                 self.drop_server();
@@ -499,8 +483,9 @@ impl Session {
         }
     }
 
-    /// Closes the server, sends the client a FATAL error and ends the session.
-    async fn fail(&mut self, stream: &Stream, code: &str, message: &str) -> Step {
+    /// Closes the server (if any), sends the client a FATAL error and ends the
+    /// session; returns the reason for the log.
+    async fn fail(&mut self, stream: &Stream, code: &str, message: &str) -> String {
         self.drop_server();
         let why = Box::pin(fail_with(
             stream,
@@ -510,6 +495,6 @@ impl Session {
             message,
         ))
         .await;
-        Step::Done(why)
+        why
     }
 }
