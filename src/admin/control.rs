@@ -272,7 +272,7 @@ fn closing_servers(app: &App, db: Option<&str>) -> usize {
             let idle = p
                 .idle_servers()
                 .iter()
-                .filter(|s| s.generation != generation)
+                .filter(|s| s.ident.generation != generation)
                 .count();
             let linked = clients
                 .iter()

@@ -206,7 +206,7 @@ fn server_views(app: &App) -> Vec<ServerView> {
                     user: row.user.clone(),
                     database: row.database.clone(),
                     state: "active",
-                    addr: cfg.addr.clone(),
+                    addr: s.addr.clone(),
                     local_addr: s.local_addr,
                     created: s.created,
                     request_time: c.request_time(),
@@ -214,7 +214,7 @@ fn server_views(app: &App) -> Vec<ServerView> {
                     link: Some(c.meta.id),
                     backend_pid: s.backend_pid,
                     application_name: c.meta.application_name.to_string(),
-                    prepared: s.prepared,
+                    prepared: s.prepared(),
                 });
             }
         }
@@ -222,18 +222,19 @@ fn server_views(app: &App) -> Vec<ServerView> {
         for s in pool.idle_servers() {
             let used = cfg.server_check_query.is_some()
                 && now.duration_since(s.last_used) >= cfg.server_check_delay;
+            let (ident, last_used) = (&s.ident, s.last_used);
             views.push(ServerView {
-                id: s.id,
+                id: ident.id,
                 user: row.user.clone(),
                 database: row.database.clone(),
                 state: if used { "used" } else { "idle" },
-                addr: cfg.addr.clone(),
-                local_addr: s.local_addr,
-                created: s.created,
-                request_time: wall(s.last_used),
-                close_needed: s.generation != generation,
+                addr: ident.addr.clone(),
+                local_addr: ident.local_addr,
+                created: ident.created,
+                request_time: wall(last_used),
+                close_needed: ident.generation != generation,
                 link: None,
-                backend_pid: s.backend_pid,
+                backend_pid: ident.backend_pid,
                 application_name: String::new(),
                 prepared: s.prepared,
             });

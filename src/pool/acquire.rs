@@ -127,7 +127,7 @@ impl Pool {
         {
             Ok(()) => Some(conn),
             Err(e) => {
-                tracing::info!("S-{}: server check failed, closing: {e}", conn.id);
+                tracing::info!("S-{}: server check failed, closing: {e}", conn.ident.id);
                 // Its lent mark takes it out of `active`.
                 drop(conn);
                 None
@@ -306,7 +306,7 @@ fn pop_idle(
         };
         // No liveness probe here (a syscall per transaction): the janitor probes
         // idle connections twice a second, and server_check_delay covers the rest.
-        if conn.generation == st.generation && !conn.expired(cfg, now) {
+        if conn.ident.generation == st.generation && !conn.expired(cfg, now) {
             return Some(conn);
         }
         doomed.push(conn);

@@ -23,7 +23,7 @@ use tokio::sync::oneshot;
 
 pub use error::PoolError;
 pub use registry::{PoolKey, Pools};
-pub use server::{ScramKeys, ServerConn};
+pub use server::{ScramKeys, ServerConn, ServerIdent};
 pub use target::{PoolConfig, ServerAddr};
 
 use crate::protocol::backend::ErrorFields;
@@ -105,14 +105,10 @@ impl Drop for LentMark {
 }
 
 /// An idle server connection as the console shows it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct IdleServer {
-    pub id: u64,
-    pub backend_pid: u32,
-    pub created: Instant,
+    pub ident: Arc<ServerIdent>,
     pub last_used: Instant,
-    pub local_addr: Option<std::net::SocketAddr>,
-    pub generation: u64,
     /// Prepared statements it holds for transaction pooling.
     pub prepared: u32,
 }
@@ -227,12 +223,8 @@ impl Pool {
         st.idle
             .iter()
             .map(|c| IdleServer {
-                id: c.id,
-                backend_pid: c.backend_pid,
-                created: c.created,
+                ident: c.ident.clone(),
                 last_used: c.last_used,
-                local_addr: c.local_addr,
-                generation: c.generation,
                 prepared: c.prepared.len() as u32,
             })
             .collect()
@@ -267,9 +259,9 @@ impl Pool {
         let reusable = clean
             && !conn.close_needed
             && !st.closed
-            && conn.generation == st.generation
+            && conn.ident.generation == st.generation
             && (cfg.server_lifetime.is_zero()
-                || now.saturating_duration_since(conn.created) < cfg.server_lifetime);
+                || now.saturating_duration_since(conn.ident.created) < cfg.server_lifetime);
         if !reusable {
             drop(st);
             drop(conn);
@@ -307,7 +299,9 @@ impl Pool {
             let mut st = self.lock_state();
             let generation = st.generation;
             let (keep, doomed) = std::mem::take(&mut st.idle).into_iter().partition(|c| {
-                c.generation == generation && !c.expired(&cfg, now) && !c.stream.is_dead_or_chatty()
+                c.ident.generation == generation
+                    && !c.expired(&cfg, now)
+                    && !c.stream.is_dead_or_chatty()
             });
             st.idle = keep;
             doomed

@@ -1,6 +1,7 @@
 //! One server connection: connect, log in to PostgreSQL, and the state the pool and the
 //! relay keep about it.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -52,25 +53,14 @@ impl std::ops::DerefMut for ServerConn {
 #[derive(Debug)]
 pub struct ServerState {
     pub stream: Stream,
-    /// Monotonic id for logs and the console.
-    pub id: u64,
-    /// The backend's cancel key, for forwarding CancelRequests.
-    pub backend_pid: u32,
-    pub backend_key: u32,
-    /// Where it is connected, for CancelRequests.
-    pub addr: Arc<ServerAddr>,
+    /// What stays the same for its whole life; the client holding it shares it.
+    pub ident: Arc<ServerIdent>,
     /// Every ParameterStatus the server reported, kept current by the relay.
     pub params: ServerParams,
-    pub created: Instant,
     /// When it last went idle.
     pub last_used: Instant,
-    /// The pool generation it was made in; older ones are closed on release (reload,
-    /// RECONNECT).
-    pub generation: u64,
     /// Set when the connection must not be reused (protocol desync, close request).
     pub close_needed: bool,
-    /// The local end of the socket (SHOW SERVERS `local_addr`/`local_port`).
-    pub local_addr: Option<std::net::SocketAddr>,
     /// Counts the connection in the pool's `active` while a client holds it.
     pub(crate) lent: super::LentMark,
     pub(crate) _slot: SlotToken,
@@ -78,6 +68,52 @@ pub struct ServerState {
     pub prepared: crate::prepared::ServerStatements,
     /// Units of the database and user limits, returned when the connection closes.
     pub(crate) limit_tokens: Option<(LimitToken, LimitToken)>,
+}
+
+/// A server connection's fixed facts, made once at login and shared (one pointer)
+/// with the client that holds it: the console shows them as the client's server, and
+/// a CancelRequest for that client goes to `addr` with the backend's key.
+#[derive(Debug)]
+pub struct ServerIdent {
+    /// Monotonic id for logs and the console.
+    pub id: u64,
+    /// The backend's cancel key.
+    pub backend_pid: u32,
+    pub backend_key: u32,
+    pub addr: ServerAddr,
+    pub created: Instant,
+    /// The pool generation it was made in; older ones are closed on release (reload,
+    /// RECONNECT).
+    pub generation: u64,
+    /// The local end of the socket (SHOW SERVERS `local_addr`/`local_port`).
+    pub local_addr: Option<std::net::SocketAddr>,
+    /// Prepared statements it held when last linked (SHOW SERVERS); written only by
+    /// the client that links it.
+    prepared: AtomicU32,
+}
+
+impl ServerIdent {
+    pub fn new(id: u64, backend: (u32, u32), addr: ServerAddr, generation: u64) -> ServerIdent {
+        ServerIdent {
+            id,
+            backend_pid: backend.0,
+            backend_key: backend.1,
+            addr,
+            created: Instant::now(),
+            generation,
+            local_addr: None,
+            prepared: AtomicU32::new(0),
+        }
+    }
+
+    /// Records how many prepared statements it has as a client links it.
+    pub fn set_prepared(&self, n: u32) {
+        self.prepared.store(n, Ordering::Relaxed);
+    }
+
+    pub fn prepared(&self) -> u32 {
+        self.prepared.load(Ordering::Relaxed)
+    }
 }
 
 impl ServerState {
@@ -88,7 +124,8 @@ impl ServerState {
 
     /// Whether its age or idle time passed the pool's limits.
     pub fn expired(&self, cfg: &PoolConfig, now: Instant) -> bool {
-        (!cfg.server_lifetime.is_zero() && now.duration_since(self.created) >= cfg.server_lifetime)
+        (!cfg.server_lifetime.is_zero()
+            && now.duration_since(self.ident.created) >= cfg.server_lifetime)
             || (!cfg.server_idle_timeout.is_zero()
                 && now.duration_since(self.last_used) >= cfg.server_idle_timeout)
     }
@@ -237,23 +274,20 @@ pub(crate) async fn connect(
         Ok(r) => r?,
         Err(_) => return Err(PoolError::Connect(format!("{}: login timed out", cfg.addr))),
     };
-    let now = Instant::now();
-    let local_addr = stream.local_addr();
+    let ident = ServerIdent {
+        local_addr: stream.local_addr(),
+        ..ServerIdent::new(id, (pid, key), cfg.addr.clone(), generation)
+    };
+    let now = ident.created;
     let mut conn = ServerConn(Box::new(ServerState {
         stream,
-        id,
-        backend_pid: pid,
-        backend_key: key,
-        addr: Arc::new(cfg.addr.clone()),
+        ident: Arc::new(ident),
         params: ServerParams {
             values: server_params,
             matched: None,
         },
-        created: now,
         last_used: now,
-        generation,
         close_needed: false,
-        local_addr,
         lent: super::LentMark::default(),
         _slot: slot,
         limit_tokens: None,

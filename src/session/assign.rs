@@ -3,32 +3,16 @@
 
 use std::sync::Arc;
 
-use super::cancel::CancelKey;
 use super::params;
 use super::relay::Relay;
 use crate::config::PoolMode;
 use crate::pool::{Pool, PoolError, ServerConn};
-use crate::stats::conns::{ClientInfo, LinkedServer};
+use crate::stats::conns::ClientInfo;
 
 /// Records that the client now holds `s`: for cancels, the console and SHOW STATS.
-pub(super) fn link_server(
-    cancel_key: &CancelKey,
-    info: &ClientInfo,
-    s: &ServerConn,
-    relay: &mut Relay,
-) {
+pub(super) fn link_server(info: &ClientInfo, s: &ServerConn, relay: &mut Relay) {
     relay.stats.counts.server_assignments += 1;
-    cancel_key
-        .target
-        .set(Some((s.addr.clone(), s.backend_pid, s.backend_key)));
-    info.link(LinkedServer {
-        id: s.id,
-        backend_pid: s.backend_pid,
-        created: s.created,
-        local_addr: s.local_addr,
-        generation: s.generation,
-        prepared: s.prepared.len() as u32,
-    });
+    info.link(&s.ident, s.prepared.len() as u32);
 }
 
 /// Gets a server (unless `have` one already) and makes its session parameters match

@@ -11,45 +11,25 @@ use crate::net::listener::unix_socket_path;
 use crate::net::Stream;
 use crate::pool::ServerAddr;
 use crate::protocol::startup::cancel_request;
+use crate::stats::conns::ClientInfo;
 
-/// The backend a client is linked to right now, if any.
-#[derive(Debug, Default)]
-pub struct CancelTarget {
-    // The address is shared with the server connection: linking costs no allocation.
-    linked: Mutex<Option<(Arc<ServerAddr>, u32, u32)>>,
-}
-
-impl CancelTarget {
-    /// Records the server the client now uses (None when unlinked).
-    pub fn set(&self, target: Option<(Arc<ServerAddr>, u32, u32)>) {
-        *self.linked.lock().unwrap_or_else(|p| p.into_inner()) = target;
-    }
-
-    fn get(&self) -> Option<(Arc<ServerAddr>, u32, u32)> {
-        self.linked
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-}
-
-/// All live client cancel keys.
+/// All live client cancel keys, each with its client's console entry, which knows the
+/// server the client is linked to right now (if any).
 #[derive(Debug, Default)]
 pub struct CancelRegistry {
-    map: Mutex<HashMap<(u32, u32), Arc<CancelTarget>>>,
+    map: Mutex<HashMap<(u32, u32), Arc<ClientInfo>>>,
 }
 
 /// A client's cancel key; its owner removes it from the registry when the client
 /// goes away ([`CancelRegistry::remove`]).
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub struct CancelKey {
     pub pid: u32,
     pub key: u32,
-    pub target: Arc<CancelTarget>,
 }
 
 impl CancelRegistry {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(u32, u32), Arc<CancelTarget>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(u32, u32), Arc<ClientInfo>>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -59,14 +39,13 @@ impl CancelRegistry {
     }
 
     /// Issues a fresh random key for a new client.
-    pub fn register(&self) -> CancelKey {
-        let target = Arc::new(CancelTarget::default());
+    pub fn register(&self, client: &Arc<ClientInfo>) -> CancelKey {
         let mut map = self.lock();
         loop {
             let (pid, key) = (rand::random::<u32>() & 0x7fff_ffff, rand::random::<u32>());
             if let std::collections::hash_map::Entry::Vacant(e) = map.entry((pid, key)) {
-                e.insert(target.clone());
-                return CancelKey { pid, key, target };
+                e.insert(client.clone());
+                return CancelKey { pid, key };
             }
         }
     }
@@ -74,12 +53,13 @@ impl CancelRegistry {
     /// Forwards a cancel for (pid, key) if it names a client that holds a server.
     /// Returns whether a cancel was sent.
     pub async fn cancel(&self, pid: u32, key: u32, connect_timeout: Duration) -> bool {
-        let target = self.lock().get(&(pid, key)).cloned();
-        let Some((addr, spid, skey)) = target.and_then(|t| t.get()) else {
+        let client = self.lock().get(&(pid, key)).cloned();
+        let Some(server) = client.and_then(|c| c.linked()) else {
             return false;
         };
+        let (addr, spid, skey) = (&server.addr, server.backend_pid, server.backend_key);
         let send = async {
-            let stream = match &*addr {
+            let stream = match addr {
                 ServerAddr::Tcp(h, p) => Stream::Tcp(TcpStream::connect((h.as_str(), *p)).await?),
                 ServerAddr::Unix(d, p) => {
                     Stream::Unix(UnixStream::connect(unix_socket_path(d, *p)).await?)

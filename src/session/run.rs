@@ -121,7 +121,7 @@ impl Session {
             kept.enable_prepared(app.statements.clone(), max_prepared);
         }
         let s = Session {
-            cancel_key: app.cancels.register(),
+            cancel_key: app.cancels.register(&r.info.info),
             reset_always: pool.config().server_reset_query_always,
             log_disconnections: cfg.settings.log_disconnections,
             log_pooler_errors: r.log_pooler_errors,
@@ -213,7 +213,7 @@ impl Session {
     /// Closes the linked server, if any (a killed client's server is in an unknown
     /// state).
     pub(super) fn drop_server(&mut self) {
-        self.cancel_key.target.set(None);
+        self.info.unlink();
         drop(self.server.take());
     }
 }
@@ -277,7 +277,8 @@ pub(super) async fn serve(s: &mut Session, stream: &Stream, welcome: Option<Welc
             Step::Done(reason) => return Ended::Closed(reason),
         }
     };
-    s.cancel_key.target.set(None);
+    // No cancel reaches the server now (its reset, if any, is ours).
+    s.info.unlink();
     let clean = match s.relay.active() {
         Some(relay) => {
             s.pool.stats.flush(&mut relay.stats);
@@ -334,7 +335,7 @@ impl Session {
         let mut fast = pool.try_acquire_idle(request_at);
         if let Some(s) = fast.take_if(|s| !self.params.differs(s)) {
             pool.stats.wait_hist.record(0);
-            link_server(&self.cancel_key, &self.info, &s, relay);
+            link_server(&self.info, &s, relay);
             self.server = Some(s);
             return Ok(());
         }
@@ -390,7 +391,7 @@ impl Session {
                 let waited = asked.elapsed().as_micros() as u64;
                 relay.stats.counts.wait_time_us += waited;
                 pool.stats.wait_hist.record(waited);
-                link_server(&self.cancel_key, &self.info, &s, relay);
+                link_server(&self.info, &s, relay);
                 self.server = Some(s);
                 None
             }
@@ -409,7 +410,7 @@ impl Session {
                 let retired = self
                     .server
                     .as_ref()
-                    .is_some_and(|s| s.generation != generation);
+                    .is_some_and(|s| s.ident.generation != generation);
                 if retired {
                     self.info.unlink();
                     return Step::Done(
@@ -428,7 +429,6 @@ impl Session {
                         Box::pin(finish_server(&self.pool, s, true, PoolMode::Session)).await;
                     }
                 }
-                self.cancel_key.target.set(None);
                 self.info.unlink();
                 if let Some(s) = self.server.take() {
                     self.pool.release_at(s, true, last_activity);

@@ -16,6 +16,7 @@ use std::time::{Instant, SystemTime};
 use tokio::sync::Notify;
 
 use crate::net::PeerAddr;
+use crate::pool::ServerIdent;
 
 /// Where a client stands, as SHOW CLIENTS words it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,20 +37,6 @@ impl ClientState {
             ClientState::Active => "active",
         }
     }
-}
-
-/// The server a client is linked to, copied at link time (all `Copy`, no allocation).
-#[derive(Debug, Clone, Copy)]
-pub struct LinkedServer {
-    pub id: u64,
-    pub backend_pid: u32,
-    pub created: Instant,
-    pub local_addr: Option<SocketAddr>,
-    /// The pool generation the server belongs to; older than the pool's means it will
-    /// be closed at release (RECONNECT, reload).
-    pub generation: u64,
-    /// Prepared statements the server held when it was linked.
-    pub prepared: u32,
 }
 
 /// What is known about a client when it registers; fixed for its life.
@@ -108,7 +95,9 @@ pub struct ClientInfo {
     state: AtomicU8,
     /// Microseconds from `connected_at` to the last request (when it started waiting).
     request_us: AtomicU64,
-    link: Mutex<Option<LinkedServer>>,
+    /// The server it holds (shared with that connection: linking copies a pointer);
+    /// cancel requests for the client go to it.
+    link: Mutex<Option<Arc<ServerIdent>>>,
     /// Prepared statements the client holds (transaction pooling), for SHOW CLIENTS.
     prepared: std::sync::atomic::AtomicU32,
     kill: Notify,
@@ -164,9 +153,10 @@ impl ClientInfo {
         self.request_us.store(us, Ordering::Relaxed);
     }
 
-    /// The client got a server.
-    pub fn link(&self, server: LinkedServer) {
-        *lock(&self.link) = Some(server);
+    /// The client got a server, which holds `prepared` statements.
+    pub fn link(&self, server: &Arc<ServerIdent>, prepared: u32) {
+        server.set_prepared(prepared);
+        *lock(&self.link) = Some(server.clone());
         self.state.store(2, Ordering::Relaxed);
     }
 
@@ -183,12 +173,13 @@ impl ClientInfo {
     /// The client gave its server back.
     pub fn unlink(&self) {
         self.state.store(0, Ordering::Relaxed);
-        *lock(&self.link) = None;
+        // Dropped after the lock is let go.
+        let _gone = lock(&self.link).take();
     }
 
     /// The linked server, if any.
-    pub fn linked(&self) -> Option<LinkedServer> {
-        *lock(&self.link)
+    pub fn linked(&self) -> Option<Arc<ServerIdent>> {
+        lock(&self.link).clone()
     }
 
     /// How long ago the client connected.
@@ -393,15 +384,15 @@ mod tests {
             assert_eq!(g.state(), ClientState::Idle);
             g.set_waiting(Instant::now());
             assert_eq!(g.state(), ClientState::Waiting);
-            g.link(LinkedServer {
-                id: 3,
-                backend_pid: 42,
-                created: Instant::now(),
-                local_addr: None,
-                generation: 0,
-                prepared: 0,
-            });
+            let server = Arc::new(ServerIdent::new(
+                3,
+                (42, 43),
+                crate::pool::ServerAddr::Unix("/tmp".into(), 5432),
+                0,
+            ));
+            g.link(&server, 2);
             assert_eq!(r.get(7).unwrap().linked().unwrap().id, 3);
+            assert_eq!(server.prepared(), 2);
             assert_eq!(g.state(), ClientState::Active);
             assert!(g.waited().is_zero());
             g.unlink();
