@@ -175,19 +175,22 @@ impl Session {
             return Err(format!("client I/O error: {e}"));
         }
         drop(out);
+        self.pool.stats.count_login();
+        if leftover.is_empty() {
+            // The usual case: no relay is made (nor the prepared-statement state it
+            // would take) until the client sends something.
+            return Ok(());
+        }
         let first = self.relay.get();
-        first.stats.counts.logins += 1;
-        if !leftover.is_empty() {
-            if let Err(e) = first.preload(&leftover) {
-                let why = e.to_string();
-                return Err(Box::pin(protocol_failure(
-                    stream,
-                    first,
-                    ClientTag::new(&self.info, self.log_pooler_errors),
-                    &why,
-                ))
-                .await);
-            }
+        if let Err(e) = first.preload(&leftover) {
+            let why = e.to_string();
+            return Err(Box::pin(protocol_failure(
+                stream,
+                first,
+                ClientTag::new(&self.info, self.log_pooler_errors),
+                &why,
+            ))
+            .await);
         }
         drop(leftover);
         self.pool.stats.flush(&mut first.stats);

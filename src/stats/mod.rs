@@ -100,6 +100,11 @@ impl Totals {
 }
 
 impl PoolStats {
+    /// Counts a client's login (it has no relay yet to count it in).
+    pub fn count_login(&self) {
+        self.logins.fetch_add(1, Relaxed);
+    }
+
     /// Folds a client's delta in and clears it.
     pub fn flush(&self, d: &mut StatsDelta) {
         if d.is_empty() {
