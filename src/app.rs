@@ -76,13 +76,38 @@ pub struct App {
     pub admin: AdminState,
     /// Logged-in clients per database (`d:` prefix) and per user (`u:` prefix), for
     /// `max_db_client_connections` and `max_user_client_connections`.
-    client_counts: Mutex<HashMap<String, u32>>,
+    client_counts: Mutex<ClientCounts>,
     /// Idle clients asleep without a task (session/keeper.rs).
     pub keeper: crate::session::keeper::Keeper,
 }
 
-fn count_keys(db: &str, user: &str) -> [String; 2] {
-    [format!("d:{db}"), format!("u:{user}")]
+/// Logged-in clients per database and per user (max_db_client_connections,
+/// max_user_client_connections). Keyed by the pools' shared names: counting a client
+/// allocates nothing.
+#[derive(Debug, Default)]
+struct ClientCounts {
+    db: HashMap<Arc<str>, u32>,
+    user: HashMap<Arc<str>, u32>,
+}
+
+impl ClientCounts {
+    fn add(map: &mut HashMap<Arc<str>, u32>, key: &Arc<str>) {
+        match map.get_mut(&**key) {
+            Some(c) => *c += 1,
+            None => {
+                map.insert(key.clone(), 1);
+            }
+        }
+    }
+
+    fn sub(map: &mut HashMap<Arc<str>, u32>, key: &str) {
+        if let Some(c) = map.get_mut(key) {
+            *c = c.saturating_sub(1);
+            if *c == 0 {
+                map.remove(key);
+            }
+        }
+    }
 }
 
 impl App {
@@ -100,7 +125,7 @@ impl App {
             gate,
             client_reg: Arc::default(),
             admin: AdminState::default(),
-            client_counts: Mutex::new(HashMap::new()),
+            client_counts: Mutex::default(),
             keeper: Default::default(),
         })
     }
@@ -200,39 +225,30 @@ impl App {
         db_max: u32,
         user_max: u32,
     ) -> Result<(), &'static str> {
-        let keys = count_keys(&who.meta.database, &who.meta.user);
+        let (db, user) = (&who.meta.database, &who.meta.user);
         let mut m = self.client_counts.lock().unwrap_or_else(|p| p.into_inner());
-        if db_max != 0 && m.get(&keys[0]).copied().unwrap_or(0) >= db_max {
+        if db_max != 0 && m.db.get(&**db).copied().unwrap_or(0) >= db_max {
             return Err("max_db_client_connections");
         }
-        if user_max != 0 && m.get(&keys[1]).copied().unwrap_or(0) >= user_max {
+        if user_max != 0 && m.user.get(&**user).copied().unwrap_or(0) >= user_max {
             return Err("max_user_client_connections");
         }
-        for k in keys {
-            *m.entry(k).or_insert(0) += 1;
-        }
+        ClientCounts::add(&mut m.db, db);
+        ClientCounts::add(&mut m.user, user);
         Ok(())
     }
 
-    /// A client counted by [`App::count_client`] has left. The keys are made again
-    /// rather than kept, so that an idle client holds no copy of them.
+    /// A client counted by [`App::count_client`] has left.
     pub fn uncount_client(&self, who: &ClientInfo) {
-        let keys = count_keys(&who.meta.database, &who.meta.user);
         let mut m = self.client_counts.lock().unwrap_or_else(|p| p.into_inner());
-        for k in &keys {
-            if let Some(c) = m.get_mut(k) {
-                *c = c.saturating_sub(1);
-                if *c == 0 {
-                    m.remove(k);
-                }
-            }
-        }
+        ClientCounts::sub(&mut m.db, &who.meta.database);
+        ClientCounts::sub(&mut m.user, &who.meta.user);
     }
 
     /// Logged-in clients of a database.
     pub fn db_clients(&self, db: &str) -> u32 {
         let m = self.client_counts.lock().unwrap_or_else(|p| p.into_inner());
-        m.get(&format!("d:{db}")).copied().unwrap_or(0)
+        m.db.get(db).copied().unwrap_or(0)
     }
 
     pub fn remove_client(&self) {

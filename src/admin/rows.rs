@@ -3,6 +3,8 @@
 
 use bytes::{BufMut, BytesMut};
 
+use crate::protocol::backend::{begin, finish, put_cstr};
+
 /// Column types the console uses (PgBouncer sends the same OIDs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ty {
@@ -89,23 +91,6 @@ impl Cell {
             Cell::UInt(v) => Some(v.to_string()),
         }
     }
-}
-
-fn put_cstr(buf: &mut BytesMut, s: &str) {
-    buf.extend(s.bytes().filter(|&b| b != 0));
-    buf.put_u8(0);
-}
-
-fn begin(buf: &mut BytesMut, tag: u8) -> usize {
-    buf.put_u8(tag);
-    let at = buf.len();
-    buf.put_u32(0);
-    at
-}
-
-fn finish(buf: &mut BytesMut, at: usize) {
-    let len = (buf.len() - at) as u32;
-    buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
 }
 
 /// A result set being written: the header now, rows as they come, the tag at the end.

@@ -6,7 +6,7 @@ use bytes::{BufMut, BytesMut};
 use super::ProtocolError;
 
 /// Starts a message with `tag` and a placeholder length; returns the length's offset.
-fn begin(buf: &mut BytesMut, tag: u8) -> usize {
+pub(crate) fn begin(buf: &mut BytesMut, tag: u8) -> usize {
     buf.put_u8(tag);
     let at = buf.len();
     buf.put_u32(0);
@@ -14,14 +14,20 @@ fn begin(buf: &mut BytesMut, tag: u8) -> usize {
 }
 
 /// Back-patches the length of a message begun with [`begin`].
-fn finish(buf: &mut BytesMut, at: usize) {
+pub(crate) fn finish(buf: &mut BytesMut, at: usize) {
     let len = (buf.len() - at) as u32;
     buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
 }
 
-fn put_cstr(buf: &mut BytesMut, s: &str) {
+/// Appends `s` NUL-terminated.
+pub(crate) fn put_cstr(buf: &mut BytesMut, s: &str) {
     // A NUL inside would corrupt framing; PostgreSQL strings cannot hold one.
-    buf.extend(s.bytes().filter(|&b| b != 0));
+    let s = s.as_bytes();
+    if s.contains(&0) {
+        buf.extend(s.iter().filter(|&&b| b != 0));
+    } else {
+        buf.extend_from_slice(s);
+    }
     buf.put_u8(0);
 }
 

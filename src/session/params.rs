@@ -39,19 +39,6 @@ pub struct ParamSet {
 #[derive(Debug, Default)]
 pub struct SharedParams(Mutex<Option<Arc<ParamSet>>>);
 
-impl SharedParams {
-    /// Makes `params` point at the pool's shared set if the values are the same, or
-    /// makes its set the shared one.
-    pub fn share(&self, params: &mut ClientParams) {
-        let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        match last.as_ref() {
-            Some(s) if Arc::ptr_eq(s, &params.set) => {}
-            Some(s) if **s == *params.set => params.set = s.clone(),
-            _ => *last = Some(params.set.clone()),
-        }
-    }
-}
-
 impl ClientParams {
     pub fn new(extra: &[String]) -> ClientParams {
         ClientParams {
@@ -64,12 +51,15 @@ impl ClientParams {
 
     /// The canonical spelling of `name` if it is tracked.
     pub fn tracked_name(&self, name: &str) -> Option<String> {
+        self.tracked(name).map(str::to_owned)
+    }
+
+    fn tracked(&self, name: &str) -> Option<&str> {
         BASE_TRACKED
             .iter()
             .copied()
             .chain(self.set.extra.iter().map(String::as_str))
             .find(|t| t.eq_ignore_ascii_case(name))
-            .map(str::to_owned)
     }
 
     /// The client's value for a tracked parameter, if it has one.
@@ -97,6 +87,40 @@ impl ClientParams {
                 .values
                 .push((name, value.to_owned())),
         }
+    }
+
+    /// Completes the client's set at login ([`ClientParams::fill_unset`]) and shares
+    /// it: the pool's shared set is taken as it is when the completed set would equal
+    /// it (the common case: nothing is built), else the completed set becomes the
+    /// shared one.
+    pub fn settle(&mut self, welcome: &[(String, String)], shared: &SharedParams) {
+        let mut last = shared.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = last.as_ref() {
+            if self.completed_equals(welcome, s) {
+                self.set = s.clone();
+                return;
+            }
+        }
+        self.fill_unset(welcome);
+        *last = Some(self.set.clone());
+    }
+
+    /// Whether [`ClientParams::fill_unset`] would make the set equal to `other`.
+    fn completed_equals(&self, welcome: &[(String, String)], other: &ParamSet) -> bool {
+        let own = self
+            .set
+            .values
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()));
+        let filled = welcome.iter().filter_map(|(k, v)| {
+            let name = self.tracked(k)?;
+            let unset = !self.set.values.iter().any(|(n, _)| n == name);
+            unset.then_some((name, v.as_str()))
+        });
+        self.set.extra == other.extra
+            && own
+                .chain(filled)
+                .eq(other.values.iter().map(|(k, v)| (k.as_str(), v.as_str())))
     }
 
     /// Fills the tracked parameters the client did not set from the server's initial
@@ -155,16 +179,23 @@ impl ClientParams {
         (!sql.is_empty()).then_some(sql)
     }
 
-    /// The server's welcome parameters with this client's own values laid over them.
-    pub fn overlay(&self, welcome: &[(String, String)]) -> Vec<(String, String)> {
-        let mut out: Vec<(String, String)> = welcome.to_vec();
+    /// Calls `f` on the server's welcome parameters with this client's own values laid
+    /// over them, then on the client's values the welcome lacks (nothing is copied).
+    pub fn overlay(&self, welcome: &[(String, String)], mut f: impl FnMut(&str, &str)) {
+        let own = |k: &str| {
+            self.set
+                .values
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(k))
+        };
+        for (k, v) in welcome {
+            f(k, own(k).map_or(v, |(_, v)| v));
+        }
         for (k, v) in &self.set.values {
-            match out.iter_mut().find(|(n, _)| n.eq_ignore_ascii_case(k)) {
-                Some((_, old)) => old.clone_from(v),
-                None => out.push((k.clone(), v.clone())),
+            if !welcome.iter().any(|(n, _)| n.eq_ignore_ascii_case(k)) {
+                f(k, v);
             }
         }
-        out
     }
 }
 
@@ -218,9 +249,13 @@ mod tests {
             ("application_name".to_owned(), "".to_owned()),
             ("server_version".to_owned(), "15".to_owned()),
         ];
-        let o = p.overlay(&w);
-        assert_eq!(o[0].1, "app");
-        assert_eq!(o.len(), 2);
+        p.set("TimeZone", "UTC");
+        let mut o = Vec::new();
+        p.overlay(&w, |k, v| o.push(format!("{k}={v}")));
+        assert_eq!(
+            o,
+            ["application_name=app", "server_version=15", "TimeZone=UTC"]
+        );
     }
 
     #[test]
@@ -230,8 +265,8 @@ mod tests {
         a.set("TimeZone", "UTC");
         let mut b = a.clone();
         b.set = Arc::new((*b.set).clone());
-        shared.share(&mut a);
-        shared.share(&mut b);
+        a.settle(&[], &shared);
+        b.settle(&[], &shared);
         assert!(Arc::ptr_eq(&a.set, &b.set));
         b.set("timezone", "Asia/Tokyo");
         assert_eq!(a.get("TimeZone"), Some("UTC"));
@@ -240,5 +275,42 @@ mod tests {
         let before = a.set.clone();
         a.set("TimeZone", "UTC");
         assert!(Arc::ptr_eq(&before, &a.set));
+    }
+
+    #[test]
+    fn settle_takes_the_shared_set_only_if_the_completed_set_equals_it() {
+        let shared = SharedParams::default();
+        let welcome = vec![
+            ("client_encoding".to_owned(), "UTF8".to_owned()),
+            ("server_version".to_owned(), "15".to_owned()),
+            ("TimeZone".to_owned(), "UTC".to_owned()),
+        ];
+        let login = |app: &str, tz: Option<&str>| {
+            let mut p = ClientParams::new(&[]);
+            p.set("application_name", app);
+            if let Some(tz) = tz {
+                p.set("timezone", tz);
+            }
+            p.settle(&welcome, &shared);
+            p
+        };
+        let a = login("x", None);
+        assert_eq!(a.get("client_encoding"), Some("UTF8"));
+        assert_eq!(a.get("TimeZone"), Some("UTC"));
+        assert_eq!(a.get("server_version"), None);
+        // Same values (the time zone given or filled in): the same set.
+        let b = login("x", None);
+        assert!(Arc::ptr_eq(&a.set, &b.set));
+        // Given in another order than the fill would put it: equal values, but a
+        // set of its own, which becomes the shared one.
+        let c = login("x", Some("UTC"));
+        assert_eq!(c.get("TimeZone"), Some("UTC"));
+        assert!(!Arc::ptr_eq(&c.set, &a.set));
+        let d = login("y", None);
+        assert!(!Arc::ptr_eq(&d.set, &b.set));
+        assert_eq!(d.get("application_name"), Some("y"));
+        assert_eq!(d.get("TimeZone"), Some("UTC"));
+        let e = login("y", None);
+        assert!(Arc::ptr_eq(&d.set, &e.set));
     }
 }

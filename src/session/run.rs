@@ -160,14 +160,12 @@ impl Session {
                 Err(e) => return Err(Box::pin(fail_client(stream, self.tag(), &e)).await),
             },
         };
-        self.params.fill_unset(&welcome);
-        pool.shared_params.share(&mut self.params);
+        self.params.settle(&welcome, &pool.shared_params);
         // AuthenticationOk and the welcome go out in one write.
         let mut out = greeting;
         out.reserve(512);
-        for (k, v) in self.params.overlay(&welcome) {
-            backend::parameter_status(&mut out, &k, &v);
-        }
+        self.params
+            .overlay(&welcome, |k, v| backend::parameter_status(&mut out, k, v));
         drop(welcome);
         backend::backend_key_data(&mut out, self.cancel_key.pid, self.cancel_key.key);
         backend::ready_for_query(&mut out, b'I');

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::time::Sleep;
 
 use super::{prepared, ClientPrepared, Relay, Timeouts};
-use crate::net::{bufpool, Stream};
+use crate::net::Stream;
 use crate::prepared::Registry;
 use crate::stats::conns::ClientInfo;
 
@@ -172,8 +172,6 @@ impl RelaySlot {
         p.last_read = r.last_read;
         p.last_flush = r.last_flush;
         p.prepared = r.prepared.take().map(prepared::PreparedState::into_kept);
-        // Empty (the relay is clean), so they go back for the next request anyone makes.
-        bufpool::give(std::mem::take(&mut r.c2s));
-        bufpool::give(std::mem::take(&mut r.s2c));
+        // Dropping `r` gives its buffers back.
     }
 }
