@@ -139,7 +139,7 @@ pub async fn serve(
         database: ADMIN_DB.into(),
         pool_user: ADMIN_DB.into(),
         peer,
-        local_addr: stream.local_addr(),
+        local_addr: stream.local_addr().map(Into::into),
         application_name: who.application_name.as_str().into(),
         admin: true,
     });

@@ -16,7 +16,7 @@ use super::show_pools::pool_rows;
 use crate::app::App;
 use crate::net::PeerAddr;
 use crate::pool::ServerAddr;
-use crate::stats::conns::{ClientInfo, ClientState};
+use crate::stats::conns::{ClientInfo, ClientState, CompactAddr};
 
 const COLUMNS: [(&str, Ty); 21] = [
     ("type", Ty::Text),
@@ -94,9 +94,9 @@ fn peer_text(p: &PeerAddr, listen_port: u16) -> (String, u16) {
     }
 }
 
-fn local_text(a: Option<std::net::SocketAddr>, unix_port: u16) -> (String, u16) {
+fn local_text(a: Option<CompactAddr>, unix_port: u16) -> (String, u16) {
     match a {
-        Some(a) => (a.ip().to_string(), a.port()),
+        Some(a) => (a.ip.to_string(), a.port),
         None => ("unix".to_owned(), unix_port),
     }
 }
@@ -159,7 +159,7 @@ fn server_row(s: &ServerView, debug: bool) -> Vec<Cell> {
         ServerAddr::Tcp(h, p) => (h.clone(), *p),
         ServerAddr::Unix(_, p) => ("unix".to_owned(), *p),
     };
-    let (laddr, lport) = local_text(s.local_addr, 0);
+    let (laddr, lport) = local_text(s.local_addr.map(Into::into), 0);
     let mut row = vec![
         "S".into(),
         s.user.clone().into(),

@@ -196,22 +196,23 @@ async fn open_session(
     cfg: &crate::config::Config,
 ) -> Option<(Box<Session>, Welcome)> {
     let (who, leftover) = *start;
-    // Registered for the console (SHOW CLIENTS, KILL_CLIENT) while the session runs.
-    // The names are the pool's unless the client's differ (a forced user).
+    // Its console entry (SHOW CLIENTS, KILL_CLIENT), registered once the client limits
+    // let it in, until the session drops. The names are the pool's unless the
+    // client's differ (a forced user).
     let shared = |own: &str, pool: &Arc<str>| match **pool == *own {
         true => pool.clone(),
         false => Arc::from(own),
     };
-    let info = app.client_reg.register(ClientMeta {
+    let info = Arc::new(ClientInfo::new(ClientMeta {
         id,
         user: shared(&who.user, &who.pool.user_name),
         database: shared(&who.database, &who.pool.db_name),
         pool_user: who.pool.user_name.clone(),
         peer: peer.clone(),
-        local_addr: stream.local_addr(),
+        local_addr: stream.local_addr().map(Into::into),
         application_name: who.params.get("application_name").unwrap_or("").into(),
         admin: false,
-    });
+    }));
     let log_pooler_errors = cfg.settings.log_pooler_errors;
     let s = &cfg.settings;
     let db_max = cfg
@@ -235,6 +236,7 @@ async fn open_session(
             return None;
         }
     };
+    app.client_reg.add(&info);
     let r = Registrations {
         info,
         slot,
@@ -247,7 +249,7 @@ async fn open_session(
 /// Runs a session in the current task until it ends (then logs why) or sleeps (then
 /// hands it to the keeper). With `welcome`, the session is new; without, it wakes up.
 async fn drive(stream: Stream, mut s: Box<Session>, welcome: Option<Welcome>) {
-    let info = s.info.info.clone();
+    let info = s.info.clone();
     info.set_asleep(false);
     let ended = tokio::select! {
         biased;

@@ -24,7 +24,7 @@ use crate::net::Stream;
 use crate::pool::{Pool, ServerConn};
 use crate::protocol::backend;
 use crate::protocol::sqlstate::*;
-use crate::stats::conns::Registered;
+use crate::stats::conns::ClientInfo;
 
 /// What a step leaves the session to do.
 enum Step {
@@ -52,7 +52,8 @@ pub(super) enum Ended {
 /// Every idle client keeps one, so it is kept small: what can be reached through the
 /// app (the gate, the registries) is not copied here.
 pub(crate) struct Session {
-    pub(super) info: Registered,
+    /// Its console entry, registered until the session drops.
+    pub(super) info: Arc<ClientInfo>,
     cancel_key: CancelKey,
     pool: Arc<Pool>,
     params: ClientParams,
@@ -74,6 +75,7 @@ impl Drop for Session {
         let app = self.app();
         app.cancels.remove(self.cancel_key.pid, self.cancel_key.key);
         app.uncount_client(&self.info);
+        app.client_reg.remove(self.info.meta.id);
     }
 }
 
@@ -87,7 +89,8 @@ pub(super) struct Welcome {
 /// The registrations a session starts from (its count against the database and user
 /// limits is undone when the session drops).
 pub(super) struct Registrations {
-    pub info: Registered,
+    /// Registered with the console by the caller; the session unregisters it.
+    pub info: Arc<ClientInfo>,
     pub slot: ClientSlot,
     pub log_pooler_errors: bool,
 }
@@ -121,7 +124,7 @@ impl Session {
             kept.enable_prepared(app.statements.clone(), max_prepared);
         }
         let s = Session {
-            cancel_key: app.cancels.register(&r.info.info),
+            cancel_key: app.cancels.register(&r.info),
             reset_always: pool.config().server_reset_query_always,
             log_disconnections: cfg.settings.log_disconnections,
             log_pooler_errors: r.log_pooler_errors,

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime};
@@ -39,6 +39,23 @@ impl ClientState {
     }
 }
 
+/// A socket address in 20 bytes rather than `SocketAddr`'s 32 (no IPv6 flow or scope,
+/// which the console does not show): every idle client keeps one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompactAddr {
+    pub ip: IpAddr,
+    pub port: u16,
+}
+
+impl From<SocketAddr> for CompactAddr {
+    fn from(a: SocketAddr) -> CompactAddr {
+        CompactAddr {
+            ip: a.ip(),
+            port: a.port(),
+        }
+    }
+}
+
 /// What is known about a client when it registers; fixed for its life.
 #[derive(Debug, Clone)]
 pub struct ClientMeta {
@@ -49,7 +66,7 @@ pub struct ClientMeta {
     /// The user of the pool it uses (the forced user, else `user`).
     pub pool_user: Arc<str>,
     pub peer: PeerAddr,
-    pub local_addr: Option<SocketAddr>,
+    pub local_addr: Option<CompactAddr>,
     pub application_name: Box<str>,
     /// A console connection rather than a pooled one.
     pub admin: bool,
@@ -111,7 +128,7 @@ pub struct ClientInfo {
 }
 
 impl ClientInfo {
-    fn new(meta: ClientMeta) -> ClientInfo {
+    pub fn new(meta: ClientMeta) -> ClientInfo {
         ClientInfo {
             meta,
             connect_us: SystemTime::now()
@@ -309,7 +326,7 @@ pub struct Registered {
 
 impl Drop for Registered {
     fn drop(&mut self) {
-        lock(&self.registry.map).remove(&self.info.meta.id);
+        self.registry.remove(self.info.meta.id);
     }
 }
 
@@ -324,11 +341,20 @@ impl ClientRegistry {
     /// Registers a client for as long as the returned guard lives.
     pub fn register(self: &Arc<Self>, meta: ClientMeta) -> Registered {
         let info = Arc::new(ClientInfo::new(meta));
-        lock(&self.map).insert(info.meta.id, info.clone());
+        self.add(&info);
         Registered {
             registry: self.clone(),
             info,
         }
+    }
+
+    /// Registers a client until [`ClientRegistry::remove`] (its owner's drop).
+    pub fn add(&self, info: &Arc<ClientInfo>) {
+        lock(&self.map).insert(info.meta.id, info.clone());
+    }
+
+    pub fn remove(&self, id: u64) {
+        lock(&self.map).remove(&id);
     }
 
     /// Calls `f` on every registered client, in no order, under the registry's lock.

@@ -115,6 +115,9 @@ impl Drop for Relay {
     /// is not wanted any more. Otherwise every short session would allocate and free
     /// a buffer.
     fn drop(&mut self) {
+        // The prepared-statement state may hold a piece split off a buffer: gone
+        // first, the buffer is whole again.
+        drop(self.prepared.take());
         for b in [&mut self.c2s, &mut self.s2c] {
             b.clear();
             bufpool::give(std::mem::take(b));

@@ -24,11 +24,13 @@ pub struct Parked {
     pub(super) last_read: Instant,
     pub(super) last_flush: Instant,
     pub(super) max_packet: u32,
+    /// The per-server cache size for [`Parked::prepared_later`].
+    max_prepared: u32,
     /// Taken by the relay while a request runs.
     pub(super) prepared: Option<Box<ClientPrepared>>,
     /// Prepared statements are on but the client has sent no request yet: its state is
     /// made at the first (most idle clients of a crowd never send one).
-    prepared_later: Option<(Arc<Registry>, u32)>,
+    prepared_later: Option<Arc<Registry>>,
 }
 
 impl Parked {
@@ -40,6 +42,7 @@ impl Parked {
             last_read: now,
             last_flush: now,
             max_packet,
+            max_prepared: 0,
             prepared: None,
             prepared_later: None,
         }
@@ -54,14 +57,16 @@ impl Parked {
 
     /// Turns on prepared-statement rewriting with a per-server cache of `max`.
     pub fn enable_prepared(&mut self, registry: Arc<Registry>, max: u32) {
-        self.prepared_later = Some((registry, max));
+        self.prepared_later = Some(registry);
+        self.max_prepared = max;
     }
 
     /// The prepared-statement state for a request, made now if this is the first.
     pub(super) fn take_prepared(&mut self) -> Option<Box<ClientPrepared>> {
         self.prepared.take().or_else(|| {
-            let (registry, max) = self.prepared_later.take()?;
-            Some(Box::new(ClientPrepared::new(registry, max as usize)))
+            let registry = self.prepared_later.take()?;
+            let max = self.max_prepared as usize;
+            Some(Box::new(ClientPrepared::new(registry, max)))
         })
     }
 
