@@ -125,7 +125,7 @@ pub async fn login(
             "user" => user = Some(v.clone()),
             "database" => database = Some(v.clone()),
             k if k.starts_with("_pq_.") => protocol_options.push(k.to_owned()),
-            k if params.tracked_name(k).is_some() => params.set(k, v),
+            k if params.tracked(k).is_some() => params.set(k, v),
             k if s
                 .ignore_startup_parameters
                 .iter()

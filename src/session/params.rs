@@ -4,7 +4,10 @@
 
 use std::sync::{Arc, Mutex};
 
+use bytes::{Bytes, BytesMut};
+
 use crate::pool::ServerConn;
+use crate::protocol::backend;
 
 /// Parameters always tracked, in PostgreSQL's spelling.
 pub const BASE_TRACKED: [&str; 5] = [
@@ -35,9 +38,20 @@ pub struct ParamSet {
 }
 
 /// The parameter set a pool's newest client got: the next client with the same
-/// values shares it rather than keeping a copy of its own.
+/// values shares it rather than keeping a copy of its own, and gets the welcome's
+/// ParameterStatus messages already written.
 #[derive(Debug, Default)]
-pub struct SharedParams(Mutex<Option<Arc<ParamSet>>>);
+pub struct SharedParams(Mutex<Shared>);
+
+/// The server's welcome parameters, as given to clients.
+pub type WelcomeParams = Arc<Vec<(String, String)>>;
+
+#[derive(Debug, Default)]
+struct Shared {
+    set: Option<Arc<ParamSet>>,
+    /// The ParameterStatus messages of `set` laid over this welcome.
+    written: Option<(WelcomeParams, Bytes)>,
+}
 
 impl ClientParams {
     pub fn new(extra: &[String]) -> ClientParams {
@@ -54,7 +68,8 @@ impl ClientParams {
         self.tracked(name).map(str::to_owned)
     }
 
-    fn tracked(&self, name: &str) -> Option<&str> {
+    /// The canonical spelling of `name` if it is tracked, without a copy.
+    pub fn tracked(&self, name: &str) -> Option<&str> {
         BASE_TRACKED
             .iter()
             .copied()
@@ -73,36 +88,48 @@ impl ClientParams {
 
     /// Records the client's value for a tracked parameter; untracked names are ignored.
     pub fn set(&mut self, name: &str, value: &str) {
-        let Some(name) = self.tracked_name(name) else {
+        let Some(name) = self.tracked(name) else {
             return;
         };
-        match self.set.values.iter().position(|(k, _)| *k == name) {
+        match self.set.values.iter().position(|(k, _)| k == name) {
             Some(i) if self.set.values[i].1 == value => {}
             Some(i) => {
                 let v = &mut Arc::make_mut(&mut self.set).values[i].1;
                 v.clear();
                 v.push_str(value);
             }
-            None => Arc::make_mut(&mut self.set)
-                .values
-                .push((name, value.to_owned())),
+            None => {
+                let entry = (name.to_owned(), value.to_owned());
+                Arc::make_mut(&mut self.set).values.push(entry);
+            }
         }
     }
 
-    /// Completes the client's set at login ([`ClientParams::fill_unset`]) and shares
-    /// it: the pool's shared set is taken as it is when the completed set would equal
-    /// it (the common case: nothing is built), else the completed set becomes the
-    /// shared one.
-    pub fn settle(&mut self, welcome: &[(String, String)], shared: &SharedParams) {
+    /// Completes the client's set at login ([`ClientParams::fill_unset`]), shares it,
+    /// and appends the welcome's ParameterStatus messages ([`ClientParams::overlay`])
+    /// to `out`. The pool's shared set is taken as it is when the completed set would
+    /// equal it (the common case: nothing is built, and the messages are copied as
+    /// written for the last such client), else the completed set becomes the shared
+    /// one.
+    pub fn settle(&mut self, welcome: &WelcomeParams, shared: &SharedParams, out: &mut BytesMut) {
         let mut last = shared.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(s) = last.as_ref() {
-            if self.completed_equals(welcome, s) {
-                self.set = s.clone();
+        match last.set.as_ref() {
+            Some(s) if self.completed_equals(welcome, s) => self.set = s.clone(),
+            _ => {
+                self.fill_unset(welcome);
+                last.set = Some(self.set.clone());
+                last.written = None;
+            }
+        }
+        if let Some((w, bytes)) = &last.written {
+            if Arc::ptr_eq(w, welcome) {
+                out.extend_from_slice(bytes);
                 return;
             }
         }
-        self.fill_unset(welcome);
-        *last = Some(self.set.clone());
+        let start = out.len();
+        self.overlay(welcome, |k, v| backend::parameter_status(out, k, v));
+        last.written = Some((welcome.clone(), Bytes::copy_from_slice(&out[start..])));
     }
 
     /// Whether [`ClientParams::fill_unset`] would make the set equal to `other`.
@@ -265,8 +292,9 @@ mod tests {
         a.set("TimeZone", "UTC");
         let mut b = a.clone();
         b.set = Arc::new((*b.set).clone());
-        a.settle(&[], &shared);
-        b.settle(&[], &shared);
+        let none = WelcomeParams::default();
+        a.settle(&none, &shared, &mut BytesMut::new());
+        b.settle(&none, &shared, &mut BytesMut::new());
         assert!(Arc::ptr_eq(&a.set, &b.set));
         b.set("timezone", "Asia/Tokyo");
         assert_eq!(a.get("TimeZone"), Some("UTC"));
@@ -280,18 +308,26 @@ mod tests {
     #[test]
     fn settle_takes_the_shared_set_only_if_the_completed_set_equals_it() {
         let shared = SharedParams::default();
-        let welcome = vec![
+        let welcome = Arc::new(vec![
             ("client_encoding".to_owned(), "UTF8".to_owned()),
             ("server_version".to_owned(), "15".to_owned()),
             ("TimeZone".to_owned(), "UTC".to_owned()),
-        ];
+        ]);
         let login = |app: &str, tz: Option<&str>| {
             let mut p = ClientParams::new(&[]);
             p.set("application_name", app);
             if let Some(tz) = tz {
                 p.set("timezone", tz);
             }
-            p.settle(&welcome, &shared);
+            let mut out = BytesMut::from(&b"greeting"[..]);
+            p.settle(&welcome, &shared, &mut out);
+            // What it was sent: the messages written now or copied from the last
+            // client's, the same either way.
+            let mut expected = BytesMut::from(&b"greeting"[..]);
+            p.overlay(&welcome, |k, v| {
+                backend::parameter_status(&mut expected, k, v)
+            });
+            assert_eq!(out, expected);
             p
         };
         let a = login("x", None);
@@ -312,5 +348,13 @@ mod tests {
         assert_eq!(d.get("TimeZone"), Some("UTC"));
         let e = login("y", None);
         assert!(Arc::ptr_eq(&d.set, &e.set));
+        // Another welcome (the server's values changed): the messages are written anew.
+        let welcome = Arc::new(vec![("TimeZone".to_owned(), "Asia/Tokyo".to_owned())]);
+        let mut p = ClientParams::new(&[]);
+        p.set("application_name", "y");
+        p.set("client_encoding", "UTF8");
+        let mut out = BytesMut::new();
+        p.settle(&welcome, &shared, &mut out);
+        assert!(String::from_utf8_lossy(&out).contains("Asia/Tokyo"));
     }
 }

@@ -163,12 +163,10 @@ impl Session {
                 Err(e) => return Err(Box::pin(fail_client(stream, self.tag(), &e)).await),
             },
         };
-        self.params.settle(&welcome, &pool.shared_params);
         // AuthenticationOk and the welcome go out in one write.
         let mut out = greeting;
         out.reserve(512);
-        self.params
-            .overlay(&welcome, |k, v| backend::parameter_status(&mut out, k, v));
+        self.params.settle(&welcome, &pool.shared_params, &mut out);
         drop(welcome);
         backend::backend_key_data(&mut out, self.cancel_key.pid, self.cancel_key.key);
         backend::ready_for_query(&mut out, b'I');
