@@ -179,8 +179,7 @@ pub async fn login(
                 INVALID_CATALOG_NAME,
                 format!("no such database: {database}"),
             )
-        })?
-        .clone();
+        })?;
     // DISABLE db (admin console): new logins are refused, connected clients stay.
     if app.gate().disabled(&database) {
         return Err(ClientError::fatal(
@@ -189,7 +188,7 @@ pub async fn login(
         ));
     }
 
-    let keys = authenticate(&cfg, &db, stream, buf, &mut out, &user).await?;
+    let keys = authenticate(&cfg, db, stream, buf, &mut out, &user).await?;
 
     // As in PgBouncer, a forced user owns the pool: every client of the database
     // shares the forced user's server connections, whoever logged in.
@@ -200,7 +199,7 @@ pub async fn login(
     };
     let pool = app
         .pools
-        .get_or_create(&key, || PoolConfig::new(&cfg, &db, &database, &pool_user));
+        .get_or_create(&key, || PoolConfig::new(&cfg, db, &database, &pool_user));
     // SCRAM keys prove the client's own password: they can only log in as that user.
     if let Some(k) = keys.filter(|_| pool_user == user) {
         pool.set_scram_keys(k);

@@ -49,6 +49,9 @@ pub type WelcomeParams = Arc<Vec<(String, String)>>;
 #[derive(Debug, Default)]
 struct Shared {
     set: Option<Arc<ParamSet>>,
+    /// A set as a client gave it (before completion from this welcome) that came out
+    /// as `set`: a client giving the same values gets `set` without the comparison.
+    pre: Option<(Arc<ParamSet>, WelcomeParams)>,
     /// The ParameterStatus messages of `set` laid over this welcome.
     written: Option<(WelcomeParams, Bytes)>,
 }
@@ -112,12 +115,22 @@ impl ClientParams {
     /// written for the last such client), else the completed set becomes the shared
     /// one.
     pub fn settle(&mut self, welcome: &WelcomeParams, shared: &SharedParams, out: &mut BytesMut) {
-        let mut last = shared.0.lock().unwrap_or_else(|p| p.into_inner());
-        match last.set.as_ref() {
-            Some(s) if self.completed_equals(welcome, s) => self.set = s.clone(),
+        let mut guard = shared.0.lock().unwrap_or_else(|p| p.into_inner());
+        let last = &mut *guard;
+        let as_last = (last.pre.as_ref())
+            .is_some_and(|(pre, w)| Arc::ptr_eq(w, welcome) && **pre == *self.set);
+        match &last.set {
+            Some(s) if as_last || self.completed_equals(welcome, s) => {
+                let own = std::mem::replace(&mut self.set, s.clone());
+                if !as_last {
+                    last.pre = Some((own, welcome.clone()));
+                }
+            }
             _ => {
+                let own = self.set.clone();
                 self.fill_unset(welcome);
                 last.set = Some(self.set.clone());
+                last.pre = Some((own, welcome.clone()));
                 last.written = None;
             }
         }

@@ -117,7 +117,9 @@ impl Drop for Relay {
     fn drop(&mut self) {
         // The prepared-statement state may hold a piece split off a buffer: gone
         // first, the buffer is whole again.
-        drop(self.prepared.take());
+        if let Some(p) = self.prepared.take() {
+            p.discard();
+        }
         for b in [&mut self.c2s, &mut self.s2c] {
             b.clear();
             bufpool::give(std::mem::take(b));

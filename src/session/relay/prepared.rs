@@ -95,6 +95,13 @@ impl PreparedState {
         self.kept
     }
 
+    /// Drops the state of a request cut short (the session ends), keeping its buffers
+    /// for reuse: what is left in them is not wanted any more.
+    pub(super) fn discard(mut self) {
+        self.input.clear();
+        drop(self.into_kept());
+    }
+
     /// Runs one chunk of server bytes through the response tracker.
     pub(super) fn tracker_mut(&mut self) -> &mut ResponseTracker {
         &mut self.tracker
