@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use rustc_hash::FxHashMap;
 
 /// Largest number of statement names one client may hold at once; Parse beyond it
 /// gets an error. Bounds a client's memory whatever it sends.
@@ -219,7 +220,8 @@ impl ClientStatements {
 #[derive(Debug, Default)]
 pub struct ServerStatements {
     /// Statement id to (server name, last use tick).
-    entries: HashMap<u64, (String, u64)>,
+    /// (Fx: the ids are ours.)
+    entries: FxHashMap<u64, (String, u64)>,
     tick: u64,
 }
 

@@ -1,10 +1,10 @@
 //! Cancel keys: each client gets its own (pid, key) at login; a CancelRequest carrying
 //! it is forwarded to the backend currently serving that client, and ignored otherwise.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rustc_hash::FxHashMap;
 use tokio::net::{TcpStream, UnixStream};
 
 use crate::net::listener::unix_socket_path;
@@ -17,7 +17,8 @@ use crate::stats::conns::ClientInfo;
 /// server the client is linked to right now (if any).
 #[derive(Debug, Default)]
 pub struct CancelRegistry {
-    map: Mutex<HashMap<(u32, u32), Arc<ClientInfo>>>,
+    // Fx: the keys are ours (random), a peer only looks them up.
+    map: Mutex<FxHashMap<(u32, u32), Arc<ClientInfo>>>,
 }
 
 /// A client's cancel key; its owner removes it from the registry when the client
@@ -29,7 +30,7 @@ pub struct CancelKey {
 }
 
 impl CancelRegistry {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(u32, u32), Arc<ClientInfo>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FxHashMap<(u32, u32), Arc<ClientInfo>>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 

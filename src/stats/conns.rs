@@ -6,13 +6,13 @@
 //! linked to one, unlinked), never per message, so the relay's hot path pays nothing;
 //! the console reads it whenever asked.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime};
 
+use rustc_hash::FxHashMap;
 use tokio::sync::Notify;
 
 use crate::net::PeerAddr;
@@ -314,7 +314,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Every registered client, by id.
 #[derive(Debug, Default)]
 pub struct ClientRegistry {
-    map: Mutex<HashMap<u64, Arc<ClientInfo>>>,
+    // Fx: the ids are ours (sequential), nothing a peer picks.
+    map: Mutex<FxHashMap<u64, Arc<ClientInfo>>>,
 }
 
 /// Keeps a client registered until dropped.
