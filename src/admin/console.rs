@@ -19,6 +19,7 @@ use crate::net::{PeerAddr, Stream};
 use crate::protocol::backend;
 use crate::protocol::header::*;
 use crate::protocol::sqlstate::PROTOCOL_VIOLATION;
+use crate::protocol::startup::StartupParams;
 use crate::session::ClientError;
 use crate::stats::conns::ClientMeta;
 use crate::stats::{StatsDelta, Totals};
@@ -35,11 +36,10 @@ pub struct AdminLogin {
 }
 
 /// Whether a startup packet asks for the console.
-pub fn is_console(params: &[(String, String)]) -> bool {
-    let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
-    let db = get("database")
+pub fn is_console(params: &StartupParams) -> bool {
+    let db = (params.get("database"))
         .filter(|d| !d.is_empty())
-        .or_else(|| get("user"));
+        .or_else(|| params.get("user"));
     db == Some(ADMIN_DB)
 }
 
@@ -57,12 +57,11 @@ pub async fn login(
     stream: &Stream,
     buf: &mut BytesMut,
     minor: u16,
-    params: Vec<(String, String)>,
+    params: StartupParams,
 ) -> Result<AdminLogin, ClientError> {
     let cfg = app.config();
     let s = &cfg.settings;
-    let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
-    let user = get("user")
+    let user = (params.get("user").map(str::to_owned))
         .filter(|u| !u.is_empty())
         .ok_or_else(|| ClientError::fatal(PROTOCOL_VIOLATION, "no username supplied".into()))?;
     let mut out = BytesMut::with_capacity(256);
@@ -70,7 +69,7 @@ pub async fn login(
     // of them means anything here.
     let options: Vec<&str> = params
         .iter()
-        .map(|(k, _)| k.as_str())
+        .map(|(k, _)| k)
         .filter(|k| k.starts_with("_pq_."))
         .collect();
     if minor > 0 || !options.is_empty() {
@@ -99,7 +98,7 @@ pub async fn login(
     Ok(AdminLogin {
         user,
         access,
-        application_name: get("application_name").unwrap_or_default(),
+        application_name: params.get("application_name").unwrap_or("").into(),
     })
 }
 
@@ -258,10 +257,8 @@ async fn fail(stream: &Stream, tag: &str, message: &str) -> String {
 mod tests {
     use super::*;
 
-    fn p(kv: &[(&str, &str)]) -> Vec<(String, String)> {
-        kv.iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+    fn p(kv: &[(&str, &str)]) -> StartupParams {
+        StartupParams::from_pairs(kv)
     }
 
     #[test]

@@ -15,10 +15,7 @@ const CODE_GSSENC: u32 = 80877104;
 #[derive(Debug, PartialEq, Eq)]
 pub enum StartupPacket {
     /// A StartupMessage: protocol 3.minor and its name/value parameters in order.
-    Startup {
-        minor: u16,
-        params: Vec<(String, String)>,
-    },
+    Startup { minor: u16, params: StartupParams },
     /// SSLRequest.
     Ssl,
     /// GSSENCRequest.
@@ -70,34 +67,61 @@ pub fn parse(packet: &[u8]) -> Result<StartupPacket, ProtocolError> {
     }
 }
 
+/// A StartupMessage's name/value parameters, in the order sent, kept as they came
+/// (each string NUL-terminated, checked UTF-8) in one allocation and read in place:
+/// a login does not make two strings per parameter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartupParams(Box<str>);
+
+impl StartupParams {
+    /// The (name, value) pairs in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        let mut parts = self.0.split_terminator('\0');
+        std::iter::from_fn(move || Some((parts.next()?, parts.next()?)))
+    }
+
+    /// The value of the first parameter called `name`.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.iter().find(|(k, _)| *k == name).map(|(_, v)| v)
+    }
+
+    /// Parameters as if sent (names must not be empty; no string may hold a NUL).
+    #[cfg(test)]
+    pub fn from_pairs(pairs: &[(&str, &str)]) -> StartupParams {
+        let text: String = pairs.iter().map(|(k, v)| format!("{k}\0{v}\0")).collect();
+        StartupParams(text.into())
+    }
+}
+
 /// Parses the NUL-terminated name/value list that ends with an empty name.
-fn parse_params(mut body: &[u8]) -> Result<Vec<(String, String)>, ProtocolError> {
-    let mut params = Vec::new();
+fn parse_params(body: &[u8]) -> Result<StartupParams, ProtocolError> {
+    let mut rest = body;
     loop {
-        let name = take_cstr(&mut body)?;
+        let name = take_cstr(&mut rest)?;
         if name.is_empty() {
-            if !body.is_empty() {
+            if !rest.is_empty() {
                 return Err(ProtocolError::Malformed(
                     "trailing bytes after startup parameters",
                 ));
             }
-            return Ok(params);
+            // Everything before the empty name's terminator.
+            let list = &body[..body.len() - 1];
+            let text = std::str::from_utf8(list)
+                .map_err(|_| ProtocolError::Malformed("invalid UTF-8 in startup packet"))?;
+            return Ok(StartupParams(text.into()));
         }
-        let value = take_cstr(&mut body)?;
-        params.push((name, value));
+        take_cstr(&mut rest)?;
     }
 }
 
-fn take_cstr(body: &mut &[u8]) -> Result<String, ProtocolError> {
+fn take_cstr<'a>(body: &mut &'a [u8]) -> Result<&'a [u8], ProtocolError> {
     let end = body
         .iter()
         .position(|&b| b == 0)
         .ok_or(ProtocolError::Malformed(
             "unterminated string in startup packet",
         ))?;
-    let s = std::str::from_utf8(&body[..end])
-        .map_err(|_| ProtocolError::Malformed("invalid UTF-8 in startup packet"))?
-        .to_owned();
+    let s = &body[..end];
     *body = &body[end + 1..];
     Ok(s)
 }
@@ -134,16 +158,30 @@ mod tests {
     fn parses_startup_message() {
         let p = startup(&[("user", "bob"), ("database", "db")], 196608);
         assert_eq!(packet_len(&p), Ok(Some(p.len())));
-        assert_eq!(
-            parse(&p),
-            Ok(StartupPacket::Startup {
-                minor: 0,
-                params: vec![
-                    ("user".into(), "bob".into()),
-                    ("database".into(), "db".into())
-                ]
-            })
-        );
+        let Ok(StartupPacket::Startup { minor: 0, params }) = parse(&p) else {
+            panic!("not a startup message: {:?}", parse(&p));
+        };
+        let pairs: Vec<_> = params.iter().collect();
+        assert_eq!(pairs, [("user", "bob"), ("database", "db")]);
+        assert_eq!(params.get("database"), Some("db"));
+        assert_eq!(params.get("options"), None);
+        // Empty values, and no parameters at all.
+        let p = startup(&[("user", "bob"), ("options", ""), ("x", "")], 196608);
+        let Ok(StartupPacket::Startup { params, .. }) = parse(&p) else {
+            panic!("not a startup message");
+        };
+        let pairs: Vec<_> = params.iter().collect();
+        assert_eq!(pairs, [("user", "bob"), ("options", ""), ("x", "")]);
+        let Ok(StartupPacket::Startup { params, .. }) = parse(&startup(&[], 196608)) else {
+            panic!("not a startup message");
+        };
+        assert_eq!(params.iter().count(), 0);
+        // Invalid UTF-8 is refused.
+        let p = startup(&[("user", "b\u{e9}b")], 196608);
+        let mut bad = p.clone();
+        let at = bad.iter().position(|&b| b == 0xc3).unwrap_or(0);
+        bad[at] = 0xff;
+        assert!(parse(&bad).is_err());
     }
 
     #[test]

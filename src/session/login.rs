@@ -18,7 +18,7 @@ use crate::protocol::backend::{
 };
 use crate::protocol::header::TAG_PASSWORD;
 use crate::protocol::sqlstate::*;
-use crate::protocol::startup::{self, StartupPacket};
+use crate::protocol::startup::{self, StartupPacket, StartupParams};
 
 /// Largest password or SASL message accepted from a client before it is logged in.
 const AUTH_MAX_LEN: u32 = 65_536;
@@ -38,10 +38,7 @@ pub struct LoggedIn {
 /// What the startup phase produced.
 pub enum Startup {
     /// A client that wants a session.
-    Login {
-        minor: u16,
-        params: Vec<(String, String)>,
-    },
+    Login { minor: u16, params: StartupParams },
     /// A cancel request, already handled; close the socket.
     Cancel,
 }
@@ -110,7 +107,7 @@ pub async fn login(
     stream: &Stream,
     buf: &mut BytesMut,
     minor: u16,
-    startup_params: Vec<(String, String)>,
+    startup_params: StartupParams,
 ) -> Result<LoggedIn, ClientError> {
     let cfg = app.config();
     let s = &cfg.settings;
@@ -120,10 +117,10 @@ pub async fn login(
     let mut database = None;
     let mut params = ClientParams::new(&s.track_extra_parameters);
     let mut protocol_options = Vec::new();
-    for (k, v) in &startup_params {
-        match k.as_str() {
-            "user" => user = Some(v.clone()),
-            "database" => database = Some(v.clone()),
+    for (k, v) in startup_params.iter() {
+        match k {
+            "user" => user = Some(v.to_owned()),
+            "database" => database = Some(v.to_owned()),
             k if k.starts_with("_pq_.") => protocol_options.push(k.to_owned()),
             k if params.tracked(k).is_some() => params.set(k, v),
             k if s

@@ -107,12 +107,8 @@ pub async fn serve_client(app: Arc<App>, stream: Stream) {
             Startup::Cancel => Ok(None),
             Startup::Login { minor, params } => {
                 if cfg.settings.log_connections {
-                    let user = param(&params, "user");
-                    let db = params
-                        .iter()
-                        .find(|(k, _)| k == "database")
-                        .map(|(_, v)| v.as_str())
-                        .unwrap_or(user);
+                    let user = params.get("user").unwrap_or("");
+                    let db = params.get("database").unwrap_or(user);
                     tracing::info!(
                         "C-{id}: {db}/{user}@{peer} login attempt: db={db} user={user} tls=no"
                     );
@@ -279,14 +275,6 @@ async fn drive(stream: Stream, mut s: Box<Session>, welcome: Option<Welcome>) {
             s.info.age().as_secs()
         );
     }
-}
-
-fn param<'a>(params: &'a [(String, String)], name: &str) -> &'a str {
-    params
-        .iter()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.as_str())
-        .unwrap_or("")
 }
 
 async fn report_login_failure(id: u64, peer: &PeerAddr, stream: &Stream, e: ClientError) {
