@@ -69,8 +69,10 @@ pub async fn read_startup(
                 return Err(ClientError::Gone);
             }
         };
-        let packet = buf.split_to(len);
-        match startup::parse(&packet) {
+        // Parsed in place, then consumed: splitting the packet off would allocate.
+        let parsed = startup::parse(&buf[..len]);
+        buf.advance(len);
+        match parsed {
             Ok(StartupPacket::Ssl) | Ok(StartupPacket::GssEnc) => {
                 if !buf.is_empty() {
                     // Bytes after an encryption request would be read as plaintext.

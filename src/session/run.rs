@@ -165,13 +165,22 @@ impl Session {
         };
         // AuthenticationOk and the welcome go out in one write.
         let mut out = greeting;
-        out.reserve(512);
+        // The ParameterStatus messages, key data and ReadyForQuery: ~400 bytes.
+        out.reserve(768);
         self.params.settle(&welcome, &pool.shared_params, &mut out);
         drop(welcome);
         backend::backend_key_data(&mut out, self.cancel_key.pid, self.cancel_key.key);
         backend::ready_for_query(&mut out, b'I');
-        if let Err(e) = Box::pin(stream.write_all(&out)).await {
-            return Err(format!("client I/O error: {e}"));
+        // Nearly always taken whole by the socket at once; the wait is boxed only if not.
+        let sent = match stream.try_write(&out) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
+            Err(e) => return Err(format!("client I/O error: {e}")),
+        };
+        if sent < out.len() {
+            if let Err(e) = Box::pin(stream.write_all(&out[sent..])).await {
+                return Err(format!("client I/O error: {e}"));
+            }
         }
         drop(out);
         self.pool.stats.count_login();
