@@ -76,8 +76,8 @@ pub struct StartupParams(Box<str>);
 impl StartupParams {
     /// The (name, value) pairs in order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        let mut parts = self.0.split_terminator('\0');
-        std::iter::from_fn(move || Some((parts.next()?, parts.next()?)))
+        let mut rest = &*self.0;
+        std::iter::from_fn(move || Some((next_cstr(&mut rest)?, next_cstr(&mut rest)?)))
     }
 
     /// The value of the first parameter called `name`.
@@ -91,6 +91,15 @@ impl StartupParams {
         let text: String = pairs.iter().map(|(k, v)| format!("{k}\0{v}\0")).collect();
         StartupParams(text.into())
     }
+}
+
+/// The string up to the next NUL, and `rest` moved past it. A plain byte loop: the
+/// strings are short, shorter than a `memchr` search takes to set up.
+fn next_cstr<'a>(rest: &mut &'a str) -> Option<&'a str> {
+    let end = rest.bytes().position(|b| b == 0)?;
+    let s = &rest[..end];
+    *rest = &rest[end + 1..];
+    Some(s)
 }
 
 /// Parses the NUL-terminated name/value list that ends with an empty name.
