@@ -2,10 +2,10 @@
 //! the pools, the cancel-key registry and the shutdown signal. Nothing is global, so
 //! several instances can run in one process (tests do).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use rustc_hash::FxHashMap;
 use tokio::sync::watch;
 
 use crate::admin::AdminState;
@@ -83,15 +83,17 @@ pub struct App {
 
 /// Logged-in clients per database and per user (max_db_client_connections,
 /// max_user_client_connections). Keyed by the pools' shared names: counting a client
-/// allocates nothing.
+/// allocates nothing. Fx hashing: the names are those of logged-in clients (counted
+/// after authentication, at most max_client_conn of them), not anything a peer can
+/// fill the table with.
 #[derive(Debug, Default)]
 struct ClientCounts {
-    db: HashMap<Arc<str>, u32>,
-    user: HashMap<Arc<str>, u32>,
+    db: FxHashMap<Arc<str>, u32>,
+    user: FxHashMap<Arc<str>, u32>,
 }
 
 impl ClientCounts {
-    fn add(map: &mut HashMap<Arc<str>, u32>, key: &Arc<str>) {
+    fn add(map: &mut FxHashMap<Arc<str>, u32>, key: &Arc<str>) {
         match map.get_mut(&**key) {
             Some(c) => *c += 1,
             None => {
@@ -100,7 +102,7 @@ impl ClientCounts {
         }
     }
 
-    fn sub(map: &mut HashMap<Arc<str>, u32>, key: &str) {
+    fn sub(map: &mut FxHashMap<Arc<str>, u32>, key: &str) {
         if let Some(c) = map.get_mut(key) {
             *c = c.saturating_sub(1);
             if *c == 0 {
