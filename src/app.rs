@@ -74,8 +74,7 @@ pub struct App {
     pub client_reg: Arc<ClientRegistry>,
     /// The console's and the statistics' own state.
     pub admin: AdminState,
-    /// Logged-in clients per database (`d:` prefix) and per user (`u:` prefix), for
-    /// `max_db_client_connections` and `max_user_client_connections`.
+    /// Logged-in clients per database and per user.
     client_counts: Mutex<ClientCounts>,
     /// Idle clients asleep without a task (session/keeper.rs).
     pub keeper: crate::session::keeper::Keeper,

@@ -67,11 +67,6 @@ impl ClientParams {
     }
 
     /// The canonical spelling of `name` if it is tracked.
-    pub fn tracked_name(&self, name: &str) -> Option<String> {
-        self.tracked(name).map(str::to_owned)
-    }
-
-    /// The canonical spelling of `name` if it is tracked, without a copy.
     pub fn tracked(&self, name: &str) -> Option<&str> {
         BASE_TRACKED
             .iter()
@@ -167,7 +162,7 @@ impl ClientParams {
     /// values, so a server another client changed is set back (PgBouncer does the same).
     pub fn fill_unset(&mut self, welcome: &[(String, String)]) {
         for (k, v) in welcome {
-            if let Some(name) = self.tracked_name(k) {
+            if let Some(name) = self.tracked(k).map(str::to_owned) {
                 if !self.set.values.iter().any(|(n, _)| *n == name) {
                     Arc::make_mut(&mut self.set).values.push((name, v.clone()));
                 }

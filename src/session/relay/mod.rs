@@ -109,24 +109,6 @@ pub struct Relay {
     last_flush: Instant,
 }
 
-impl Drop for Relay {
-    /// Its buffers go back for the next request anyone makes, also when the session
-    /// ends with the relay active (a Terminate is read by one): what is left in them
-    /// is not wanted any more. Otherwise every short session would allocate and free
-    /// a buffer.
-    fn drop(&mut self) {
-        // The prepared-statement state may hold a piece split off a buffer: gone
-        // first, the buffer is whole again.
-        if let Some(p) = self.prepared.take() {
-            p.discard();
-        }
-        for b in [&mut self.c2s, &mut self.s2c] {
-            b.clear();
-            bufpool::give(std::mem::take(b));
-        }
-    }
-}
-
 impl Relay {
     /// A relay for the next request of a client whose lasting state is `kept`.
     fn from_parked(kept: &mut Parked) -> Relay {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::time::Sleep;
 
 use super::{prepared, ClientPrepared, Relay, Timeouts};
-use crate::net::Stream;
+use crate::net::{bufpool, Stream};
 use crate::prepared::Registry;
 use crate::stats::conns::ClientInfo;
 
@@ -178,5 +178,23 @@ impl RelaySlot {
         p.last_flush = r.last_flush;
         p.prepared = r.prepared.take().map(prepared::PreparedState::into_kept);
         // Dropping `r` gives its buffers back.
+    }
+}
+
+impl Drop for Relay {
+    /// Its buffers go back for the next request anyone makes, also when the session
+    /// ends with the relay active (a Terminate is read by one): what is left in them
+    /// is not wanted any more. Otherwise every short session would allocate and free
+    /// a buffer.
+    fn drop(&mut self) {
+        // The prepared-statement state may hold a piece split off a buffer: gone
+        // first, the buffer is whole again.
+        if let Some(p) = self.prepared.take() {
+            p.discard();
+        }
+        for b in [&mut self.c2s, &mut self.s2c] {
+            b.clear();
+            bufpool::give(std::mem::take(b));
+        }
     }
 }
