@@ -96,6 +96,32 @@ async fn startup_application_name_is_applied_on_the_server() {
 }
 
 #[tokio::test]
+async fn each_client_gets_its_own_values_in_the_welcome() {
+    // The welcome's ParameterStatus messages are written once per set of values and
+    // copied for the next client with the same ones: clients taking turns with
+    // different values must each see theirs, and the server's for the rest.
+    let s = super::start_sluice();
+    let direct = raw_login(pg().port(), &[]).await;
+    for (app, tz) in [
+        ("welcome_a", None),
+        ("welcome_a", None),
+        ("welcome_b", Some("Asia/Tokyo")),
+        ("welcome_a", None),
+        ("welcome_b", Some("Asia/Tokyo")),
+        ("welcome_b", Some("Asia/Tokyo")),
+    ] {
+        let mut extra = vec![("application_name", app)];
+        extra.extend(tz.map(|tz| ("TimeZone", tz)));
+        let mut raw = raw_login(s.port(), &extra).await;
+        assert_eq!(raw.param("application_name"), Some(app), "{raw:?}");
+        let want_tz = tz.or(direct.param("TimeZone")).map(str::to_owned);
+        assert_eq!(raw.param("TimeZone").map(str::to_owned), want_tz, "{raw:?}");
+        assert_eq!(raw.param("server_version"), direct.param("server_version"));
+        assert_eq!(show(&mut raw, "application_name").await, app);
+    }
+}
+
+#[tokio::test]
 async fn client_encoding_and_datestyle_from_startup() {
     let marker = unique_marker("relay_enc");
     // One server, so each client below gets the previous one's connection.
