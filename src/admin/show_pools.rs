@@ -6,12 +6,13 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::BytesMut;
 
 use super::rows::{Table, Ty};
 use crate::app::App;
+use crate::clock::Tick;
 use crate::config::{DatabaseEntry, ADMIN_DB};
 use crate::pool::Pool;
 use crate::stats::conns::ClientState;
@@ -74,7 +75,7 @@ fn load_balance(host: Option<&str>) -> &'static str {
 pub fn pool_rows(app: &App) -> Vec<PoolRow> {
     let counts = client_counts(app);
     let cfg = app.config();
-    let now = Instant::now();
+    let now = Tick::now();
     let mut rows: Vec<PoolRow> = app
         .pools
         .all()
@@ -87,7 +88,7 @@ pub fn pool_rows(app: &App) -> Vec<PoolRow> {
             let used = match &pc.server_check_query {
                 Some(_) => idle
                     .iter()
-                    .filter(|s| now.duration_since(s.last_used) >= pc.server_check_delay)
+                    .filter(|s| now.reached(s.last_used, pc.server_check_delay))
                     .count() as u32,
                 None => 0,
             };

@@ -7,13 +7,14 @@
 //! number in the `C-<id>`/`S-<id>` log prefixes; KILL_CLIENT takes it.
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::SystemTime;
 
 use bytes::BytesMut;
 
 use super::rows::{Cell, Table, Ty};
 use super::show_pools::pool_rows;
 use crate::app::App;
+use crate::clock::Tick;
 use crate::net::PeerAddr;
 use crate::pool::ServerAddr;
 use crate::stats::conns::{ClientInfo, ClientState, CompactAddr};
@@ -79,8 +80,8 @@ fn time_text(t: SystemTime) -> String {
     }
 }
 
-/// Wall-clock time of an `Instant` in the past.
-fn wall(at: Instant) -> SystemTime {
+/// Wall-clock time of a moment in the past.
+fn wall(at: Tick) -> SystemTime {
     SystemTime::now()
         .checked_sub(at.elapsed())
         .unwrap_or(SystemTime::UNIX_EPOCH)
@@ -145,7 +146,7 @@ struct ServerView {
     state: &'static str,
     addr: ServerAddr,
     local_addr: Option<std::net::SocketAddr>,
-    created: Instant,
+    created: Tick,
     request_time: SystemTime,
     close_needed: bool,
     link: Option<u64>,
@@ -218,10 +219,10 @@ fn server_views(app: &App) -> Vec<ServerView> {
                 });
             }
         }
-        let now = Instant::now();
+        let now = Tick::now();
         for s in pool.idle_servers() {
             let used = cfg.server_check_query.is_some()
-                && now.duration_since(s.last_used) >= cfg.server_check_delay;
+                && now.reached(s.last_used, cfg.server_check_delay);
             let (ident, last_used) = (&s.ident, s.last_used);
             views.push(ServerView {
                 id: ident.id,

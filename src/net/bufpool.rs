@@ -22,12 +22,17 @@ pub fn take() -> BytesMut {
         .unwrap_or_else(|| BytesMut::with_capacity(BUF_SIZE))
 }
 
+/// Whether `buf` can serve the next request as it is: empty, not shared, of a usual
+/// size. A buffer whose front was split off (the prepared-statement rewriter does
+/// that) gets its room back here, without copying or allocating, once nothing else
+/// shares it: otherwise every transaction would allocate a fresh one.
+pub fn reusable(buf: &mut BytesMut) -> bool {
+    buf.is_empty() && buf.try_reclaim(BUF_SIZE) && buf.capacity() <= 4 * BUF_SIZE
+}
+
 /// Gives an empty buffer back; odd-sized, shared or non-empty ones are simply dropped.
 pub fn give(mut buf: BytesMut) {
-    // A buffer whose front was split off (the prepared-statement rewriter does that)
-    // gets its room back, without copying or allocating, once nothing else shares it:
-    // otherwise every transaction would allocate a fresh one.
-    if !buf.is_empty() || !buf.try_reclaim(BUF_SIZE) || buf.capacity() > 4 * BUF_SIZE {
+    if !reusable(&mut buf) {
         return;
     }
     FREE.with(|f| {

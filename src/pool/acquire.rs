@@ -15,6 +15,7 @@ use tokio::sync::oneshot;
 use super::limits::{ConnLimit, LimitToken};
 use super::slot::SlotToken;
 use super::{server, Grant, Pool, PoolConfig, PoolError, PoolState, ServerConn, Waiter};
+use crate::clock::Tick;
 
 /// Where an acquire stands after looking at the pool under its lock.
 // Short-lived, on the stack; boxing the connection would only add an allocation.
@@ -33,7 +34,7 @@ impl Pool {
     /// waiter goes on to the next waiter or back to the pool.
     pub async fn acquire(self: &Arc<Self>) -> Result<ServerConn, PoolError> {
         let cfg = self.config_guard();
-        let now = Instant::now();
+        let (now, tick) = (Instant::now(), Tick::now());
         let deadline = (!cfg.query_wait_timeout.is_zero()).then(|| now + cfg.query_wait_timeout);
         loop {
             let mut doomed = Vec::new();
@@ -42,7 +43,7 @@ impl Pool {
                 if st.closed {
                     return Err(PoolError::PoolClosed);
                 }
-                if let Some(mut conn) = pop_idle(&mut st, &cfg, now, &mut doomed) {
+                if let Some(mut conn) = pop_idle(&mut st, &cfg, tick, &mut doomed) {
                     st.active += 1;
                     conn.lent = super::LentMark::lent_by(self.clone());
                     Step::Idle(conn)
@@ -84,7 +85,7 @@ impl Pool {
     /// The common case of [`Pool::acquire`], without a future: an idle connection
     /// that needs no check, taken at once when nobody is waiting ahead (FIFO). `now`
     /// is when the client's request arrived. None: take the slow path.
-    pub fn try_acquire_idle(self: &Arc<Self>, now: Instant) -> Option<ServerConn> {
+    pub fn try_acquire_idle(self: &Arc<Self>, now: Tick) -> Option<ServerConn> {
         let cfg = self.config_guard();
         let mut doomed = Vec::new();
         let got = {
@@ -115,7 +116,7 @@ impl Pool {
         let Some(query) = &cfg.server_check_query else {
             return Some(conn);
         };
-        if !needs_check(&conn, cfg, Instant::now()) {
+        if !needs_check(&conn, cfg, Tick::now()) {
             return Some(conn);
         }
         match conn
@@ -295,7 +296,7 @@ impl Pool {
 fn pop_idle(
     st: &mut PoolState,
     cfg: &PoolConfig,
-    now: Instant,
+    now: Tick,
     doomed: &mut Vec<ServerConn>,
 ) -> Option<ServerConn> {
     loop {
@@ -314,7 +315,6 @@ fn pop_idle(
 }
 
 /// Whether a connection sat idle long enough to be checked before reuse.
-fn needs_check(conn: &ServerConn, cfg: &PoolConfig, now: Instant) -> bool {
-    cfg.server_check_query.is_some()
-        && now.saturating_duration_since(conn.last_used) >= cfg.server_check_delay
+fn needs_check(conn: &ServerConn, cfg: &PoolConfig, now: Tick) -> bool {
+    cfg.server_check_query.is_some() && now.reached(conn.last_used, cfg.server_check_delay)
 }

@@ -26,6 +26,7 @@ pub use registry::{PoolKey, Pools};
 pub use server::{ScramKeys, ServerConn, ServerIdent};
 pub use target::{PoolConfig, ServerAddr};
 
+use crate::clock::Tick;
 use crate::protocol::backend::ErrorFields;
 use crate::stats::PoolStats;
 use limits::PoolLimits;
@@ -108,7 +109,7 @@ impl Drop for LentMark {
 #[derive(Debug, Clone)]
 pub struct IdleServer {
     pub ident: Arc<ServerIdent>,
-    pub last_used: Instant,
+    pub last_used: Tick,
     /// Prepared statements it holds for transaction pooling.
     pub prepared: u32,
 }
@@ -243,12 +244,12 @@ impl Pool {
     /// Returns a lent connection. A clean one goes to the oldest waiter or the idle
     /// list; anything else is closed (its slot then goes to a waiter).
     pub fn release(&self, conn: ServerConn, clean: bool) {
-        self.release_at(conn, clean, Instant::now());
+        self.release_at(conn, clean, Tick::now());
     }
 
     /// [`Pool::release`] with the time of the server's last message, which the
     /// caller already has (one clock read fewer per transaction).
-    pub fn release_at(&self, mut conn: ServerConn, clean: bool, now: Instant) {
+    pub fn release_at(&self, mut conn: ServerConn, clean: bool, now: Tick) {
         let cfg = self.config_guard();
         conn.last_used = now;
         let was_lent = conn.lent.disarm();
@@ -261,7 +262,7 @@ impl Pool {
             && !st.closed
             && conn.ident.generation == st.generation
             && (cfg.server_lifetime.is_zero()
-                || now.saturating_duration_since(conn.ident.created) < cfg.server_lifetime);
+                || !now.reached(conn.ident.created, cfg.server_lifetime));
         if !reusable {
             drop(st);
             drop(conn);
@@ -294,7 +295,7 @@ impl Pool {
     /// server closed (or that sent bytes nobody asked for) while idle.
     pub fn close_expired_idle(&self) {
         let cfg = self.config();
-        let now = Instant::now();
+        let now = Tick::now();
         let doomed: Vec<ServerConn> = {
             let mut st = self.lock_state();
             let generation = st.generation;

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use tokio::net::{TcpStream, UnixStream};
@@ -13,6 +13,7 @@ use super::limits::LimitToken;
 use super::slot::SlotToken;
 use super::target::{PoolConfig, ServerAddr};
 use crate::auth::{md5_response, ScramClient, ScramCredential, Secret};
+use crate::clock::Tick;
 use crate::net::framed::{read_message, ReadError};
 use crate::net::Stream;
 use crate::protocol::backend::{parse_error_fields, parse_parameter_status, ErrorFields};
@@ -58,7 +59,7 @@ pub struct ServerState {
     /// Every ParameterStatus the server reported, kept current by the relay.
     pub params: ServerParams,
     /// When it last went idle.
-    pub last_used: Instant,
+    pub last_used: Tick,
     /// Set when the connection must not be reused (protocol desync, close request).
     pub close_needed: bool,
     /// Counts the connection in the pool's `active` while a client holds it.
@@ -81,7 +82,7 @@ pub struct ServerIdent {
     pub backend_pid: u32,
     pub backend_key: u32,
     pub addr: ServerAddr,
-    pub created: Instant,
+    pub created: Tick,
     /// The pool generation it was made in; older ones are closed on release (reload,
     /// RECONNECT).
     pub generation: u64,
@@ -99,7 +100,7 @@ impl ServerIdent {
             backend_pid: backend.0,
             backend_key: backend.1,
             addr,
-            created: Instant::now(),
+            created: Tick::now(),
             generation,
             local_addr: None,
             prepared: AtomicU32::new(0),
@@ -123,11 +124,10 @@ impl ServerState {
     }
 
     /// Whether its age or idle time passed the pool's limits.
-    pub fn expired(&self, cfg: &PoolConfig, now: Instant) -> bool {
-        (!cfg.server_lifetime.is_zero()
-            && now.duration_since(self.ident.created) >= cfg.server_lifetime)
+    pub fn expired(&self, cfg: &PoolConfig, now: Tick) -> bool {
+        (!cfg.server_lifetime.is_zero() && now.reached(self.ident.created, cfg.server_lifetime))
             || (!cfg.server_idle_timeout.is_zero()
-                && now.duration_since(self.last_used) >= cfg.server_idle_timeout)
+                && now.reached(self.last_used, cfg.server_idle_timeout))
     }
 
     /// Runs a simple query whose output is not wanted (reset query, SETs), keeping

@@ -12,7 +12,7 @@
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, Notify};
 
 use super::{drive, Session};
 use crate::app::App;
+use crate::clock::Tick;
 use crate::net::{StdStream, Stream};
 
 /// How long a client must have been idle (since its last request began) before the
@@ -224,7 +225,7 @@ pub async fn run(app: Arc<App>) {
                 }
             }
             _ = tick.tick(), if slab.with_deadline > 0 => {
-                let now = Instant::now();
+                let now = Tick::now();
                 let due = |s: &Session| s.idle_deadline().is_some_and(|d| d <= now);
                 for s in slab.take_where(poll.get_ref(), due) {
                     tokio::spawn(wake(s));
@@ -239,7 +240,7 @@ pub fn sweep(app: &App) {
     if !app.keeper.running() {
         return;
     }
-    let now = Instant::now();
+    let now = Tick::now();
     app.client_reg.for_each(|c| {
         if !c.meta.admin
             && !c.is_asleep()

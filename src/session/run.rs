@@ -19,6 +19,7 @@ use super::params::ClientParams;
 use super::relay::{Idle, Outcome, Parked, RelaySlot, ReleaseAt};
 use super::{fail_client, fail_with, protocol_failure, timeouts, ClientSlot, ClientTag};
 use crate::app::App;
+use crate::clock::Tick;
 use crate::config::PoolMode;
 use crate::net::Stream;
 use crate::pool::{Pool, ServerConn};
@@ -217,7 +218,7 @@ impl Session {
     }
 
     /// When this sleeping client's client_idle_timeout runs out, if one is set.
-    pub(super) fn idle_deadline(&self) -> Option<Instant> {
+    pub(super) fn idle_deadline(&self) -> Option<Tick> {
         self.relay.parked().and_then(|p| p.idle_deadline())
     }
 

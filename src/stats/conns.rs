@@ -10,11 +10,12 @@ use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Instant, SystemTime};
+use std::time::SystemTime;
 
 use rustc_hash::FxHashMap;
 use tokio::sync::Notify;
 
+use crate::clock::Tick;
 use crate::net::PeerAddr;
 use crate::pool::ServerIdent;
 
@@ -108,7 +109,7 @@ pub struct ClientInfo {
     connect_us: u64,
     /// The same moment on the monotonic clock: request times are kept relative to it,
     /// so marking a request needs no wall-clock read.
-    connected_at: Instant,
+    connected_at: Tick,
     state: AtomicU8,
     /// Microseconds from `connected_at` to the last request (when it started waiting).
     request_us: AtomicU64,
@@ -134,7 +135,7 @@ impl ClientInfo {
             connect_us: SystemTime::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| d.as_micros() as u64),
-            connected_at: Instant::now(),
+            connected_at: Tick::now(),
             state: AtomicU8::new(0),
             request_us: AtomicU64::new(0),
             link: Mutex::new(None),
@@ -154,19 +155,19 @@ impl ClientInfo {
     }
 
     /// A request that arrived at `at` makes the client wait for a server.
-    pub fn set_waiting(&self, at: Instant) {
+    pub fn set_waiting(&self, at: Tick) {
         self.mark_request(at);
         self.state.store(1, Ordering::Relaxed);
     }
 
     /// Marks an admin client busy running a command (no server is involved).
     pub fn set_active(&self) {
-        self.mark_request(Instant::now());
+        self.mark_request(Tick::now());
         self.state.store(2, Ordering::Relaxed);
     }
 
-    fn mark_request(&self, at: Instant) {
-        let us = at.saturating_duration_since(self.connected_at).as_micros() as u64;
+    fn mark_request(&self, at: Tick) {
+        let us = at.micros_since(self.connected_at);
         self.request_us.store(us, Ordering::Relaxed);
     }
 
@@ -206,8 +207,8 @@ impl ClientInfo {
 
     /// How long ago the last request started (or the client connected, if it has
     /// sent none).
-    pub fn request_age(&self, now: Instant) -> std::time::Duration {
-        let since = now.saturating_duration_since(self.connected_at);
+    pub fn request_age(&self, now: Tick) -> std::time::Duration {
+        let since = now.since(self.connected_at);
         since.saturating_sub(std::time::Duration::from_micros(
             self.request_us.load(Ordering::Relaxed),
         ))
@@ -409,7 +410,7 @@ mod tests {
             let g = r.register(meta(7));
             assert_eq!(r.len(), 1);
             assert_eq!(g.state(), ClientState::Idle);
-            g.set_waiting(Instant::now());
+            g.set_waiting(Tick::now());
             assert_eq!(g.state(), ClientState::Waiting);
             let server = Arc::new(ServerIdent::new(
                 3,

@@ -7,7 +7,6 @@
 //! copied except ReadyForQuery's status byte and ParameterStatus.
 
 use std::io;
-use std::time::Instant;
 
 use bytes::{Buf, BytesMut};
 
@@ -22,6 +21,7 @@ pub use prepared::ClientPrepared;
 
 use super::framer::{Body, Event, Framer};
 use super::params::ClientParams;
+use crate::clock::Tick;
 use crate::net::{bufpool, Stream};
 use crate::pool::ServerConn;
 use crate::protocol::backend::parse_parameter_status;
@@ -93,11 +93,11 @@ pub struct Relay {
     saw_ready: bool,
     /// Timestamps for the timeouts, kept only when some timeout is set.
     timeouts: Timeouts,
-    request_started: Option<Instant>,
-    transaction_started: Option<Instant>,
-    last_activity: Instant,
+    request_started: Option<Tick>,
+    transaction_started: Option<Tick>,
+    last_activity: Tick,
     /// When client bytes last arrived.
-    last_read: Instant,
+    last_read: Tick,
     /// Counts since the last flush into the pool's stats.
     pub stats: StatsDelta,
     /// ReadyForQuery messages in the last server read, and how many ended a transaction.
@@ -106,15 +106,26 @@ pub struct Relay {
     /// Prepared-statement rewriting (transaction and statement pooling only).
     prepared: Option<prepared::PreparedState>,
     /// When `stats` was last folded into the pool's.
-    last_flush: Instant,
+    last_flush: Tick,
+    /// The prepared-statement input buffer while the relay is spare (parked.rs).
+    spare_input: BytesMut,
 }
 
 impl Relay {
-    /// A relay for the next request of a client whose lasting state is `kept`.
-    fn from_parked(kept: &mut Parked) -> Relay {
+    /// A relay for the next request of a client whose lasting state is `kept`, with
+    /// the (empty) buffers of a spare relay, or none yet.
+    fn from_parked(kept: &mut Parked, bufs: [BytesMut; 3]) -> Relay {
+        let [c2s, s2c, input] = bufs;
+        let (prepared, spare_input) = match kept.take_prepared() {
+            Some(k) => (
+                Some(prepared::PreparedState::new(k, input)),
+                BytesMut::new(),
+            ),
+            None => (None, input),
+        };
         Relay {
-            c2s: BytesMut::new(),
-            s2c: BytesMut::new(),
+            c2s,
+            s2c,
             client_framer: Framer::default(),
             server_framer: Framer::default(),
             pending: 0,
@@ -132,8 +143,9 @@ impl Relay {
             stats: StatsDelta::default(),
             readies: 0,
             xacts_done: 0,
-            prepared: kept.take_prepared().map(prepared::PreparedState::new),
+            prepared,
             last_flush: kept.last_flush,
+            spare_input,
         }
     }
 
@@ -179,7 +191,7 @@ impl Relay {
             match next_wake(client, None, want, deadline, &mut timer).await {
                 Wake::ClientRead(r) => r.map_err(Outcome::ClientFailed)?,
                 _ => {
-                    let now = Instant::now();
+                    let now = Tick::now();
                     self.maybe_flush(stats, now);
                     match self.deadline(false) {
                         Some((at, why)) if at <= now => return Err(Outcome::Timeout(why)),
@@ -198,7 +210,7 @@ impl Relay {
     pub fn try_read_unlinked(&mut self, client: &Stream) -> Option<Result<bool, Outcome>> {
         let pending_before = self.pending;
         match self.read_client(client) {
-            Ok(true) => self.note_client_activity(pending_before, Instant::now()),
+            Ok(true) => self.note_client_activity(pending_before, Tick::now()),
             Ok(false) => return Some(Ok(false)),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
             Err(e) if e.kind() == io::ErrorKind::InvalidData => {
@@ -310,7 +322,7 @@ impl Relay {
                     }
                 }
                 Wake::Timer => {
-                    let now = Instant::now();
+                    let now = Tick::now();
                     self.maybe_flush(stats, now);
                     if let Some((at, why)) = self.deadline(true) {
                         if at <= now {
@@ -330,7 +342,7 @@ impl Relay {
                     let pending_before = self.pending;
                     match self.read_client(client) {
                         Ok(true) => {
-                            self.note_client_activity(pending_before, Instant::now());
+                            self.note_client_activity(pending_before, Tick::now());
                             if let Err(e) = self.rewrite_pending(server) {
                                 return e;
                             }

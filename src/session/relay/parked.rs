@@ -7,11 +7,12 @@ use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::time::Sleep;
 
-use super::{prepared, ClientPrepared, Relay, Timeouts};
+use super::{ClientPrepared, Relay, Timeouts};
+use crate::clock::Tick;
 use crate::net::{bufpool, Stream};
 use crate::prepared::Registry;
 use crate::stats::conns::ClientInfo;
@@ -20,9 +21,9 @@ use crate::stats::conns::ClientInfo;
 #[derive(Debug)]
 pub struct Parked {
     pub(super) timeouts: Timeouts,
-    pub(super) last_activity: Instant,
-    pub(super) last_read: Instant,
-    pub(super) last_flush: Instant,
+    pub(super) last_activity: Tick,
+    pub(super) last_read: Tick,
+    pub(super) last_flush: Tick,
     pub(super) max_packet: u32,
     /// The per-server cache size for [`Parked::prepared_later`].
     max_prepared: u32,
@@ -35,7 +36,7 @@ pub struct Parked {
 
 impl Parked {
     pub fn new(max_packet: u32, timeouts: Timeouts) -> Parked {
-        let now = Instant::now();
+        let now = Tick::now();
         Parked {
             timeouts,
             last_activity: now,
@@ -50,7 +51,7 @@ impl Parked {
 
     /// When the client_idle_timeout of a client idle since its last activity runs
     /// out, if one is set.
-    pub fn idle_deadline(&self) -> Option<Instant> {
+    pub fn idle_deadline(&self) -> Option<Tick> {
         let t = self.timeouts.client_idle();
         (!t.is_zero()).then(|| self.last_activity + t)
     }
@@ -84,8 +85,11 @@ impl Parked {
     ) -> Result<Idle, &'static str> {
         let t = self.timeouts.client_idle();
         // Boxed (and only when set): an idle client's task keeps a pointer, not a timer.
-        let mut timer = (!t.is_zero())
-            .then(|| Box::pin(tokio::time::sleep_until((self.last_activity + t).into())));
+        let mut timer = (!t.is_zero()).then(|| {
+            Box::pin(tokio::time::sleep_until(
+                (self.last_activity + t).to_instant().into(),
+            ))
+        });
         let mut fresh_timer: Option<Pin<Box<Sleep>>> = None;
         poll_fn(|cx| {
             if let Some(timer) = timer.as_mut() {
@@ -148,11 +152,19 @@ impl RelaySlot {
         }
     }
 
-    /// The relay, made now if the client was idle.
+    /// The relay, made now if the client was idle (in a spare one's box and buffers
+    /// when this thread has one).
     pub fn get(&mut self) -> &mut Relay {
         let parked = &mut self.parked;
-        self.active
-            .get_or_insert_with(|| Box::new(Relay::from_parked(parked)))
+        self.active.get_or_insert_with(|| match spare::take() {
+            Some(mut r) => {
+                let bufs = [&mut r.c2s, &mut r.s2c, &mut r.spare_input].map(std::mem::take);
+                // The spent relay this replaces holds nothing (see `spare::put`).
+                *r = Relay::from_parked(parked, bufs);
+                r
+            }
+            None => Box::new(Relay::from_parked(parked, Default::default())),
+        })
     }
 
     /// The relay if a request is under way.
@@ -176,8 +188,56 @@ impl RelaySlot {
         p.last_activity = r.last_activity;
         p.last_read = r.last_read;
         p.last_flush = r.last_flush;
-        p.prepared = r.prepared.take().map(prepared::PreparedState::into_kept);
-        // Dropping `r` gives its buffers back.
+        if let Some(state) = r.prepared.take() {
+            let (kept, input) = state.into_kept();
+            p.prepared = Some(kept);
+            r.spare_input = input;
+        }
+        spare::put(r);
+    }
+}
+
+/// Relays of finished requests, kept per thread with their (empty) buffers for the
+/// next request any client on the thread makes: a request then allocates nothing, and
+/// an idle client still holds no relay.
+mod spare {
+    use std::cell::RefCell;
+
+    use super::{bufpool, Relay};
+
+    /// Spare relays per thread: 16 KB buffers each, so few; past this, a finished
+    /// relay's buffers go to the buffer pool and its box is freed.
+    const KEEP: usize = 16;
+
+    thread_local! {
+        // Boxed: the box is what a request reuses (the session's slot holds one).
+        #[allow(clippy::vec_box)]
+        static SPARE: RefCell<Vec<Box<Relay>>> = const { RefCell::new(Vec::new()) };
+    }
+
+    pub(super) fn take() -> Option<Box<Relay>> {
+        SPARE.with(|s| s.borrow_mut().pop())
+    }
+
+    /// Keeps a parked relay (its prepared-statement state gone, its buffers empty) if
+    /// there is room; a buffer that cannot be reused as it is goes.
+    pub(super) fn put(mut r: Box<Relay>) {
+        for b in [&mut r.c2s, &mut r.s2c, &mut r.spare_input] {
+            if !bufpool::reusable(b) {
+                *b = Default::default();
+            }
+        }
+        let full = SPARE.with(|s| {
+            let mut s = s.borrow_mut();
+            if s.len() < KEEP {
+                s.push(r);
+                None
+            } else {
+                Some(r)
+            }
+        });
+        // Dropped outside the borrow: its drop gives the buffers to the pool.
+        drop(full);
     }
 }
 
@@ -192,9 +252,12 @@ impl Drop for Relay {
         if let Some(p) = self.prepared.take() {
             p.discard();
         }
-        for b in [&mut self.c2s, &mut self.s2c] {
-            b.clear();
-            bufpool::give(std::mem::take(b));
+        for b in [&mut self.c2s, &mut self.s2c, &mut self.spare_input] {
+            // (A spent spare relay's are already taken.)
+            if b.capacity() != 0 {
+                b.clear();
+                bufpool::give(std::mem::take(b));
+            }
         }
     }
 }

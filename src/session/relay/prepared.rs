@@ -77,29 +77,29 @@ impl PreparedState {
         false
     }
 
-    /// A request's state around the client's statements.
-    pub(super) fn new(kept: Box<ClientPrepared>) -> PreparedState {
+    /// A request's state around the client's statements, reading into `input` (an
+    /// empty buffer, or one with no capacity yet).
+    pub(super) fn new(kept: Box<ClientPrepared>, input: BytesMut) -> PreparedState {
         PreparedState {
             kept,
             tracker: ResponseTracker::recycled(),
             rewriter: Rewriter::default(),
-            input: BytesMut::new(),
+            input,
         }
     }
 
-    /// Ends the request: the (empty) input buffer goes back for reuse and the
-    /// statements stay with the client.
-    pub(super) fn into_kept(self) -> Box<ClientPrepared> {
-        crate::net::bufpool::give(self.input);
+    /// Ends the request: the statements stay with the client, the (empty) input
+    /// buffer is returned for reuse.
+    pub(super) fn into_kept(self) -> (Box<ClientPrepared>, BytesMut) {
         self.tracker.recycle();
-        self.kept
+        (self.kept, self.input)
     }
 
     /// Drops the state of a request cut short (the session ends), keeping its buffers
     /// for reuse: what is left in them is not wanted any more.
     pub(super) fn discard(mut self) {
         self.input.clear();
-        drop(self.into_kept());
+        crate::net::bufpool::give(self.into_kept().1);
     }
 
     /// Runs one chunk of server bytes through the response tracker.

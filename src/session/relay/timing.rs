@@ -1,17 +1,18 @@
 //! Relay timing: the client-facing timeouts and the query/transaction clocks behind
 //! SHOW STATS and the histograms.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::Relay;
+use crate::clock::Tick;
 use crate::stats::PoolStats;
 
 impl Relay {
     /// The earliest moment a timeout could fire, and the reason it would give.
-    pub(super) fn deadline(&self, linked: bool) -> Option<(Instant, &'static str)> {
+    pub(super) fn deadline(&self, linked: bool) -> Option<(Tick, &'static str)> {
         let t = &self.timeouts;
-        let mut best: Option<(Instant, &'static str)> = None;
-        let mut consider = |at: Instant, why: &'static str| {
+        let mut best: Option<(Tick, &'static str)> = None;
+        let mut consider = |at: Tick, why: &'static str| {
             if best.is_none_or(|(b, _)| at < b) {
                 best = Some((at, why));
             }
@@ -37,7 +38,7 @@ impl Relay {
 
     /// Updates the timestamps after client bytes: a request starts when the server
     /// owed nothing, and a transaction starts with a request outside one.
-    pub(super) fn note_client_activity(&mut self, pending_before: u32, now: Instant) {
+    pub(super) fn note_client_activity(&mut self, pending_before: u32, now: Tick) {
         self.last_read = now;
         if pending_before == 0 && self.pending > 0 {
             self.last_activity = now;
@@ -53,12 +54,12 @@ impl Relay {
     }
 
     /// When the client's last bytes arrived.
-    pub fn last_read(&self) -> Instant {
+    pub fn last_read(&self) -> Tick {
         self.last_read
     }
 
     /// When the server's last ReadyForQuery arrived (or the client's last request).
-    pub fn last_activity(&self) -> Instant {
+    pub fn last_activity(&self) -> Tick {
         self.last_activity
     }
 
@@ -68,11 +69,11 @@ impl Relay {
         if self.readies == 0 {
             return;
         }
-        let now = Instant::now();
+        let now = Tick::now();
         self.last_activity = now;
         self.stats.counts.queries += u64::from(self.readies);
         if let Some(at) = self.request_started {
-            let us = now.duration_since(at).as_micros() as u64;
+            let us = now.micros_since(at);
             self.stats.counts.query_time_us += us;
             stats.query_hist.record(us);
         }
@@ -80,7 +81,7 @@ impl Relay {
         if self.xacts_done > 0 {
             self.stats.counts.xacts += u64::from(self.xacts_done);
             if let Some(at) = self.transaction_started {
-                let us = now.duration_since(at).as_micros() as u64;
+                let us = now.micros_since(at);
                 self.stats.counts.xact_time_us += us;
                 stats.xact_hist.record(us);
             }
@@ -95,24 +96,27 @@ impl Relay {
 
     /// [`Relay::deadline`], or sooner when batched counts are waiting: they reach
     /// SHOW STATS within 100 ms even if the client then stays idle.
-    pub(super) fn deadline_or_flush(&self, linked: bool) -> Option<(Instant, &'static str)> {
+    pub(super) fn deadline_or_flush(&self, linked: bool) -> Option<(Tick, &'static str)> {
         let deadline = self.deadline(linked);
         if self.stats.is_empty() {
             return deadline;
         }
-        let flush_at = (self.last_flush + std::time::Duration::from_millis(100), "");
+        let flush_at = (self.last_flush + FLUSH_EVERY, "");
         Some(deadline.map_or(flush_at, |d| d.min(flush_at)))
     }
 
     /// Folds the counts into the pool's stats every 64 transactions or every 100 ms,
     /// not after each one: the pool's counters are shared by all threads.
-    pub(super) fn maybe_flush(&mut self, stats: &PoolStats, now: Instant) {
-        if self.stats.counts.xacts >= 64 || now.duration_since(self.last_flush).as_millis() >= 100 {
+    pub(super) fn maybe_flush(&mut self, stats: &PoolStats, now: Tick) {
+        if self.stats.counts.xacts >= 64 || now.reached(self.last_flush, FLUSH_EVERY) {
             stats.flush(&mut self.stats);
             self.last_flush = now;
         }
     }
 }
+
+/// How often batched counts reach the pool's stats at the latest.
+const FLUSH_EVERY: Duration = Duration::from_millis(100);
 
 /// Client-facing timeouts; zero disables each, as in PgBouncer. Kept in whole
 /// milliseconds (up to 49 days) because every idle client keeps a copy: 16 bytes

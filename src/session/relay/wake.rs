@@ -10,10 +10,10 @@ use std::future::{poll_fn, Future};
 use std::io;
 use std::pin::Pin;
 use std::task::Poll;
-use std::time::Instant;
 
 use tokio::time::Sleep;
 
+use crate::clock::Tick;
 use crate::net::Stream;
 
 /// Which events the relay can act on now.
@@ -34,8 +34,9 @@ pub(super) enum Wake {
     ServerWrite(io::Result<()>),
 }
 
-/// A timeout timer kept across loop turns (allocated only once a timeout is set).
-pub(super) type Timer = Option<Pin<Box<Sleep>>>;
+/// A timeout timer kept across loop turns (allocated only once a timeout is set), with
+/// the deadline it was set for.
+pub(super) type Timer = Option<(Tick, Pin<Box<Sleep>>)>;
 
 /// Waits for the first of the wanted events, in this order of preference: server
 /// bytes (so responses are never starved), the timer, then the client's side.
@@ -44,16 +45,23 @@ pub(super) async fn next_wake(
     client: &Stream,
     server: Option<&Stream>,
     want: Want,
-    deadline: Option<(Instant, &'static str)>,
+    deadline: Option<(Tick, &'static str)>,
     timer: &mut Timer,
 ) -> Wake {
     let armed = match deadline {
         Some((at, _)) => {
-            let at = tokio::time::Instant::from_std(at);
             match timer {
-                Some(t) if t.deadline() == at => {}
-                Some(t) => t.as_mut().reset(at),
-                None => *timer = Some(Box::pin(tokio::time::sleep_until(at))),
+                Some((set, _)) if *set == at => {}
+                Some((set, t)) => {
+                    t.as_mut().reset(at.to_instant().into());
+                    *set = at;
+                }
+                None => {
+                    *timer = Some((
+                        at,
+                        Box::pin(tokio::time::sleep_until(at.to_instant().into())),
+                    ))
+                }
             }
             true
         }
@@ -68,7 +76,7 @@ pub(super) async fn next_wake(
             }
         }
         if armed {
-            if let Some(t) = timer.as_mut() {
+            if let Some((_, t)) = timer.as_mut() {
                 if t.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(Wake::Timer);
                 }
