@@ -116,12 +116,14 @@ impl Relay {
     /// the (empty) buffers of a spare relay, or none yet.
     fn from_parked(kept: &mut Parked, bufs: [BytesMut; 3]) -> Relay {
         let [c2s, s2c, input] = bufs;
-        let (prepared, spare_input) = match kept.take_prepared() {
-            Some(k) => (
-                Some(prepared::PreparedState::new(k, input)),
-                BytesMut::new(),
-            ),
-            None => (None, input),
+        let prepared = match kept.take_prepared() {
+            Some(k) => Some(prepared::PreparedState::new(k, input)),
+            None => {
+                // Not wanted (session pooling, or no statements to track): not held
+                // for a request that may last the whole session.
+                bufpool::give(input);
+                None
+            }
         };
         Relay {
             c2s,
@@ -145,7 +147,7 @@ impl Relay {
             xacts_done: 0,
             prepared,
             last_flush: kept.last_flush,
-            spare_input,
+            spare_input: BytesMut::new(),
         }
     }
 

@@ -261,3 +261,39 @@ impl Drop for Relay {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_finished_relay_is_reused_with_its_buffers_and_none_of_its_state() {
+        let mut first = RelaySlot::new(Parked::new(1 << 20, Timeouts::default()));
+        let r = first.get();
+        // As a read takes it.
+        r.c2s = bufpool::take();
+        r.preload(b"Q\0\0\0\x0dSELECT 1\0").expect("a whole Query");
+        assert!(r.has_request());
+        // Served: the request went to a server and its answer came back.
+        r.c2s.clear();
+        r.pending = 0;
+        let (relay_at, buf_at) = (r as *const Relay, r.c2s.as_ptr());
+        first.park();
+        assert!(first.active().is_none(), "a clean relay is put away");
+
+        // Another client on the same thread gets the same box and buffer, blank.
+        let mut second = RelaySlot::new(Parked::new(1 << 20, Timeouts::default()));
+        let r = second.get();
+        assert_eq!(r as *const Relay, relay_at);
+        assert_eq!(r.c2s.as_ptr(), buf_at);
+        assert!(r.c2s.capacity() >= bufpool::BUF_SIZE);
+        assert!(!r.has_request());
+        assert_eq!((r.pending, r.status, r.terminated), (0, b'I', false));
+        assert!(r.stats.is_empty());
+
+        // A relay with something left in it is not put away.
+        r.preload(b"Q\0\0\0\x0dSELECT 1\0").expect("a whole Query");
+        second.park();
+        assert!(second.active().is_some());
+    }
+}
