@@ -34,8 +34,9 @@ impl Pool {
     /// waiter goes on to the next waiter or back to the pool.
     pub async fn acquire(self: &Arc<Self>) -> Result<ServerConn, PoolError> {
         let cfg = self.config_guard();
-        let (now, tick) = (Instant::now(), Tick::now());
-        let deadline = (!cfg.query_wait_timeout.is_zero()).then(|| now + cfg.query_wait_timeout);
+        let now = Tick::now();
+        let qwt = cfg.query_wait_timeout;
+        let deadline = (!qwt.is_zero()).then(|| now + qwt);
         loop {
             let mut doomed = Vec::new();
             let step = {
@@ -43,7 +44,7 @@ impl Pool {
                 if st.closed {
                     return Err(PoolError::PoolClosed);
                 }
-                if let Some(mut conn) = pop_idle(&mut st, &cfg, tick, &mut doomed) {
+                if let Some(mut conn) = pop_idle(&mut st, &cfg, now, &mut doomed) {
                     st.active += 1;
                     conn.lent = super::LentMark::lent_by(self.clone());
                     Step::Idle(conn)
@@ -78,6 +79,8 @@ impl Pool {
                     Grant::Slot(slot) => slot,
                 },
             };
+            // Only this rare path needs the deadline as an Instant (for tokio's timers).
+            let deadline = deadline.map(Tick::to_instant);
             return Box::pin(self.connect_new(&cfg, slot, deadline)).await;
         }
     }
@@ -143,11 +146,13 @@ impl Pool {
         id: u64,
         mut rx: oneshot::Receiver<Grant>,
         cfg: &PoolConfig,
-        deadline: Option<Instant>,
+        deadline: Option<Tick>,
     ) -> Result<Grant, PoolError> {
         if cfg.reserve_pool_size > 0 {
-            let reserve_at = Instant::now() + cfg.reserve_pool_timeout;
-            let first = deadline.map_or(reserve_at, |d| d.min(reserve_at));
+            let reserve_at = Tick::now() + cfg.reserve_pool_timeout;
+            let first = deadline
+                .map_or(reserve_at, |d| d.min(reserve_at))
+                .to_instant();
             match tokio::time::timeout_at(first.into(), &mut rx).await {
                 Ok(g) => return g.map_err(|_| PoolError::PoolClosed),
                 Err(_) => {

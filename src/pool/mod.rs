@@ -48,7 +48,7 @@ enum Grant {
 #[derive(Debug)]
 struct Waiter {
     id: u64,
-    since: Instant,
+    since: Tick,
     tx: oneshot::Sender<Grant>,
 }
 
@@ -336,19 +336,20 @@ impl Pool {
 
     /// Drops the places in line of clients that waited `query_wait_timeout` or more:
     /// their acquire fails with that reason. Called by the janitor.
-    pub fn expire_waiters(&self, now: Instant) {
+    pub fn expire_waiters(&self, now: Tick) {
         let limit = self.config().query_wait_timeout;
         if limit.is_zero() {
             return;
         }
         let expired = {
             let mut st = self.lock_state();
-            if st.waiters.is_empty() {
+            // Oldest first: the line is untouched unless its head has expired.
+            let old = |w: &Waiter| now.reached(w.since, limit);
+            if !st.waiters.front().is_some_and(old) {
                 return;
             }
-            let (old, keep): (VecDeque<Waiter>, _) = std::mem::take(&mut st.waiters)
-                .into_iter()
-                .partition(|w| now.saturating_duration_since(w.since) >= limit);
+            let (old, keep): (VecDeque<Waiter>, _) =
+                std::mem::take(&mut st.waiters).into_iter().partition(old);
             st.waiters = keep;
             old
         };

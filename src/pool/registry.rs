@@ -118,7 +118,7 @@ impl Pools {
     /// Periodic upkeep: closes idle connections past their limits and keeps
     /// `min_pool_size` warm.
     pub fn maintain(&self) {
-        let now = std::time::Instant::now();
+        let now = crate::clock::Tick::now();
         for p in self.all() {
             p.expire_waiters(now);
             p.close_expired_idle();

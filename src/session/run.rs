@@ -1,14 +1,16 @@
 //! The logged-in part of a client's life: the welcome, then one step per request
 //! (get a server, relay until the release point) until the client leaves or sleeps.
 //!
-//! An idle client waits in `serve`'s loop, whose state is small; everything a
-//! request needs (the acquire, the relay, the outcome handling) lives in the future
-//! of `Session::step`, boxed once per request. A client idle for long leaves even
-//! that: `serve` returns [`Ended::Asleep`] and the keeper holds its socket and
-//! [`Session`] without a task (keeper.rs).
+//! An idle client waits in `serve`'s loop; everything a request needs (the acquire,
+//! the relay, the outcome handling) lives in the future of `Session::step`, awaited
+//! in that loop (so it adds its ~170 bytes to an awake client's task, not an
+//! allocation to every request), with the rare large parts boxed. A client idle for
+//! 2 s leaves even that: `serve` returns [`Ended::Asleep`] and the keeper holds its
+//! socket and [`Session`] without a task (keeper.rs).
 
+use std::future::{poll_fn, Future};
 use std::sync::Arc;
-use std::time::Instant;
+use std::task::{ready, Poll};
 
 use bytes::BytesMut;
 
@@ -283,7 +285,7 @@ pub(super) async fn serve(s: &mut Session, stream: &Stream, welcome: Option<Welc
                 Err(_) => break "client unexpected eof".to_owned(),
             }
         }
-        match Box::pin(s.step(stream)).await {
+        match s.step(stream).await {
             Step::Next => {}
             Step::End(reason) => break reason,
             Step::Done(reason) => return Ended::Closed(reason),
@@ -310,7 +312,8 @@ impl Session {
     async fn step(&mut self, stream: &Stream) -> Step {
         if self.server.is_none() {
             // The common case is synchronous; the wait (and the acquire's state, which
-            // is large) is boxed so this future stays small: it is boxed per request.
+            // is large) is boxed so this future stays small: it is part of every awake
+            // client's task.
             if let Err(fast) = self.try_link_idle() {
                 if let Some(end) = Box::pin(self.link(stream, fast)).await {
                     return end;
@@ -375,32 +378,37 @@ impl Session {
             }
         }
         let (pool, relay) = (&self.pool, self.relay.get());
-        let asked = Instant::now();
+        let asked = Tick::now();
         let acquired = {
             // Watch the client while it waits: one that leaves gives up its place at
-            // once and its buffered query never runs.
+            // once and its buffered query never runs. A plain readiness poll, not a
+            // `readable()` future, which would queue a waker on the socket per turn.
             let mut acquire = std::pin::pin!(acquire_linked(pool, &mut self.params, fast));
-            loop {
-                tokio::select! {
-                    biased;
-                    r = &mut acquire => break Some(r),
-                    r = stream.readable(), if relay.can_buffer_more() => {
-                        match r.and_then(|_| relay.read_while_waiting(stream)) {
-                            Ok(true) => {}
-                            Ok(false) => break None,
-                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                            Err(_) => break None,
-                        }
-                    }
+            poll_fn(|cx| loop {
+                if let Poll::Ready(r) = acquire.as_mut().poll(cx) {
+                    return Poll::Ready(Some(r));
                 }
-            }
+                if !relay.can_buffer_more() {
+                    return Poll::Pending;
+                }
+                match ready!(stream.poll_read_ready(cx)) {
+                    Err(_) => return Poll::Ready(None),
+                    Ok(()) => match relay.read_while_waiting(stream) {
+                        // More may come (or the read cleared readiness): look again.
+                        Ok(true) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Ok(false) | Err(_) => return Poll::Ready(None),
+                    },
+                }
+            })
+            .await
         };
         let Some(acquired) = acquired else {
             return Some(Step::End("client unexpected eof".to_owned()));
         };
         match acquired {
             Ok(s) => {
-                let waited = asked.elapsed().as_micros() as u64;
+                let waited = Tick::now().micros_since(asked);
                 relay.stats.counts.wait_time_us += waited;
                 pool.stats.wait_hist.record(waited);
                 link_server(&self.info, &s, relay);

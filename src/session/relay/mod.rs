@@ -113,21 +113,11 @@ pub struct Relay {
 
 impl Relay {
     /// A relay for the next request of a client whose lasting state is `kept`, with
-    /// the (empty) buffers of a spare relay, or none yet.
-    fn from_parked(kept: &mut Parked, bufs: [BytesMut; 3]) -> Relay {
-        let [c2s, s2c, input] = bufs;
-        let prepared = match kept.take_prepared() {
-            Some(k) => Some(prepared::PreparedState::new(k, input)),
-            None => {
-                // Not wanted (session pooling, or no statements to track): not held
-                // for a request that may last the whole session.
-                bufpool::give(input);
-                None
-            }
-        };
-        Relay {
-            c2s,
-            s2c,
+    /// no buffers yet (the first read takes them).
+    fn from_parked(kept: &mut Parked) -> Relay {
+        let mut r = Relay {
+            c2s: BytesMut::new(),
+            s2c: BytesMut::new(),
             client_framer: Framer::default(),
             server_framer: Framer::default(),
             pending: 0,
@@ -145,10 +135,54 @@ impl Relay {
             stats: StatsDelta::default(),
             readies: 0,
             xacts_done: 0,
-            prepared,
+            prepared: None,
             last_flush: kept.last_flush,
             spare_input: BytesMut::new(),
-        }
+        };
+        r.take_prepared(kept);
+        r
+    }
+
+    /// Makes a spare relay (parked.rs: clean, its buffers empty, no prepared-statement
+    /// state) the relay for the next request of a client whose lasting state is `kept`.
+    /// Field by field, in place: building a new one and moving it in copies ~0.7 KB
+    /// and drops the old one, a tenth of a request's instructions.
+    fn refill(&mut self, kept: &mut Parked) {
+        self.client_framer = Framer::default();
+        self.server_framer = Framer::default();
+        self.pending = 0;
+        self.unsynced = false;
+        self.status = b'I';
+        self.terminated = false;
+        self.desync = false;
+        self.max_packet = kept.max_packet;
+        self.saw_ready = false;
+        self.timeouts = kept.timeouts;
+        self.request_started = None;
+        self.transaction_started = None;
+        self.last_activity = kept.last_activity;
+        self.last_read = kept.last_read;
+        self.stats = StatsDelta::default();
+        self.readies = 0;
+        self.xacts_done = 0;
+        self.last_flush = kept.last_flush;
+        self.take_prepared(kept);
+    }
+
+    /// Takes the client's prepared-statement state for this request, reading into the
+    /// spare input buffer; a relay without one gives that buffer back, so as not to
+    /// hold it for a request that may last the whole session (session pooling).
+    fn take_prepared(&mut self, kept: &mut Parked) {
+        let input = std::mem::take(&mut self.spare_input);
+        self.prepared = match kept.take_prepared() {
+            Some(k) => Some(prepared::PreparedState::new(k, input)),
+            None => {
+                if input.capacity() != 0 {
+                    bufpool::give(input);
+                }
+                None
+            }
+        };
     }
 
     /// Whether the client has asked to end the session.

@@ -158,12 +158,10 @@ impl RelaySlot {
         let parked = &mut self.parked;
         self.active.get_or_insert_with(|| match spare::take() {
             Some(mut r) => {
-                let bufs = [&mut r.c2s, &mut r.s2c, &mut r.spare_input].map(std::mem::take);
-                // The spent relay this replaces holds nothing (see `spare::put`).
-                *r = Relay::from_parked(parked, bufs);
+                r.refill(parked);
                 r
             }
-            None => Box::new(Relay::from_parked(parked, Default::default())),
+            None => Box::new(Relay::from_parked(parked)),
         })
     }
 
