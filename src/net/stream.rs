@@ -79,12 +79,31 @@ impl Stream {
     /// no wake-up is lost.
     pub fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
         let spare = buf.capacity() - buf.len();
+        self.read_clearing(spare, || match self {
+            Stream::Tcp(s) => s.try_read_buf(buf),
+            Stream::Unix(s) => s.try_read_buf(buf),
+        })
+    }
+
+    /// Non-blocking read into `dst`, clearing readiness as [`Stream::try_read_buf`].
+    pub fn try_read(&self, dst: &mut [u8]) -> io::Result<usize> {
+        let spare = dst.len();
+        self.read_clearing(spare, || match self {
+            Stream::Tcp(s) => s.try_read(dst),
+            Stream::Unix(s) => s.try_read(dst),
+        })
+    }
+
+    /// Runs `read` (of at most `spare` bytes), clearing readiness when it drained
+    /// the socket.
+    fn read_clearing(
+        &self,
+        spare: usize,
+        mut read: impl FnMut() -> io::Result<usize>,
+    ) -> io::Result<usize> {
         let mut drained = None;
         let mut read = || {
-            let n = match self {
-                Stream::Tcp(s) => s.try_read_buf(buf),
-                Stream::Unix(s) => s.try_read_buf(buf),
-            }?;
+            let n = read()?;
             if n < spare {
                 drained = Some(n);
                 return Err(io::ErrorKind::WouldBlock.into());
@@ -129,6 +148,17 @@ impl Stream {
                 Ok(n) => return Ok(n),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Reads at least one byte into `dst`, waiting as needed. `Ok(0)` is EOF.
+    pub async fn read(&self, dst: &mut [u8]) -> io::Result<usize> {
+        loop {
+            self.readable().await?;
+            match self.try_read(dst) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                r => return r,
             }
         }
     }

@@ -51,29 +51,44 @@ pub async fn read_startup(
     buf: &mut BytesMut,
 ) -> Result<Startup, ClientError> {
     loop {
-        let len = loop {
-            match startup::packet_len(buf) {
-                Ok(Some(len)) if buf.len() >= len => break len,
-                Ok(Some(len)) => buf.reserve(len - buf.len()),
-                // Small on purpose: a 512-byte first read saved a recvfrom per login
-                // but its freed buffers left ~450 bytes of heap holes per idle client.
-                Ok(None) => buf.reserve(64),
-                Err(e) => {
-                    return Err(ClientError::fatal(
-                        PROTOCOL_VIOLATION,
-                        format!("bad startup packet: {e}"),
-                    ))
-                }
-            }
-            if stream.read_buf(buf).await.map_err(ClientError::Io)? == 0 {
+        let parsed = if buf.is_empty() {
+            // A packet is read into the stack first: a startup packet nearly always
+            // fits, so it takes one read and no heap buffer (whose freed space would
+            // stay as a hole between the session's lasting allocations).
+            let mut first = [0u8; FIRST_READ];
+            let n = stream.read(&mut first).await.map_err(ClientError::Io)?;
+            if n == 0 {
                 return Err(ClientError::Gone);
             }
+            match startup::packet_len(&first[..n]).map_err(bad_startup)? {
+                Some(len) if n >= len => {
+                    // What came after it, if anything, is kept for the next read.
+                    buf.extend_from_slice(&first[len..n]);
+                    startup::parse(&first[..len])
+                }
+                _ => {
+                    buf.extend_from_slice(&first[..n]);
+                    continue;
+                }
+            }
+        } else {
+            let len = loop {
+                match startup::packet_len(buf).map_err(bad_startup)? {
+                    Some(len) if buf.len() >= len => break len,
+                    Some(len) => buf.reserve(len - buf.len()),
+                    None => buf.reserve(64),
+                }
+                if stream.read_buf(buf).await.map_err(ClientError::Io)? == 0 {
+                    return Err(ClientError::Gone);
+                }
+            };
+            // Parsed in place, then consumed: splitting the packet off would allocate.
+            let parsed = startup::parse(&buf[..len]);
+            buf.advance(len);
+            parsed
         };
-        // Parsed in place, then consumed: splitting the packet off would allocate.
-        let parsed = startup::parse(&buf[..len]);
-        buf.advance(len);
-        match parsed {
-            Ok(StartupPacket::Ssl) | Ok(StartupPacket::GssEnc) => {
+        match parsed.map_err(bad_startup)? {
+            StartupPacket::Ssl | StartupPacket::GssEnc => {
                 if !buf.is_empty() {
                     // Bytes after an encryption request would be read as plaintext.
                     return Err(ClientError::fatal(
@@ -83,22 +98,24 @@ pub async fn read_startup(
                 }
                 stream.write_all(b"N").await.map_err(ClientError::Io)?;
             }
-            Ok(StartupPacket::Cancel { pid, key }) => {
+            StartupPacket::Cancel { pid, key } => {
                 let timeout = app.config().settings.cancel_wait_timeout;
                 app.cancels.cancel(pid, key, timeout).await;
                 return Ok(Startup::Cancel);
             }
-            Ok(StartupPacket::Startup { minor, params }) => {
+            StartupPacket::Startup { minor, params } => {
                 return Ok(Startup::Login { minor, params })
-            }
-            Err(e) => {
-                return Err(ClientError::fatal(
-                    PROTOCOL_VIOLATION,
-                    format!("bad startup packet: {e}"),
-                ))
             }
         }
     }
+}
+
+/// Bytes read per startup packet before a heap buffer is needed (libpq's startup
+/// packet is ~100 bytes; one with many options may take more reads).
+const FIRST_READ: usize = 512;
+
+fn bad_startup(e: crate::protocol::ProtocolError) -> ClientError {
+    ClientError::fatal(PROTOCOL_VIOLATION, format!("bad startup packet: {e}"))
 }
 
 /// Checks the startup parameters, finds the database, authenticates the client and
@@ -113,7 +130,8 @@ pub async fn login(
 ) -> Result<LoggedIn, ClientError> {
     let cfg = app.config();
     let s = &cfg.settings;
-    let mut out = BytesMut::with_capacity(256);
+    // Room for the welcome too (session::run), which is added to it: one allocation.
+    let mut out = BytesMut::with_capacity(1024);
 
     let mut user = None;
     let mut database = None;

@@ -405,3 +405,38 @@ fn startup_cancel_request_with_unknown_key_is_closed_silently() {
     assert!(msgs.is_empty(), "{msgs:?}");
     assert_serves(&sluice);
 }
+
+#[test]
+fn startup_packets_long_in_pieces_or_followed_by_a_query_log_in() {
+    // The first read of a packet goes to a 512-byte stack buffer (session/login.rs):
+    // a longer packet, one that comes in pieces, and one with a query behind it in
+    // the same segment each take another path from there.
+    let sluice = trust_builder().start();
+    let long_name = "a".repeat(900);
+    let mut long = trust_params();
+    long.push(("application_name", &long_name));
+    let mut c = RawConn::tcp(sluice.port());
+    let msgs = c.login_no_password(&long).unwrap();
+    assert_eq!(msgs[0].auth_code(), Some(0), "long packet: {msgs:?}");
+    assert_eq!(c.simple_query("SELECT 1").unwrap(), vec![Some("1".into())]);
+
+    let packet = raw::startup_packet(raw::PROTOCOL_3_0, &trust_params());
+    let mut c = RawConn::tcp(sluice.port());
+    for piece in [&packet[..3], &packet[3..20], &packet[20..]] {
+        c.send(piece).unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    let msgs = c.read_until(b'Z', T).unwrap();
+    assert_eq!(msgs[0].auth_code(), Some(0), "in pieces: {msgs:?}");
+    assert_eq!(c.simple_query("SELECT 2").unwrap(), vec![Some("2".into())]);
+
+    let mut c = RawConn::tcp(sluice.port());
+    let mut both = packet.clone();
+    both.extend(raw::query_message("SELECT 6 * 7"));
+    c.send(&both).unwrap();
+    let msgs = c.read_until(b'Z', T).unwrap();
+    assert_eq!(msgs[0].auth_code(), Some(0), "with a query: {msgs:?}");
+    let rows = c.read_until(b'Z', T).unwrap();
+    let row = rows.iter().find(|m| m.tag == b'D').expect("a DataRow");
+    assert!(row.body.ends_with(b"42"), "{rows:?}");
+}
