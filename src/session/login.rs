@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::{Buf, BytesMut};
 
-use super::params::ClientParams;
+use super::params::{self, ClientParams, StartupTracked};
 use super::ClientError;
 use crate::app::App;
 use crate::auth::{verify_md5, ScramServer, Secret};
@@ -135,35 +135,30 @@ pub async fn login(
 
     let mut user = None;
     let mut database = None;
-    let mut params = ClientParams::new(&s.track_extra_parameters);
+    let extra = &s.track_extra_parameters;
+    let mut tracked = StartupTracked::default();
     let mut protocol_options = Vec::new();
     for (k, v) in startup_params.iter() {
         match k {
             "user" => user = Some(v.to_owned()),
             "database" => database = Some(v.to_owned()),
             k if k.starts_with("_pq_.") => protocol_options.push(k.to_owned()),
-            k if params.tracked(k).is_some() => params.set(k, v),
-            k if s
-                .ignore_startup_parameters
-                .iter()
-                .any(|i| i.eq_ignore_ascii_case(k)) => {}
-            // libpq sends an empty `options` only when set; an empty one is harmless.
-            "options" if v.trim().is_empty() => {}
-            k => {
-                return Err(ClientError::fatal(
-                    PROTOCOL_VIOLATION,
-                    format!("unsupported startup parameter: {k}"),
-                ));
-            }
+            k => match params::canonical(extra, k) {
+                Some(name) => tracked.set(name, v),
+                None if s
+                    .ignore_startup_parameters
+                    .iter()
+                    .any(|i| i.eq_ignore_ascii_case(k)) => {}
+                // libpq sends an empty `options` only when set; an empty one is harmless.
+                None if k == "options" && v.trim().is_empty() => {}
+                None => {
+                    return Err(ClientError::fatal(
+                        PROTOCOL_VIOLATION,
+                        format!("unsupported startup parameter: {k}"),
+                    ));
+                }
+            },
         }
-    }
-    if s.application_name_add_host {
-        // As PgBouncer: at connection start only; a later SET is left alone.
-        let app = params.get("application_name").unwrap_or("").to_owned();
-        params.set(
-            "application_name",
-            &format!("{app} - {}", stream.peer_addr()),
-        );
     }
     if minor > 0 || !protocol_options.is_empty() {
         let opts: Vec<&str> = protocol_options.iter().map(String::as_str).collect();
@@ -221,6 +216,28 @@ pub async fn login(
     if let Some(k) = keys.filter(|_| pool_user == user) {
         pool.set_scram_keys(k);
     }
+    let params = match pool.shared_params.reuse(extra, &tracked) {
+        Some(p) if !s.application_name_add_host => p,
+        _ => {
+            let mut params = ClientParams::build(extra, &tracked);
+            if tracked.overflowed() {
+                for (k, v) in startup_params.iter() {
+                    if !matches!(k, "user" | "database") && !k.starts_with("_pq_.") {
+                        params.set(k, v);
+                    }
+                }
+            }
+            if s.application_name_add_host {
+                // As PgBouncer: at connection start only; a later SET is left alone.
+                let app = params.get("application_name").unwrap_or("").to_owned();
+                params.set(
+                    "application_name",
+                    &format!("{app} - {}", stream.peer_addr()),
+                );
+            }
+            params
+        }
+    };
     backend::authentication(&mut out, backend::AUTH_OK, &[]);
     Ok(LoggedIn {
         user,

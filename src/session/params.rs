@@ -29,6 +29,52 @@ pub struct ClientParams {
     set: Arc<ParamSet>,
 }
 
+/// The canonical spelling of `name` if it is tracked, given `track_extra_parameters`.
+pub fn canonical<'a>(extra: &'a [String], name: &str) -> Option<&'a str> {
+    BASE_TRACKED
+        .iter()
+        .copied()
+        .chain(extra.iter().map(String::as_str))
+        .find(|t| t.eq_ignore_ascii_case(name))
+}
+
+/// The tracked parameters of a startup packet, borrowed from it, in the order and
+/// spelling [`ClientParams::set`] would give them: most clients of a pool give the
+/// same ones as the last, and then share its set without building one of their own
+/// ([`SharedParams::reuse`]).
+#[derive(Debug, Default)]
+pub struct StartupTracked<'a> {
+    pairs: [(&'a str, &'a str); 8],
+    len: usize,
+    /// More names than fit: the set is built from the packet instead.
+    overflow: bool,
+}
+
+impl<'a> StartupTracked<'a> {
+    /// Notes a tracked parameter's value (`name` in canonical spelling); a repeated
+    /// name keeps its place and takes the new value, as in [`ClientParams::set`].
+    pub fn set(&mut self, name: &'a str, value: &'a str) {
+        if let Some(p) = self.pairs[..self.len].iter_mut().find(|(k, _)| *k == name) {
+            p.1 = value;
+        } else if self.len < self.pairs.len() {
+            self.pairs[self.len] = (name, value);
+            self.len += 1;
+        } else {
+            self.overflow = true;
+        }
+    }
+
+    /// Whether more names came than fit: the set must be built from the packet.
+    pub fn overflowed(&self) -> bool {
+        self.overflow
+    }
+
+    /// The pairs, unless some did not fit.
+    fn pairs(&self) -> Option<&[(&'a str, &'a str)]> {
+        (!self.overflow).then(|| &self.pairs[..self.len])
+    }
+}
+
 /// Tracked parameter values, shared between clients and remembered by servers.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ParamSet {
@@ -56,6 +102,23 @@ struct Shared {
     written: Option<(WelcomeParams, Bytes)>,
 }
 
+impl SharedParams {
+    /// The last client's set as it gave it, if `tracked` are the same values (with the
+    /// same `track_extra_parameters`): no set is built, and [`ClientParams::settle`]
+    /// finds it at once. None: build one ([`ClientParams::build`]).
+    pub fn reuse(&self, extra: &[String], tracked: &StartupTracked<'_>) -> Option<ClientParams> {
+        let pairs = tracked.pairs()?;
+        let last = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let (pre, _) = last.pre.as_ref()?;
+        let same = pre.extra == extra
+            && pre.values.len() == pairs.len()
+            && (pre.values.iter())
+                .zip(pairs)
+                .all(|((k, v), (pk, pv))| k == pk && v == pv);
+        same.then(|| ClientParams { set: pre.clone() })
+    }
+}
+
 impl ClientParams {
     pub fn new(extra: &[String]) -> ClientParams {
         ClientParams {
@@ -68,11 +131,7 @@ impl ClientParams {
 
     /// The canonical spelling of `name` if it is tracked.
     pub fn tracked(&self, name: &str) -> Option<&str> {
-        BASE_TRACKED
-            .iter()
-            .copied()
-            .chain(self.set.extra.iter().map(String::as_str))
-            .find(|t| t.eq_ignore_ascii_case(name))
+        canonical(&self.set.extra, name)
     }
 
     /// The client's value for a tracked parameter, if it has one.
@@ -103,6 +162,16 @@ impl ClientParams {
         }
     }
 
+    /// The client's values for `tracked`, built now (the rare case: see
+    /// [`SharedParams::reuse`]).
+    pub fn build(extra: &[String], tracked: &StartupTracked<'_>) -> ClientParams {
+        let mut p = ClientParams::new(extra);
+        for (k, v) in tracked.pairs().unwrap_or_default() {
+            p.set(k, v);
+        }
+        p
+    }
+
     /// Completes the client's set at login ([`ClientParams::fill_unset`]), shares it,
     /// and appends the welcome's ParameterStatus messages ([`ClientParams::overlay`])
     /// to `out`. The pool's shared set is taken as it is when the completed set would
@@ -112,8 +181,9 @@ impl ClientParams {
     pub fn settle(&mut self, welcome: &WelcomeParams, shared: &SharedParams, out: &mut BytesMut) {
         let mut guard = shared.0.lock().unwrap_or_else(|p| p.into_inner());
         let last = &mut *guard;
-        let as_last = (last.pre.as_ref())
-            .is_some_and(|(pre, w)| Arc::ptr_eq(w, welcome) && **pre == *self.set);
+        let as_last = (last.pre.as_ref()).is_some_and(|(pre, w)| {
+            Arc::ptr_eq(w, welcome) && (Arc::ptr_eq(pre, &self.set) || **pre == *self.set)
+        });
         match &last.set {
             Some(s) if as_last || self.completed_equals(welcome, s) => {
                 let own = std::mem::replace(&mut self.set, s.clone());
@@ -364,5 +434,58 @@ mod tests {
         let mut out = BytesMut::new();
         p.settle(&welcome, &shared, &mut out);
         assert!(String::from_utf8_lossy(&out).contains("Asia/Tokyo"));
+    }
+
+    #[test]
+    fn a_login_like_the_last_shares_its_set_without_building_one() {
+        let shared = SharedParams::default();
+        let welcome = Arc::new(vec![("TimeZone".to_owned(), "UTC".to_owned())]);
+        let extra = vec!["IntervalStyle".to_owned()];
+        let startup = |pairs: &[(&'static str, &'static str)]| {
+            let mut t = StartupTracked::default();
+            for (k, v) in pairs {
+                t.set(canonical(&extra, k).expect("tracked"), v);
+            }
+            t
+        };
+        let first = startup(&[("application_name", "a"), ("intervalstyle", "iso_8601")]);
+        // Nobody logged in yet: built.
+        assert!(shared.reuse(&extra, &first).is_none());
+        let mut a = ClientParams::build(&extra, &first);
+        assert_eq!(a.get("IntervalStyle"), Some("iso_8601"));
+        a.settle(&welcome, &shared, &mut BytesMut::new());
+        // The same values (a repeated name keeps its place, last value wins): reused,
+        // and settled into the first client's set.
+        let same = startup(&[
+            ("application_name", "x"),
+            ("IntervalStyle", "iso_8601"),
+            ("APPLICATION_NAME", "a"),
+        ]);
+        let mut b = shared.reuse(&extra, &same).expect("the last client's set");
+        b.settle(&welcome, &shared, &mut BytesMut::new());
+        assert!(Arc::ptr_eq(&a.set, &b.set));
+        assert_eq!(b.get("TimeZone"), Some("UTC"));
+        // Another value, another order, other extra parameters, too many: built.
+        let other = startup(&[("application_name", "b"), ("intervalstyle", "iso_8601")]);
+        assert!(shared.reuse(&extra, &other).is_none());
+        let order = startup(&[("intervalstyle", "iso_8601"), ("application_name", "a")]);
+        assert!(shared.reuse(&extra, &order).is_none());
+        assert!(shared.reuse(&[], &first).is_none());
+        let mut many = startup(&[("application_name", "a"), ("intervalstyle", "iso_8601")]);
+        for _ in 0..8 {
+            many.set("IntervalStyle", "x");
+            many.set("DateStyle", "ISO");
+            many.set("TimeZone", "UTC");
+            many.set("client_encoding", "UTF8");
+            many.set("standard_conforming_strings", "on");
+        }
+        assert!(!many.overflowed());
+        let names: Vec<String> = (0..9).map(|i| format!("p{i}")).collect();
+        let mut over = StartupTracked::default();
+        for n in &names {
+            over.set(n, "v");
+        }
+        assert!(over.overflowed());
+        assert!(shared.reuse(&extra, &over).is_none());
     }
 }
