@@ -377,9 +377,12 @@ impl Sluice {
 
     fn is_ready(&self) -> bool {
         if self.listen_addr.trim().is_empty() {
-            self.socket_dir
-                .as_ref()
-                .is_some_and(|d| d.join(format!(".s.PGSQL.{}", self.port)).exists())
+            // A connect, not the file's existence: the file appears at bind(), a
+            // moment before listen(), and a client in between is refused.
+            self.socket_dir.as_ref().is_some_and(|d| {
+                std::os::unix::net::UnixStream::connect(d.join(format!(".s.PGSQL.{}", self.port)))
+                    .is_ok()
+            })
         } else {
             tcp_listening(self.port)
         }
