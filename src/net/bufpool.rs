@@ -18,7 +18,10 @@ thread_local! {
 
 /// A buffer with at least [`BUF_SIZE`] bytes of capacity.
 pub fn take() -> BytesMut {
-    FREE.with(|f| f.borrow_mut().pop())
+    // `try_with`: at thread exit the list may be gone already (then nothing is kept).
+    FREE.try_with(|f| f.borrow_mut().pop())
+        .ok()
+        .flatten()
         .unwrap_or_else(|| BytesMut::with_capacity(BUF_SIZE))
 }
 
@@ -35,7 +38,9 @@ pub fn give(mut buf: BytesMut) {
     if !reusable(&mut buf) {
         return;
     }
-    FREE.with(|f| {
+    // A relay dropped at thread exit (by another thread-local's destructor) may come
+    // here after the list is gone: the buffer is simply freed.
+    let _ = FREE.try_with(|f| {
         let mut f = f.borrow_mut();
         if f.len() < KEEP {
             f.push(buf);

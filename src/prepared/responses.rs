@@ -126,7 +126,9 @@ impl ResponseTracker {
     /// A tracker for a request, its queue reused from a finished one on this thread.
     pub fn recycled() -> ResponseTracker {
         let queue = SPARE_QUEUES
-            .with(|s| s.borrow_mut().pop())
+            .try_with(|s| s.borrow_mut().pop())
+            .ok()
+            .flatten()
             .unwrap_or_default();
         ResponseTracker {
             queue,
@@ -140,7 +142,8 @@ impl ResponseTracker {
         if !q.is_empty() || q.capacity() == 0 || q.capacity() > MAX_KEPT_CAPACITY {
             return;
         }
-        SPARE_QUEUES.with(|s| {
+        // `try_with`: at thread exit the list may be gone (then the queue is freed).
+        let _ = SPARE_QUEUES.try_with(|s| {
             let mut s = s.borrow_mut();
             if s.len() < KEEP_QUEUES {
                 s.push(q);

@@ -195,6 +195,24 @@ impl RelaySlot {
     }
 }
 
+impl Drop for RelaySlot {
+    /// A session that ends with its relay active (a Terminate is read by one) leaves
+    /// it for the next request on this thread, as a finished request does, rather than
+    /// freeing it: a client per transaction would otherwise allocate one each. What is
+    /// left in it is not wanted any more (`spare::put` drops a buffer that is not
+    /// empty); the client's prepared statements go with the client.
+    fn drop(&mut self) {
+        if let Some(mut r) = self.active.take() {
+            if let Some(state) = r.prepared.take() {
+                let (statements, input) = state.into_kept();
+                drop(statements);
+                r.spare_input = input;
+            }
+            spare::put(r);
+        }
+    }
+}
+
 /// Relays of finished requests, kept per thread with their (empty) buffers for the
 /// next request any client on the thread makes: a request then allocates nothing, and
 /// an idle client still holds no relay.
@@ -214,7 +232,7 @@ mod spare {
     }
 
     pub(super) fn take() -> Option<Box<Relay>> {
-        SPARE.with(|s| s.borrow_mut().pop())
+        SPARE.try_with(|s| s.borrow_mut().pop()).ok().flatten()
     }
 
     /// Keeps a parked relay (its prepared-statement state gone, its buffers empty) if
@@ -225,17 +243,16 @@ mod spare {
                 *b = Default::default();
             }
         }
-        let full = SPARE.with(|s| {
+        let mut r = Some(r);
+        // `try_with`: at thread exit the list may be gone (then the relay is freed).
+        let _ = SPARE.try_with(|s| {
             let mut s = s.borrow_mut();
             if s.len() < KEEP {
-                s.push(r);
-                None
-            } else {
-                Some(r)
+                s.extend(r.take());
             }
         });
         // Dropped outside the borrow: its drop gives the buffers to the pool.
-        drop(full);
+        drop(r);
     }
 }
 
