@@ -184,8 +184,20 @@ async fn accept_loops(app: Arc<App>, mut listeners: Listeners) {
         let app = app.clone();
         tasks.push(tokio::spawn(async move {
             let mut shutdown = app.shutdown_watch();
+            // One wait for the shutdown for the listener's life, not one per accepted
+            // socket (each would queue and unqueue a waiter on the watch).
+            let stop = async move {
+                while shutdown.changed().await.is_ok() {
+                    if *shutdown.borrow() != Shutdown::No {
+                        return;
+                    }
+                }
+            };
+            tokio::pin!(stop);
             loop {
                 tokio::select! {
+                    biased;
+                    _ = &mut stop => return,
                     r = l.accept() => match r {
                         Ok((s, _)) => {
                             let _ = s.set_nodelay(true);
@@ -201,11 +213,6 @@ async fn accept_loops(app: Arc<App>, mut listeners: Listeners) {
                             tokio::time::sleep(Duration::from_millis(50)).await;
                         }
                     },
-                    _ = shutdown.changed() => {
-                        if *shutdown.borrow() != Shutdown::No {
-                            return;
-                        }
-                    }
                 }
             }
         }));
