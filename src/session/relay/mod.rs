@@ -148,24 +148,52 @@ impl Relay {
     /// Field by field, in place: building a new one and moving it in copies ~0.7 KB
     /// and drops the old one, a tenth of a request's instructions.
     fn refill(&mut self, kept: &mut Parked) {
-        self.client_framer = Framer::default();
-        self.server_framer = Framer::default();
-        self.pending = 0;
-        self.unsynced = false;
-        self.status = b'I';
-        self.terminated = false;
-        self.desync = false;
-        self.max_packet = kept.max_packet;
-        self.saw_ready = false;
-        self.timeouts = kept.timeouts;
-        self.request_started = None;
-        self.transaction_started = None;
-        self.last_activity = kept.last_activity;
-        self.last_read = kept.last_read;
-        self.stats = StatsDelta::default();
-        self.readies = 0;
-        self.xacts_done = 0;
-        self.last_flush = kept.last_flush;
+        // Every field named, so that a field added to the relay cannot be forgotten
+        // here (and carried from one client's request to another's).
+        let Relay {
+            c2s: _,
+            s2c: _,
+            client_framer,
+            server_framer,
+            pending,
+            unsynced,
+            status,
+            terminated,
+            desync,
+            max_packet,
+            saw_ready,
+            timeouts,
+            request_started,
+            transaction_started,
+            last_activity,
+            last_read,
+            stats,
+            readies,
+            xacts_done,
+            prepared: _,
+            last_flush,
+            spare_input: _,
+        } = self;
+        // The buffers are empty (`spare::put`); the prepared-statement state is taken
+        // below.
+        *client_framer = Framer::default();
+        *server_framer = Framer::default();
+        *pending = 0;
+        *unsynced = false;
+        *status = b'I';
+        *terminated = false;
+        *desync = false;
+        *max_packet = kept.max_packet;
+        *saw_ready = false;
+        *timeouts = kept.timeouts;
+        *request_started = None;
+        *transaction_started = None;
+        *last_activity = kept.last_activity;
+        *last_read = kept.last_read;
+        *stats = StatsDelta::default();
+        *readies = 0;
+        *xacts_done = 0;
+        *last_flush = kept.last_flush;
         self.take_prepared(kept);
     }
 
