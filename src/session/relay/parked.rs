@@ -198,15 +198,20 @@ impl RelaySlot {
 impl Drop for RelaySlot {
     /// A session that ends with its relay active (a Terminate is read by one) leaves
     /// it for the next request on this thread, as a finished request does, rather than
-    /// freeing it: a client per transaction would otherwise allocate one each. What is
-    /// left in it is not wanted any more (`spare::put` drops a buffer that is not
-    /// empty); the client's prepared statements go with the client.
+    /// freeing it: a client per transaction would otherwise allocate one each (and a
+    /// 16 KB buffer). What is left in it is not wanted any more; the client's prepared
+    /// statements go with the client.
     fn drop(&mut self) {
         if let Some(mut r) = self.active.take() {
             if let Some(state) = r.prepared.take() {
                 let (statements, input) = state.into_kept();
                 drop(statements);
                 r.spare_input = input;
+            }
+            // Emptied, so that the buffers can be kept: with prepared statements on,
+            // the client's Terminate itself is still in the input buffer.
+            for b in [&mut r.c2s, &mut r.s2c, &mut r.spare_input] {
+                b.clear();
             }
             spare::put(r);
         }
