@@ -33,7 +33,10 @@ impl Pool {
     /// Dropping the future loses nothing: a slot or connection granted to a dropped
     /// waiter goes on to the next waiter or back to the pool.
     pub async fn acquire(self: &Arc<Self>) -> Result<ServerConn, PoolError> {
-        let cfg = self.config_guard();
+        // Held across the wait, so an owned reference, not a guard: a few hundred
+        // waiters each holding one would use up arc-swap's per-thread fast slots and
+        // send every other read of the settings down its slow path.
+        let cfg = self.config();
         let now = Tick::now();
         let qwt = cfg.query_wait_timeout;
         let deadline = (!qwt.is_zero()).then(|| now + qwt);
