@@ -10,7 +10,8 @@
 use std::time::{Duration, Instant};
 
 /// A point on `CLOCK_MONOTONIC` (the clock `Instant` reads on Linux), in nanoseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// `Default` is the clock's origin, a placeholder until a reading replaces it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Tick(u64);
 
 impl Tick {

@@ -216,17 +216,14 @@ pub async fn login(
     if let Some(k) = keys.filter(|_| pool_user == user) {
         pool.set_scram_keys(k);
     }
-    let params = match pool.shared_params.reuse(extra, &tracked) {
-        Some(p) if !s.application_name_add_host => p,
-        _ => {
+    // With application_name_add_host each client's value is its own: never reused.
+    let reused = (!s.application_name_add_host)
+        .then(|| pool.shared_params.reuse(extra, &tracked))
+        .flatten();
+    let params = match reused {
+        Some(p) => p,
+        None => {
             let mut params = ClientParams::build(extra, &tracked);
-            if tracked.overflowed() {
-                for (k, v) in startup_params.iter() {
-                    if !matches!(k, "user" | "database") && !k.starts_with("_pq_.") {
-                        params.set(k, v);
-                    }
-                }
-            }
             if s.application_name_add_host {
                 // As PgBouncer: at connection start only; a later SET is left alone.
                 let app = params.get("application_name").unwrap_or("").to_owned();

@@ -46,32 +46,37 @@ pub fn canonical<'a>(extra: &'a [String], name: &str) -> Option<&'a str> {
 pub struct StartupTracked<'a> {
     pairs: [(&'a str, &'a str); 8],
     len: usize,
-    /// More names than fit: the set is built from the packet instead.
-    overflow: bool,
+    /// Those past the first 8 (many `track_extra_parameters` given at once): rare,
+    /// so only they take a heap allocation.
+    more: Vec<(&'a str, &'a str)>,
 }
 
 impl<'a> StartupTracked<'a> {
     /// Notes a tracked parameter's value (`name` in canonical spelling); a repeated
     /// name keeps its place and takes the new value, as in [`ClientParams::set`].
     pub fn set(&mut self, name: &'a str, value: &'a str) {
-        if let Some(p) = self.pairs[..self.len].iter_mut().find(|(k, _)| *k == name) {
+        let (first, more) = (&mut self.pairs[..self.len], &mut self.more);
+        if let Some(p) = first
+            .iter_mut()
+            .chain(more.iter_mut())
+            .find(|(k, _)| *k == name)
+        {
             p.1 = value;
         } else if self.len < self.pairs.len() {
             self.pairs[self.len] = (name, value);
             self.len += 1;
         } else {
-            self.overflow = true;
+            self.more.push((name, value));
         }
     }
 
-    /// Whether more names came than fit: the set must be built from the packet.
-    pub fn overflowed(&self) -> bool {
-        self.overflow
+    /// The pairs, in order.
+    fn iter(&self) -> impl Iterator<Item = &(&'a str, &'a str)> {
+        self.pairs[..self.len].iter().chain(&self.more)
     }
 
-    /// The pairs, unless some did not fit.
-    fn pairs(&self) -> Option<&[(&'a str, &'a str)]> {
-        (!self.overflow).then(|| &self.pairs[..self.len])
+    fn count(&self) -> usize {
+        self.len + self.more.len()
     }
 }
 
@@ -107,13 +112,12 @@ impl SharedParams {
     /// same `track_extra_parameters`): no set is built, and [`ClientParams::settle`]
     /// finds it at once. None: build one ([`ClientParams::build`]).
     pub fn reuse(&self, extra: &[String], tracked: &StartupTracked<'_>) -> Option<ClientParams> {
-        let pairs = tracked.pairs()?;
         let last = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let (pre, _) = last.pre.as_ref()?;
         let same = pre.extra == extra
-            && pre.values.len() == pairs.len()
+            && pre.values.len() == tracked.count()
             && (pre.values.iter())
-                .zip(pairs)
+                .zip(tracked.iter())
                 .all(|((k, v), (pk, pv))| k == pk && v == pv);
         same.then(|| ClientParams { set: pre.clone() })
     }
@@ -166,7 +170,7 @@ impl ClientParams {
     /// [`SharedParams::reuse`]).
     pub fn build(extra: &[String], tracked: &StartupTracked<'_>) -> ClientParams {
         let mut p = ClientParams::new(extra);
-        for (k, v) in tracked.pairs().unwrap_or_default() {
+        for (k, v) in tracked.iter() {
             p.set(k, v);
         }
         p
@@ -465,7 +469,7 @@ mod tests {
         b.settle(&welcome, &shared, &mut BytesMut::new());
         assert!(Arc::ptr_eq(&a.set, &b.set));
         assert_eq!(b.get("TimeZone"), Some("UTC"));
-        // Another value, another order, other extra parameters, too many: built.
+        // Another value, another order, other extra parameters: built.
         let other = startup(&[("application_name", "b"), ("intervalstyle", "iso_8601")]);
         assert!(shared.reuse(&extra, &other).is_none());
         let order = startup(&[("intervalstyle", "iso_8601"), ("application_name", "a")]);
@@ -479,13 +483,23 @@ mod tests {
             many.set("client_encoding", "UTF8");
             many.set("standard_conforming_strings", "on");
         }
-        assert!(!many.overflowed());
-        let names: Vec<String> = (0..9).map(|i| format!("p{i}")).collect();
+        // Repeats take no new place.
+        assert_eq!(many.count(), 6);
+        // Past the first 8: kept in order and compared like the rest.
+        let names: Vec<String> = (0..10).map(|i| format!("p{i}")).collect();
         let mut over = StartupTracked::default();
         for n in &names {
             over.set(n, "v");
         }
-        assert!(over.overflowed());
-        assert!(shared.reuse(&extra, &over).is_none());
+        over.set("p9", "w");
+        let built = ClientParams::build(&names, &over);
+        assert_eq!(built.set.values.len(), 10);
+        assert_eq!(built.get("p9"), Some("w"));
+        assert!(shared.reuse(&names, &over).is_none());
+        let mut c = built;
+        c.settle(&welcome, &shared, &mut BytesMut::new());
+        assert!(shared.reuse(&names, &over).is_some());
+        over.set("p8", "changed");
+        assert!(shared.reuse(&names, &over).is_none());
     }
 }

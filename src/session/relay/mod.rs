@@ -69,8 +69,9 @@ pub enum ReleaseAt {
 }
 
 /// Relay state for one request of a client (parked between requests, see `parked.rs`):
-/// buffers (allocated on first use) and protocol tracking.
-#[derive(Debug)]
+/// buffers (allocated on first use) and protocol tracking. `Default` is a blank one,
+/// never used before [`Relay::refill`] (parked.rs) fills it for a request.
+#[derive(Debug, Default)]
 pub struct Relay {
     /// Client bytes not yet written to the server.
     c2s: BytesMut,
@@ -112,107 +113,6 @@ pub struct Relay {
 }
 
 impl Relay {
-    /// A relay for the next request of a client whose lasting state is `kept`, with
-    /// no buffers yet (the first read takes them).
-    fn from_parked(kept: &mut Parked) -> Relay {
-        let mut r = Relay {
-            c2s: BytesMut::new(),
-            s2c: BytesMut::new(),
-            client_framer: Framer::default(),
-            server_framer: Framer::default(),
-            pending: 0,
-            unsynced: false,
-            status: b'I',
-            terminated: false,
-            desync: false,
-            max_packet: kept.max_packet,
-            saw_ready: false,
-            timeouts: kept.timeouts,
-            request_started: None,
-            transaction_started: None,
-            last_activity: kept.last_activity,
-            last_read: kept.last_read,
-            stats: StatsDelta::default(),
-            readies: 0,
-            xacts_done: 0,
-            prepared: None,
-            last_flush: kept.last_flush,
-            spare_input: BytesMut::new(),
-        };
-        r.take_prepared(kept);
-        r
-    }
-
-    /// Makes a spare relay (parked.rs: clean, its buffers empty, no prepared-statement
-    /// state) the relay for the next request of a client whose lasting state is `kept`.
-    /// Field by field, in place: building a new one and moving it in copies ~0.7 KB
-    /// and drops the old one, a tenth of a request's instructions.
-    fn refill(&mut self, kept: &mut Parked) {
-        // Every field named, so that a field added to the relay cannot be forgotten
-        // here (and carried from one client's request to another's).
-        let Relay {
-            c2s: _,
-            s2c: _,
-            client_framer,
-            server_framer,
-            pending,
-            unsynced,
-            status,
-            terminated,
-            desync,
-            max_packet,
-            saw_ready,
-            timeouts,
-            request_started,
-            transaction_started,
-            last_activity,
-            last_read,
-            stats,
-            readies,
-            xacts_done,
-            prepared: _,
-            last_flush,
-            spare_input: _,
-        } = self;
-        // The buffers are empty (`spare::put`); the prepared-statement state is taken
-        // below.
-        *client_framer = Framer::default();
-        *server_framer = Framer::default();
-        *pending = 0;
-        *unsynced = false;
-        *status = b'I';
-        *terminated = false;
-        *desync = false;
-        *max_packet = kept.max_packet;
-        *saw_ready = false;
-        *timeouts = kept.timeouts;
-        *request_started = None;
-        *transaction_started = None;
-        *last_activity = kept.last_activity;
-        *last_read = kept.last_read;
-        *stats = StatsDelta::default();
-        *readies = 0;
-        *xacts_done = 0;
-        *last_flush = kept.last_flush;
-        self.take_prepared(kept);
-    }
-
-    /// Takes the client's prepared-statement state for this request, reading into the
-    /// spare input buffer; a relay without one gives that buffer back, so as not to
-    /// hold it for a request that may last the whole session (session pooling).
-    fn take_prepared(&mut self, kept: &mut Parked) {
-        let input = std::mem::take(&mut self.spare_input);
-        self.prepared = match kept.take_prepared() {
-            Some(k) => Some(prepared::PreparedState::new(k, input)),
-            None => {
-                if input.capacity() != 0 {
-                    bufpool::give(input);
-                }
-                None
-            }
-        };
-    }
-
     /// Whether the client has asked to end the session.
     pub fn terminated(&self) -> bool {
         self.terminated

@@ -11,11 +11,14 @@ use std::time::Duration;
 
 use tokio::time::Sleep;
 
+use super::prepared::PreparedState;
 use super::{ClientPrepared, Relay, Timeouts};
 use crate::clock::Tick;
 use crate::net::{bufpool, Stream};
 use crate::prepared::Registry;
+use crate::session::framer::Framer;
 use crate::stats::conns::ClientInfo;
+use crate::stats::StatsDelta;
 
 /// What of a relay outlives a request.
 #[derive(Debug)]
@@ -156,12 +159,10 @@ impl RelaySlot {
     /// when this thread has one).
     pub fn get(&mut self) -> &mut Relay {
         let parked = &mut self.parked;
-        self.active.get_or_insert_with(|| match spare::take() {
-            Some(mut r) => {
-                r.refill(parked);
-                r
-            }
-            None => Box::new(Relay::from_parked(parked)),
+        self.active.get_or_insert_with(|| {
+            let mut r = spare::take().unwrap_or_default();
+            r.refill(parked);
+            r
         })
     }
 
@@ -192,6 +193,79 @@ impl RelaySlot {
             r.spare_input = input;
         }
         spare::put(r);
+    }
+}
+
+/// Setting a relay up for a request.
+impl Relay {
+    /// Makes a blank or spare relay (clean, its buffers empty, no prepared-statement
+    /// state: see `spare::put`) the relay for the next request of a client whose
+    /// lasting state is `kept`. Field by field, in place: building a new one and moving
+    /// it in copies ~0.7 KB and drops the old one, a tenth of a request's instructions.
+    fn refill(&mut self, kept: &mut Parked) {
+        // Every field named, so that a field added to the relay cannot be forgotten
+        // here (and carried from one client's request to another's).
+        let Relay {
+            c2s: _,
+            s2c: _,
+            client_framer,
+            server_framer,
+            pending,
+            unsynced,
+            status,
+            terminated,
+            desync,
+            max_packet,
+            saw_ready,
+            timeouts,
+            request_started,
+            transaction_started,
+            last_activity,
+            last_read,
+            stats,
+            readies,
+            xacts_done,
+            prepared: _,
+            last_flush,
+            spare_input: _,
+        } = self;
+        // The buffers are empty (`spare::put`); the prepared-statement state is taken
+        // below.
+        *client_framer = Framer::default();
+        *server_framer = Framer::default();
+        *pending = 0;
+        *unsynced = false;
+        *status = b'I';
+        *terminated = false;
+        *desync = false;
+        *max_packet = kept.max_packet;
+        *saw_ready = false;
+        *timeouts = kept.timeouts;
+        *request_started = None;
+        *transaction_started = None;
+        *last_activity = kept.last_activity;
+        *last_read = kept.last_read;
+        *stats = StatsDelta::default();
+        *readies = 0;
+        *xacts_done = 0;
+        *last_flush = kept.last_flush;
+        self.take_prepared(kept);
+    }
+
+    /// Takes the client's prepared-statement state for this request, reading into the
+    /// spare input buffer; a relay without one gives that buffer back, so as not to
+    /// hold it for a request that may last the whole session (session pooling).
+    fn take_prepared(&mut self, kept: &mut Parked) {
+        let input = std::mem::take(&mut self.spare_input);
+        self.prepared = match kept.take_prepared() {
+            Some(k) => Some(PreparedState::new(k, input)),
+            None => {
+                if input.capacity() != 0 {
+                    bufpool::give(input);
+                }
+                None
+            }
+        };
     }
 }
 

@@ -45,6 +45,9 @@ async fn startup_parameters_follow_each_client_over_one_server() {
         ("intervalstyle", "sql_standard"),
     ];
     let mut a = raw(&s, &db, &a_params).await;
+    // Logs in with the same values as the client before it, so it takes that client's
+    // parameter set as it is (session/params.rs, `SharedParams::reuse`).
+    let mut a2 = raw(&s, &db, &a_params).await;
     let mut b = raw(&s, &db, &b_params).await;
     let mut plain = raw(&s, &db, &[]).await;
     // What the client was told at login is its own value.
@@ -91,6 +94,13 @@ async fn startup_parameters_follow_each_client_over_one_server() {
     show(&mut b).await;
     assert_eq!(show(&mut a).await.0, "Europe/Paris");
     assert_eq!(show(&mut b).await.0, "Asia/Tokyo");
+    // The client that shared A's set keeps its own values.
+    let (tz, ds, app, is, _) = show(&mut a2).await;
+    assert_eq!(
+        (tz.as_str(), ds.as_str(), app.as_str(), is.as_str()),
+        ("America/New_York", "SQL, DMY", "client_a", "iso_8601")
+    );
+    assert_eq!(show(&mut a).await.0, "Europe/Paris");
     // A SET rolled back with its transaction leaves the earlier value.
     let r = a
         .simple("BEGIN; SET TimeZone = 'UTC'; ROLLBACK", STEP)
