@@ -36,6 +36,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 POOL_SIZE = 4
 MAX_CLIENT_CONN = 11000
 JOBS = 2
+SLUICE_WORKERS = None  # None: Sluice picks by core count
 DB = "bench"
 USER = "postgres"
 TARGETS = ("sluice", "pgbouncer", "direct")
@@ -80,6 +81,12 @@ SCENARIOS = [
     Scenario("tpcb_32", "TPC-B-like (default script), 32 clients", 32, []),
     Scenario("extended_8", "select-only -M extended, 8 clients", 8, ["-S", "-M", "extended"]),
     Scenario("prepared_8", "select-only -M prepared, 8 clients", 8, ["-S", "-M", "prepared"]),
+]
+# Not in the default set; for machines with cores to spare (`--only`): the
+# pooler's own ceiling, with enough clients to keep a larger pool busy.
+EXTRA_SCENARIOS = [
+    Scenario("select1_64", "SELECT 1, 64 clients, TCP", 64, [], script=SELECT1),
+    Scenario("select1_256", "SELECT 1, 256 clients, TCP", 256, [], script=SELECT1),
 ]
 CHART = [("select_8", 8), ("select_64", 64), ("select_256", 256), ("select_600", 600)]
 
@@ -342,8 +349,11 @@ log_disconnections = 0
         with open(self.outfile, "ab") as out:
             # Own session: a Ctrl-C at the terminal reaches only this driver,
             # which then stops the poolers itself, in order.
+            env = dict(ENV)
+            if self.name == "sluice" and SLUICE_WORKERS is not None:
+                env["SLUICE_WORKERS"] = str(SLUICE_WORKERS)
             self.proc = subprocess.Popen(self.runner.cmd([self.binary, self.ini]), cwd=self.dir,
-                                         env=ENV, stdout=out, stderr=subprocess.STDOUT,
+                                         env=env, stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
         self.pid = self.proc.pid
         deadline = time.monotonic() + 20
@@ -618,6 +628,7 @@ def render_markdown(meta, agg, idle, chart_name):
              % (POOL_SIZE, MAX_CLIENT_CONN, meta["run_as"], meta["nofile"]))
     L.append("- pgbench `-j %d -T %s`, %d round(s), interleaved Sluice, PgBouncer, direct; "
              "each figure is the median over the rounds." % (JOBS, meta["seconds"], meta["rounds"]))
+    L.append("- Sluice's worker threads: %s." % meta["workers"])
     L.append("")
     L.append("| scenario | Sluice tps | PgBouncer tps | direct tps | Sluice/direct | Sluice/PgBouncer "
              "| avg latency ms (S / B / D) | p99 latency ms (S / B / D) "
@@ -686,7 +697,8 @@ def render_markdown(meta, agg, idle, chart_name):
         L.append("- %s: `%s`%s" % (scen.title, scen.describe(),
                                    " with `%s`" % scen.script.strip() if scen.script else ""))
     L.append("")
-    L.append("![tps by client count](%s)" % chart_name)
+    if chart_name:
+        L.append("![tps by client count](%s)" % chart_name)
     L.append("")
     return "\n".join(L)
 
@@ -881,6 +893,7 @@ def machine_text():
 
 
 def main():
+    global SCENARIOS, POOL_SIZE, JOBS, SLUICE_WORKERS
     ap = argparse.ArgumentParser(description="Sluice vs PgBouncer vs PostgreSQL benchmark")
     ap.add_argument("--quick", action="store_true", help="1 round of 2 s runs, no 50k idle test")
     ap.add_argument("--rounds", type=int, help="rounds (default 3, quick 1)")
@@ -892,20 +905,29 @@ def main():
     ap.add_argument("--pgbouncer", default=os.environ.get("PGBOUNCER_BIN") or which("pgbouncer", ["/usr/sbin"]))
     ap.add_argument("--out", default=os.path.join(BENCH_DIR, "results"))
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs) at the end")
+    ap.add_argument("--pool-size", type=int, default=POOL_SIZE,
+                    help="default_pool_size of both poolers (default %d)" % POOL_SIZE)
+    ap.add_argument("--jobs", type=int, default=JOBS, help="pgbench -j (default %d)" % JOBS)
+    ap.add_argument("--workers", type=int,
+                    help="Sluice's worker threads (SLUICE_WORKERS; default: its own choice by cores)")
     args = ap.parse_args()
+    POOL_SIZE, JOBS, SLUICE_WORKERS = args.pool_size, args.jobs, args.workers
     rounds = args.rounds or (1 if args.quick else 3)
     # 90 runs of 7 s (+ ~0.4 s each to connect and tear down) keep `make bench`
     # within 15 minutes with the build and the idle-client tests.
     seconds = args.seconds or (2 if args.quick else 7)
     scale_idle = args.scale_idle if args.scale_idle is not None else (0 if args.quick else 50000)
-    global SCENARIOS
     if args.only:
         keys = args.only.split(",")
-        unknown = set(keys) - {s.key for s in SCENARIOS}
+        known = SCENARIOS + EXTRA_SCENARIOS
+        unknown = set(keys) - {s.key for s in known}
         if unknown:
             die("unknown scenario(s) %s; known: %s" % (", ".join(sorted(unknown)),
-                                                      ", ".join(s.key for s in SCENARIOS)))
-        SCENARIOS = [s for s in SCENARIOS if s.key in keys]
+                                                      ", ".join(s.key for s in known)))
+        SCENARIOS = [s for s in known if s.key in keys]
+    too_few = [s.key for s in SCENARIOS if s.clients < JOBS]
+    if too_few:
+        die("pgbench -j %d needs at least as many clients; fewer in %s" % (JOBS, ", ".join(too_few)))
 
     if not os.access(args.sluice, os.X_OK):
         die("%s not found; run 'cargo build --release'" % args.sluice)
@@ -973,16 +995,20 @@ def main():
             "pgbouncer": version_of([args.pgbouncer, "--version"]),
             "postgres": first_version_number(version_of([os.path.join(bindir, "postgres"), "--version"])),
             "run_as": "nobody" if runner.root else pwd.getpwuid(os.geteuid()).pw_name,
-            "nofile": nofile, "rounds": rounds, "seconds": seconds, "idle_note": idle_note,
+            "nofile": nofile, "rounds": rounds,
+            "workers": ("%d (SLUICE_WORKERS)" % SLUICE_WORKERS if SLUICE_WORKERS is not None
+                        else "its default for %d cores" % (os.cpu_count() or 1)),
+            "pool_size": POOL_SIZE, "jobs": JOBS, "seconds": seconds, "idle_note": idle_note,
         }
         os.makedirs(args.out, exist_ok=True)
-        md = render_markdown(meta, agg, idle_rows, "clients.svg")
+        charted = all(k in raw for k, _ in CHART)
+        md = render_markdown(meta, agg, idle_rows, "clients.svg" if charted else None)
         with open(os.path.join(args.out, "results.md"), "w") as f:
             f.write(md)
         svg = os.path.join(args.out, "clients.svg")
         if os.path.exists(svg):
             os.unlink(svg)  # not left over from an earlier run when --only leaves it out
-        if all(k in raw for k, _ in CHART):
+        if charted:
             with open(svg, "w") as f:
                 f.write(render_svg(agg, "pgbench -S -j %d -T %d, median of %d round(s); %s" % (
                     JOBS, seconds, rounds, machine_text().split(" (")[0])))
