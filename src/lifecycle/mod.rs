@@ -19,6 +19,7 @@ use logging::LogSink;
 
 /// Runs Sluice as the command line says; returns the process exit code.
 pub fn main_with(args: Args) -> i32 {
+    os::share_malloc_arena();
     if args.version {
         println!("{}", cli::version_line());
         return 0;
