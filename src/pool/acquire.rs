@@ -73,10 +73,12 @@ impl Pool {
                 Step::Connect => SlotToken::counted(self.clone()),
                 Step::Wait(id, rx) => match self.wait_in_line(id, rx, &cfg, deadline).await? {
                     Grant::Server(mut conn) => {
-                        let mut st = self.lock_state();
-                        st.active += 1;
-                        conn.lent = super::LentMark::lent_by(self.clone());
-                        drop(st);
+                        // Counted by the client that released it, unless no client
+                        // held it (a connection `min_pool_size` opened, say).
+                        if !conn.lent.is_by(self) {
+                            self.lock_state().active += 1;
+                            conn.lent = super::LentMark::lent_by(self.clone());
+                        }
                         return Ok(conn);
                     }
                     Grant::Slot(slot) => slot,

@@ -92,12 +92,20 @@ impl LentMark {
     fn disarm(&mut self) -> bool {
         self.0.take().is_some()
     }
+
+    /// Whether the connection is counted as lent by `pool`.
+    fn is_by(&self, pool: &Pool) -> bool {
+        self.0
+            .as_ref()
+            .is_some_and(|p| std::ptr::eq(Arc::as_ptr(p), pool))
+    }
 }
 
 impl Drop for LentMark {
     fn drop(&mut self) {
         // Never dropped while the pool lock is held: lent connections are only dropped
-        // by their session, and `release` disarms the mark before locking.
+        // by their session (or a waiter that left with one handed to it), and
+        // `release` disarms the mark, which takes no lock, before it keeps or closes one.
         if let Some(pool) = self.0.take() {
             let mut st = pool.lock_state();
             st.active = st.active.saturating_sub(1);
@@ -252,11 +260,7 @@ impl Pool {
     pub fn release_at(&self, mut conn: ServerConn, clean: bool, now: Tick) {
         let cfg = self.config_guard();
         conn.last_used = now;
-        let was_lent = conn.lent.disarm();
         let mut st = self.lock_state();
-        if was_lent {
-            st.active = st.active.saturating_sub(1);
-        }
         let reusable = clean
             && !conn.close_needed
             && !st.closed
@@ -264,6 +268,9 @@ impl Pool {
             && (cfg.server_lifetime.is_zero()
                 || !now.reached(conn.ident.created, cfg.server_lifetime));
         if !reusable {
+            if conn.lent.disarm() {
+                st.active = st.active.saturating_sub(1);
+            }
             drop(st);
             drop(conn);
             return;
@@ -272,6 +279,9 @@ impl Pool {
         loop {
             match st.waiters.pop_front() {
                 None => {
+                    if conn.lent.disarm() {
+                        st.active = st.active.saturating_sub(1);
+                    }
                     st.idle.push(conn);
                     drop(st);
                     self.limits.db.idle_available();
@@ -280,6 +290,9 @@ impl Pool {
                 }
                 Some(Waiter { tx, .. }) => {
                     drop(st);
+                    // Lent on to the waiter as it is, still counted in `active` by its
+                    // mark: the console never sees it neither idle nor lent, and the
+                    // waiter need not take the lock again to count it.
                     match tx.send(Grant::Server(conn)) {
                         Ok(()) => return,
                         Err(Grant::Server(back)) => conn = back,

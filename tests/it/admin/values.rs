@@ -87,12 +87,25 @@ async fn pools_clients_and_servers_follow_the_clients() {
     let b = within(Duration::from_secs(20), "b gets the server", waiting)
         .await
         .expect("join");
+    // Handed from a to b while b waited: counted lent once, not twice or not at all.
+    let pools = psql_ok(&s, "SHOW POOLS");
+    assert_eq!(
+        pools.cell("database", TEST_DB, "sv_active"),
+        Some("1".into()),
+        "{pools:?}"
+    );
+    assert_eq!(
+        pools.cell("database", TEST_DB, "sv_idle"),
+        Some("0".into()),
+        "{pools:?}"
+    );
     drop(b);
     // Both gone: the server is idle in the pool.
     assert!(
         wait_until(Duration::from_secs(10), || {
             let p = psql_ok(&s, "SHOW POOLS");
             p.cell("database", TEST_DB, "sv_idle") == Some("1".into())
+                && p.cell("database", TEST_DB, "sv_active") == Some("0".into())
                 && p.cell("database", TEST_DB, "cl_active") == Some("0".into())
         }),
         "{:?}",
