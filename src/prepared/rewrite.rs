@@ -55,6 +55,10 @@ pub struct Rewriter {
     parsed_in_batch: Vec<String>,
 }
 
+/// Longest simple Query read whole to see whether it is an SQL-level PREPARE, EXECUTE
+/// or DEALLOCATE; longer ones stream through.
+const MAX_INSPECTED_QUERY: usize = 256;
+
 /// Largest batch kept for a replay.
 const MAX_REPLAY: usize = 64 * 1024;
 
@@ -137,7 +141,7 @@ impl Rewriter {
                 if take == 0 {
                     return Ok(());
                 }
-                out.extend_from_slice(&input.split_to(take));
+                pass(input, take, out);
                 self.stream_left -= take;
                 continue;
             }
@@ -147,7 +151,7 @@ impl Rewriter {
             let len = check_len(len, max_len)?;
             let whole = input.len() > len;
             let inspected = matches!(tag, TAG_PARSE | TAG_BIND | TAG_DESCRIBE | TAG_CLOSE)
-                || (tag == TAG_QUERY && len <= 256);
+                || (tag == TAG_QUERY && len <= MAX_INSPECTED_QUERY);
             if inspected && !whole {
                 // Wait for the whole message; small ones are inspected.
                 input.reserve(len + 1 - input.len());
@@ -167,6 +171,10 @@ impl Rewriter {
             let entry = match tag {
                 TAG_EXECUTE => Some(fwd(Kind::Execute)),
                 TAG_SYNC | TAG_FUNCTION_CALL => Some(fwd(Kind::UntilReady)),
+                TAG_QUERY if whole && !super::sql::may_match(&input[HEADER_LEN..=len]) => {
+                    // Most queries: passed on as they are (`handle_query` would too).
+                    Some(fwd(Kind::UntilReady))
+                }
                 TAG_QUERY if whole => {
                     let msg = input.split_to(len + 1).freeze();
                     handle_query(msg, out, ctx)?;
@@ -179,10 +187,45 @@ impl Rewriter {
                 ctx.tracker.push(e);
             }
             let take = (len + 1).min(input.len());
-            out.extend_from_slice(&input.split_to(take));
+            pass(input, take, out);
             self.stream_left = len + 1 - take;
         }
     }
+}
+
+/// Whether `input` is nothing but whole simple Queries that the rewriter would pass on
+/// untouched (not PREPARE, EXECUTE or DEALLOCATE by their first word), within
+/// `max_len`: a request that needs no rewriting.
+pub fn plain_queries(input: &[u8], max_len: u32) -> bool {
+    let mut rest = input;
+    while !rest.is_empty() {
+        let Some((TAG_QUERY, len)) = parse(rest) else {
+            return false;
+        };
+        let Ok(len) = check_len(len, max_len) else {
+            return false;
+        };
+        let Some(msg) = rest.get(..=len) else {
+            return false;
+        };
+        if len <= MAX_INSPECTED_QUERY && super::sql::may_match(&msg[HEADER_LEN..]) {
+            return false;
+        }
+        rest = &rest[len + 1..];
+    }
+    !input.is_empty()
+}
+
+/// Moves the first `n` bytes of `input` to the end of `out`. A request that is one
+/// message moves by swapping the buffers, with no copy; otherwise the bytes are copied
+/// and `input` advanced, which (unlike a split) never makes its buffer shared.
+pub fn pass(input: &mut BytesMut, n: usize, out: &mut BytesMut) {
+    if out.is_empty() && n == input.len() {
+        std::mem::swap(input, out);
+        return;
+    }
+    out.extend_from_slice(&input[..n]);
+    input.advance(n);
 }
 
 fn fwd(kind: Kind) -> Expect {

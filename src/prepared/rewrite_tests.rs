@@ -145,3 +145,53 @@ fn streams_big_messages_and_waits_for_whole_parses() {
     assert!(out.ends_with(&d[..50]));
     assert!(!rw.at_boundary());
 }
+
+#[test]
+fn plain_queries_are_whole_simple_queries_needing_no_rewrite() {
+    let q = |sql: &str| msg(b'Q', format!("{sql}\0").as_bytes());
+    let two = [q("SELECT 1"), q("  select abalance from t")].concat();
+    assert!(plain_queries(&two, 1 << 20));
+    assert!(plain_queries(&q("/* x */ DISCARD ALL"), 1 << 20));
+    // Recognised by their first word: the rewriter's business.
+    for sql in [
+        "PREPARE p AS SELECT 1",
+        " execute p",
+        "DEALLOCATE p",
+        "discard all",
+    ] {
+        assert!(!plain_queries(&q(sql), 1 << 20), "{sql}");
+    }
+    // Too long to be read whole, so never inspected: plain whatever it starts with.
+    let long = format!("PREPARE p AS SELECT '{}'", "x".repeat(300));
+    assert!(plain_queries(&q(&long), 1 << 20));
+    assert!(!plain_queries(&q(&long), 100), "past max_packet_size");
+    // Anything else, a partial message, or nothing at all.
+    assert!(!plain_queries(
+        &[q("SELECT 1"), msg(b'S', b"")].concat(),
+        1 << 20
+    ));
+    assert!(!plain_queries(&msg(b'X', b""), 1 << 20));
+    let whole = q("SELECT 1");
+    assert!(!plain_queries(&whole[..whole.len() - 1], 1 << 20));
+    assert!(!plain_queries(&whole[..3], 1 << 20));
+    assert!(!plain_queries(b"", 1 << 20));
+}
+
+#[test]
+fn a_single_message_moves_by_swapping_buffers() {
+    let m = msg(b'Q', b"SELECT 1\0");
+    let mut input = BytesMut::with_capacity(64);
+    input.extend_from_slice(&m);
+    let ptr = input.as_ptr();
+    let mut out = BytesMut::new();
+    pass(&mut input, m.len(), &mut out);
+    assert_eq!(&out[..], &m[..]);
+    assert_eq!(out.as_ptr(), ptr, "moved without a copy");
+    assert!(input.is_empty());
+    // Part of the input, or into a buffer that holds bytes: copied.
+    input.extend_from_slice(&m);
+    input.extend_from_slice(&m);
+    pass(&mut input, m.len(), &mut out);
+    assert_eq!(&out[..], &[m.clone(), m.clone()].concat()[..]);
+    assert_eq!(&input[..], &m[..]);
+}

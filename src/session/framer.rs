@@ -52,6 +52,11 @@ impl Framer {
         self.header_len == 0 && self.remaining == 0
     }
 
+    /// Whether the stream is inside the body of a `tag` message (its `Start` reported).
+    pub fn in_body_of(&self, tag: u8) -> bool {
+        self.header_len == 0 && self.remaining > 0 && self.tag == tag
+    }
+
     /// Header bytes seen of a message whose header is not complete yet.
     pub fn partial_header_len(&self) -> usize {
         self.header_len
@@ -183,6 +188,18 @@ mod tests {
         }
         assert!(f.at_boundary());
         seen
+    }
+
+    #[test]
+    fn knows_when_it_is_inside_a_body_whose_header_it_reported() {
+        let z = msg(b'Z', b"I");
+        for cut in 0..z.len() {
+            let mut f = Framer::default();
+            f.feed(&z[..cut], 1 << 20, |_| Body::Skip).unwrap();
+            // Only once the header is through (the Start reported) and before the end.
+            assert_eq!(f.in_body_of(b'Z'), cut == HEADER_LEN, "cut {cut}");
+            assert!(!f.in_body_of(b'C'));
+        }
     }
 
     #[test]

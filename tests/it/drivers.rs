@@ -31,6 +31,7 @@
 
 mod external;
 mod pgbench;
+mod plain;
 mod tokio_postgres;
 
 use std::path::{Path, PathBuf};

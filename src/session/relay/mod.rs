@@ -475,7 +475,11 @@ impl Relay {
             }
             Event::Complete { .. } => Body::Skip,
         };
-        match &mut self.prepared {
+        let tracked = self
+            .prepared
+            .as_mut()
+            .filter(|p| p.mode != prepared::Mode::Plain);
+        match tracked {
             None => self
                 .server_framer
                 .feed(&self.s2c[start..], u32::MAX, on_event),

@@ -7,10 +7,10 @@ use bytes::BytesMut;
 
 use super::{count_client_tag, Outcome, Relay};
 use crate::pool::ServerConn;
-use crate::prepared::responses::{process_chunk, ResponseTracker};
-use crate::prepared::rewrite::{Ctx, RewriteError, Rewriter};
+use crate::prepared::responses::{process_chunk, Expect, Kind, ResponseTracker};
+use crate::prepared::rewrite::{pass, plain_queries, Ctx, RewriteError, Rewriter};
 use crate::prepared::{ClientStatements, Registry, ServerStatements};
-use crate::protocol::header::TAG_TERMINATE;
+use crate::protocol::header::{TAG_READY_FOR_QUERY, TAG_TERMINATE};
 use crate::protocol::ProtocolError;
 use crate::session::framer::{Body, Event, Framer};
 
@@ -41,6 +41,21 @@ pub(super) struct PreparedState {
     rewriter: Rewriter,
     /// Client bytes not yet rewritten.
     pub(super) input: BytesMut,
+    pub(super) mode: Mode,
+}
+
+/// How a request's bytes go, decided at its first rewrite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// Nothing rewritten yet.
+    Fresh,
+    /// Only simple queries that need no rewriting, from a client and to a server that
+    /// hold no prepared statements: relayed as without prepared-statement mode, the
+    /// answers not followed by the tracker (nothing in them can concern it: a DISCARD
+    /// ALL or DEALLOCATE ALL would clear empty sets).
+    Plain,
+    /// Through the rewriter and the response tracker, until the request ends.
+    Tracked,
 }
 
 impl PreparedState {
@@ -85,6 +100,7 @@ impl PreparedState {
             tracker: ResponseTracker::recycled(),
             rewriter: Rewriter::default(),
             input,
+            mode: Mode::Fresh,
         }
     }
 
@@ -173,6 +189,36 @@ impl Relay {
             self.c2s = crate::net::bufpool::take();
         }
         let pending_before = self.pending;
+        match p.mode {
+            Mode::Tracked => {}
+            Mode::Fresh | Mode::Plain
+                if p.kept.client.is_empty()
+                    && server.prepared.is_empty()
+                    && plain_queries(&p.input, self.max_packet) =>
+            {
+                p.mode = Mode::Plain;
+                let start = self.c2s.len();
+                let n = p.input.len();
+                pass(&mut p.input, n, &mut self.c2s);
+                self.scan_client(start).map_err(Outcome::ClientProtocol)?;
+                self.note_client_activity(pending_before, self.last_read);
+                return Ok(());
+            }
+            Mode::Fresh => p.mode = Mode::Tracked,
+            Mode::Plain => {
+                // Something to rewrite after plain queries: the answers they are still
+                // owed go through the tracker from now on, each ending at its
+                // ReadyForQuery (one whose header the relay already saw is not owed).
+                let seen = u32::from(self.server_framer.in_body_of(TAG_READY_FOR_QUERY));
+                for _ in 0..self.pending.saturating_sub(seen) {
+                    p.tracker.push(Expect::Forward {
+                        kind: Kind::UntilReady,
+                        undo: None,
+                    });
+                }
+                p.mode = Mode::Tracked;
+            }
+        }
         let kept = &mut *p.kept;
         let mut ctx = Ctx {
             registry: &kept.registry,
