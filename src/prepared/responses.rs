@@ -123,17 +123,10 @@ const KEEP_QUEUES: usize = 64;
 const MAX_KEPT_CAPACITY: usize = 64;
 
 impl ResponseTracker {
-    /// A tracker for a request, its queue reused from a finished one on this thread.
+    /// A tracker for a request. Its queue is a finished request's from this thread,
+    /// taken at the first entry: a request of plain queries never makes one.
     pub fn recycled() -> ResponseTracker {
-        let queue = SPARE_QUEUES
-            .try_with(|s| s.borrow_mut().pop())
-            .ok()
-            .flatten()
-            .unwrap_or_default();
-        ResponseTracker {
-            queue,
-            ..ResponseTracker::default()
-        }
+        ResponseTracker::default()
     }
 
     /// Ends a request's tracker: its queue, if empty and small, goes back for reuse.
@@ -183,6 +176,11 @@ impl ResponseTracker {
     }
 
     pub fn push(&mut self, e: Expect) {
+        if self.queue.capacity() == 0 {
+            if let Some(q) = SPARE_QUEUES.try_with(|s| s.borrow_mut().pop()).ok().flatten() {
+                self.queue = q;
+            }
+        }
         self.queue.push_back(e);
     }
 
