@@ -123,12 +123,6 @@ const KEEP_QUEUES: usize = 64;
 const MAX_KEPT_CAPACITY: usize = 64;
 
 impl ResponseTracker {
-    /// A tracker for a request. Its queue is a finished request's from this thread,
-    /// taken at the first entry: a request of plain queries never makes one.
-    pub fn recycled() -> ResponseTracker {
-        ResponseTracker::default()
-    }
-
     /// Ends a request's tracker: its queue, if empty and small, goes back for reuse.
     pub fn recycle(self) {
         let q = self.queue;
@@ -175,9 +169,16 @@ impl ResponseTracker {
         self.retry.take()
     }
 
+    /// Queues an entry. A request's first takes a finished request's queue from this
+    /// thread, so that a request of plain queries, which queues none, never touches
+    /// the list.
     pub fn push(&mut self, e: Expect) {
         if self.queue.capacity() == 0 {
-            if let Some(q) = SPARE_QUEUES.try_with(|s| s.borrow_mut().pop()).ok().flatten() {
+            if let Some(q) = SPARE_QUEUES
+                .try_with(|s| s.borrow_mut().pop())
+                .ok()
+                .flatten()
+            {
                 self.queue = q;
             }
         }

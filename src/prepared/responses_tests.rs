@@ -205,7 +205,7 @@ fn simple_query_answers_then_a_synthesized_one_at_every_split() {
     stream.extend(msg(b'C', b"SELECT 1\0"));
     stream.extend(msg(b'Z', b"I"));
     for cut in 0..=stream.len() {
-        let mut t = ResponseTracker::recycled();
+        let mut t = ResponseTracker::default();
         t.push(fwd(Kind::UntilReady));
         let mut f = Framer::default();
         let (mut c, mut s) = (ClientStatements::default(), ServerStatements::default());

@@ -97,7 +97,7 @@ impl PreparedState {
     pub(super) fn new(kept: Box<ClientPrepared>, input: BytesMut) -> PreparedState {
         PreparedState {
             kept,
-            tracker: ResponseTracker::recycled(),
+            tracker: ResponseTracker::default(),
             rewriter: Rewriter::default(),
             input,
             mode: Mode::Fresh,

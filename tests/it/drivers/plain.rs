@@ -5,17 +5,13 @@
 
 use std::time::Duration;
 
-use tokio_postgres::{Client, SimpleQueryMessage};
+use tokio_postgres::SimpleQueryMessage;
 
+use super::tokio_postgres::client;
 use super::{driver_db, driver_sluice};
 use crate::support::probe::within;
-use crate::support::{connect, Sluice, MD5_PASSWORD, MD5_USER};
 
 const T: Duration = Duration::from_secs(20);
-
-async fn client(s: &Sluice, db: &str) -> Client {
-    connect(&s.config(MD5_USER, MD5_PASSWORD, db)).await
-}
 
 fn rows(msgs: &[SimpleQueryMessage]) -> Vec<String> {
     msgs.iter()

@@ -46,7 +46,7 @@ async fn prepare_all(c: &Client) -> Result<Stmts, Error> {
     })
 }
 
-async fn client(s: &Sluice, db: &str) -> Client {
+pub(super) async fn client(s: &Sluice, db: &str) -> Client {
     connect(&s.config(MD5_USER, MD5_PASSWORD, db)).await
 }
 
