@@ -105,7 +105,7 @@ pub(super) const KNOWN: &[(&str, &str, Kind)] = &[
     ("server_tls_protocols", "secure", Str),
     ("server_tls_sslmode", "prefer", SslMode),
     ("service_name", "", Str),
-    ("so_reuseport", "0", Bool),
+    ("so_reuseport", "0", Implemented),
     ("stats_period", "60", Implemented),
     ("stats_users", "", Implemented),
     ("suspend_timeout", "10", Implemented),

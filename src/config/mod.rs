@@ -257,7 +257,7 @@ mod tests {
     #[test]
     fn warnings_for_sections_and_unimplemented_settings() {
         let c = Config::from_ini_str(
-            "[pgbouncer]\nso_reuseport = 1\n[peers]\n1 = host=a\n[extra]\nk = v\n",
+            "[pgbouncer]\nsyslog = 1\n[peers]\n1 = host=a\n[extra]\nk = v\n",
             Path::new("/etc/x.ini"),
         )
         .unwrap();
@@ -266,7 +266,7 @@ mod tests {
             vec![
                 "/etc/x.ini:3: section [peers] is not supported by Sluice; ignored",
                 "/etc/x.ini:5: unknown section [extra]; ignored",
-                "/etc/x.ini:2: setting \"so_reuseport\" is not implemented by Sluice yet; ignored",
+                "/etc/x.ini:2: setting \"syslog\" is not implemented by Sluice yet; ignored",
             ]
         );
     }

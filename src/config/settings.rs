@@ -81,6 +81,7 @@ impl Default for Settings {
             max_packet_size: 2_147_483_647,
             pkt_buf: 4096,
             listen_backlog: 128,
+            so_reuseport: false,
             tcp_keepalive: true,
             scram_iterations: 4096,
             metrics_listen: None,
@@ -225,6 +226,7 @@ fn set_implemented(s: &mut Settings, name: &str, v: &str) -> Result<Option<Strin
         "server_reset_query" => s.server_reset_query = v.to_string(),
         "server_reset_query_always" => s.server_reset_query_always = parse_bool(v)?,
         "server_round_robin" => s.server_round_robin = parse_bool(v)?,
+        "so_reuseport" => s.so_reuseport = parse_bool(v)?,
         "stats_period" => s.stats_period = parse_seconds(v)?,
         "stats_users" => s.stats_users = parse_list(v),
         "suspend_timeout" => s.suspend_timeout = parse_seconds(v)?,
@@ -455,7 +457,7 @@ mod tests {
                 "expected an octal file mode such as 0777",
             ),
             // Unimplemented settings are still validated.
-            ("so_reuseport", "perhaps", bool_err),
+            ("syslog", "perhaps", bool_err),
             ("dns_max_ttl", "x", "expected a number of seconds"),
             ("peer_id", "x", "expected an integer"),
             ("server_tls_sslmode", "sometimes", ssl_err),
@@ -474,18 +476,16 @@ mod tests {
 
     #[test]
     fn unimplemented_settings_warn_unless_default() {
-        let (s, w) = set("so_reuseport", "1").unwrap();
+        let (s, w) = set("syslog", "1").unwrap();
         assert_eq!(
             w,
-            vec![
-                "/etc/x.ini:3: setting \"so_reuseport\" is not implemented by Sluice yet; ignored"
-            ]
+            vec!["/etc/x.ini:3: setting \"syslog\" is not implemented by Sluice yet; ignored"]
         );
-        assert_eq!(s.raw["so_reuseport"], "1");
+        assert_eq!(s.raw["syslog"], "1");
         for (k, v) in [
             ("client_tls_sslmode", "disable"),
             ("client_tls_sslmode", "DISABLE"),
-            ("so_reuseport", "no"),
+            ("syslog", "no"),
             ("dns_max_ttl", "15.0"),
             ("tcp_keepcnt", "0"),
             ("syslog_ident", "pgbouncer"),

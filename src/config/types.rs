@@ -112,6 +112,8 @@ pub struct Settings {
     pub max_packet_size: u32,
     pub pkt_buf: usize,
     pub listen_backlog: u32,
+    /// SO_REUSEPORT on the TCP listeners: several processes may share a port.
+    pub so_reuseport: bool,
     pub tcp_keepalive: bool,
     pub scram_iterations: u32,
     /// Sluice-specific: `HOST:PORT` for the Prometheus endpoint; None: off.

@@ -51,7 +51,7 @@ pub fn bind_listeners(s: &Settings) -> io::Result<Listeners> {
     let mut tcp = Vec::new();
     for addr in &s.listen_addr {
         for sa in resolve(addr, s.listen_port)? {
-            tcp.push(bind_tcp(sa, s.listen_backlog)?);
+            tcp.push(bind_tcp(sa, s.listen_backlog, s.so_reuseport)?);
         }
     }
     let mut unix = None;
@@ -161,9 +161,15 @@ fn resolve(addr: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
     Ok(v)
 }
 
-fn bind_tcp(sa: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
+fn bind_tcp(sa: SocketAddr, backlog: u32, reuse_port: bool) -> io::Result<TcpListener> {
     let sock = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
     sock.set_reuse_address(true)?;
+    if reuse_port {
+        // `so_reuseport`: other processes that set it too may bind the same address,
+        // and the kernel spreads new connections over them (one Sluice per group of
+        // cores, or an old and a new one overlapping across a restart).
+        sock.set_reuse_port(true)?;
+    }
     if sa.is_ipv6() {
         // `*` binds both families separately, so the v6 socket must not claim v4 too.
         sock.set_only_v6(true)?;

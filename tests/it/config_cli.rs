@@ -175,11 +175,11 @@ fn wait_log_and_stderr(s: &support::Sluice, needle: &str) {
 async fn unimplemented_settings_start_with_a_warning() {
     let s = SluiceBuilder::new()
         .userlist(support::MD5_USER, support::MD5_PASSWORD)
-        .setting("so_reuseport", "1")
+        .setting("syslog", "1")
         .setting("client_tls_sslmode", "require")
         .start();
     wait_log_and_stderr(&s, "WARNING");
-    wait_log_and_stderr(&s, "setting \"so_reuseport\" is not implemented");
+    wait_log_and_stderr(&s, "setting \"syslog\" is not implemented");
     wait_log_and_stderr(&s, "setting \"client_tls_sslmode\" is not implemented");
     assert!(s.log().contains("sluice.ini:"), "{}", s.log());
     // It really serves despite the warnings.

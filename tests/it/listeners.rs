@@ -1,6 +1,8 @@
 //! Listening sockets (TCP addresses, the unix socket, `max_client_conn`) and the
 //! connection log lines, against the real `sluice` binary and PostgreSQL.
 
+mod reuseport;
+
 use crate::support::{self, run_bounded, wait_until, Sluice, SluiceBuilder};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
