@@ -296,16 +296,18 @@ class Postgres:
 class Pooler:
     """A Sluice or a PgBouncer with the same ini (both read pgbouncer.ini)."""
 
-    def __init__(self, name, binary, work, runner, pg, userlist):
+    def __init__(self, name, binary, work, runner, pg, userlist, instance=0):
         self.name = name
         self.binary = binary
-        self.dir = os.path.join(work, name)
+        self.work = work
+        self.dir = os.path.join(work, "%s.%d" % (name, instance) if instance else name)
         self.runner = runner
         self.pg = pg
         self.userlist = userlist
         self.port = None
         self.proc = None
         self.pid = None
+        self.so_reuseport = False
         os.mkdir(self.dir)
         # The pooler writes its log, pid file and socket here as nobody.
         self.runner.own(self.dir)
@@ -340,9 +342,11 @@ listen_backlog = 4096
 log_connections = 0
 log_disconnections = 0
 """)
+            if self.so_reuseport:
+                f.write("so_reuseport = 1\n")
 
-    def start(self, max_client_conn=MAX_CLIENT_CONN):
-        self.port = free_port()
+    def start(self, max_client_conn=MAX_CLIENT_CONN, port=None):
+        self.port = port or free_port()
         self.write_ini(max_client_conn)
         if os.path.exists(self.pidfile):
             os.unlink(self.pidfile)  # Sluice refuses a pid file naming a live process
@@ -389,6 +393,61 @@ log_disconnections = 0
 
     def rss_kb(self):
         return proc_rss_kb(self.pid)
+
+    def warm_up(self, pgbench):
+        """One short pgbench run through the UNIX socket (so this process, whatever
+        the kernel does with TCP), so that the pool has its server connection and
+        server parameters before a baseline is taken."""
+        subprocess.run([pgbench, "-n", "-S", "-c", "1", "-t", "10", "-h", self.sockdir, "-p",
+                        str(self.port), "-U", USER, DB], env=ENV, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=60)
+
+
+class PoolerGroup:
+    """Several processes of one pooler on one TCP port with `so_reuseport`, the kernel
+    spreading new connections over them (each has its own directory, so its own
+    UNIX socket, log and pid file): the idle scale test, where one process may not
+    hold as many sockets as there are clients. Measured as one: RSS and CPU are
+    the sums over the processes."""
+
+    def __init__(self, first, count):
+        self.members = [first] + [Pooler(first.name, first.binary, first.work, first.runner,
+                                         first.pg, first.userlist, instance=i)
+                                  for i in range(2, count + 1)]
+        self.name = first.name
+
+    @property
+    def port(self):
+        return self.members[0].port
+
+    @property
+    def logfile(self):
+        return self.members[0].logfile
+
+    def start(self, max_client_conn):
+        for m in self.members:
+            m.so_reuseport = True
+        self.members[0].start(max_client_conn=max_client_conn)
+        for m in self.members[1:]:
+            m.start(max_client_conn=max_client_conn, port=self.port)
+
+    def stop(self):
+        for m in self.members:
+            m.stop()
+            m.so_reuseport = False
+
+    def warm_up(self, pgbench):
+        for m in self.members:
+            m.warm_up(pgbench)
+
+    def alive(self):
+        return all(m.alive() for m in self.members)
+
+    def cpu(self):
+        return sum(m.cpu() for m in self.members)
+
+    def rss_kb(self):
+        return sum(m.rss_kb() for m in self.members)
 
 
 # --------------------------------------------------------------------------
@@ -666,8 +725,10 @@ def render_markdown(meta, agg, idle, chart_name):
                                                                           key=lambda kv: -kv[1]))
             if not r["pooler_alive"]:
                 errs = ("pooler exited; " + errs) if errs else "pooler exited"
+            procs = r.get("processes", 1)
+            who = LABEL[row["pooler"]] + (" (%d processes)" % procs if procs > 1 else "")
             L.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-                fmt_num(r["requested"]), LABEL[row["pooler"]], fmt_num(r["accepted"]),
+                fmt_num(r["requested"]), who, fmt_num(r["accepted"]),
                 fmt_num(r["still_connected"]), errs or "none",
                 fmt_num(r["rss_before_kb"] / 1024, 1),
                 fmt_num(None if r["rss_after_kb"] is None else r["rss_after_kb"] / 1024, 1),
@@ -824,38 +885,49 @@ def run_idle_tests(pgbench, poolers, idle, scale_idle, nofile):
         # Five source addresses so the client side does not run out of
         # ephemeral ports (about 28k per source address and destination).
         # A short login timeout: at a descriptor limit, logins stall rather than fail.
+        # Where one process may not hold that many sockets, each pooler runs as
+        # several processes sharing the port (so_reuseport), each kept a tenth under
+        # the limit (the kernel's spread is even only on average).
+        per_process = max(nofile - 1000, 1000)
+        processes = 1 if nofile >= scale_idle + 1000 else -(-scale_idle * 11 // (per_process * 10))
         tests.append(dict(count=scale_idle, max_client_conn=scale_idle + 1000,
                           sources=["127.0.0.%d" % i for i in range(1, 6)],
-                          workers_per_source=1, deadline=120, login_timeout=10))
-        if nofile < scale_idle + 100:
-            idle_note = ("The open-files limit here is %d (the hard limit, which this run could "
-                         "not raise), below the %s connections requested: each pooler can hold "
-                         "at most that many sockets, and the table shows what each did at the limit."
-                         % (nofile, fmt_num(scale_idle)))
+                          workers_per_source=1, deadline=120, login_timeout=10,
+                          processes=processes))
+        if processes > 1:
+            idle_note = ("For %s clients, each pooler ran as %d processes on one port with "
+                         "`so_reuseport` (the kernel spreads the connections over them), because "
+                         "one process may hold at most %d open files here (the hard limit, which "
+                         "this run could not raise); its RSS is the sum over the processes."
+                         % (fmt_num(scale_idle), processes, nofile))
     for test in tests:
         count = test["count"]
+        processes = test.get("processes", 1)
         for name in ("sluice", "pgbouncer"):
-            p = poolers[name]
+            p = poolers[name] if processes == 1 else PoolerGroup(poolers[name], processes)
             # A fresh process, so the heap left by the pgbench runs does not
             # absorb (and hide) the memory the idle clients cost.
-            p.stop()
-            p.start(max_client_conn=test["max_client_conn"])
-            # One login first, so that the pool has its server connection
-            # and server parameters before the baseline is taken.
-            subprocess.run([pgbench, "-n", "-S", "-c", "1", "-t", "10", "-h", "127.0.0.1", "-p",
-                            str(p.port), "-U", USER, DB], env=ENV, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=60)
-            time.sleep(0.5)
-            say("bench: %s idle clients -> %s ..." % (fmt_num(count), LABEL[name]))
-            res = idle_clients(p, count, test["sources"], test["deadline"],
-                               test["workers_per_source"], test["login_timeout"])
+            poolers[name].stop()
+            try:
+                p.start(max_client_conn=test["max_client_conn"])
+                p.warm_up(pgbench)
+                time.sleep(0.5)
+                say("bench: %s idle clients -> %s%s ..." % (
+                    fmt_num(count), LABEL[name],
+                    " (%d processes, so_reuseport)" % processes if processes > 1 else ""))
+                res = idle_clients(p, count, test["sources"], test["deadline"],
+                                   test["workers_per_source"], test["login_timeout"])
+            finally:
+                if processes > 1:
+                    p.stop()
+            res["processes"] = processes
             idle_rows.append({"count": count, "pooler": name, "result": res})
             say("bench:   logged in %s, still connected %s, errors %s, RSS %.1f -> %s MB, %s KB/client, %.1f s"
                 % (fmt_num(res["accepted"]), fmt_num(res["still_connected"]), res["errors"] or "none",
                    res["rss_before_kb"] / 1024,
                    "-" if res["rss_after_kb"] is None else "%.1f" % (res["rss_after_kb"] / 1024),
                    fmt_num(res.get("kb_per_client"), 2), res["open_s"]))
-            if not p.alive():
+            if not res["pooler_alive"]:
                 say("bench:   %s exited; log tail:\n%s" % (name, tail(p.logfile)))
     return idle_rows, idle_note
 
