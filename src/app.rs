@@ -116,9 +116,10 @@ impl App {
         let (shutdown, _) = watch::channel(Shutdown::No);
         let (gate, _) = watch::channel(Gate::default());
         Arc::new(App {
+            // peer_id only changes with a restart, so it is fixed here.
+            cancels: CancelRegistry::new(config.settings.peer_id),
             config: RwLock::new(Arc::new(config)),
             pools: Pools::new(),
-            cancels: CancelRegistry::default(),
             statements: Arc::default(),
             clients: AtomicU32::new(0),
             client_ids: AtomicU64::new(1),

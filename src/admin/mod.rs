@@ -192,7 +192,7 @@ fn show(ctx: &mut Ctx<'_>, what: &str, query: &str) -> Result<(), CmdError> {
         "mem" => show_misc::mem(app, out),
         "dns_hosts" => show_misc::dns_hosts(out),
         "dns_zones" => show_misc::dns_zones(out),
-        "peers" => show_misc::peers(out),
+        "peers" => show_misc::peers(app, out),
         "peer_pools" => show_misc::peer_pools(out),
         "clients" => show_sockets::clients(app, out),
         "servers" => show_sockets::servers(app, out),

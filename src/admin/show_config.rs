@@ -27,6 +27,8 @@ const RESTART_ONLY: &[&str] = &[
     "listen_backlog",
     "listen_port",
     "metrics_listen",
+    // Cancel keys already issued carry it.
+    "peer_id",
     "pidfile",
     "pkt_buf",
     "resolv_conf",

@@ -20,7 +20,7 @@ pub fn list_rows(app: &App) -> Vec<(&'static str, u64)> {
     vec![
         ("databases", database_rows(app).len() as u64),
         ("users", user_names(app).len() as u64),
-        ("peers", 0),
+        ("peers", app.config().peers.len() as u64),
         ("pools", pools.len() as u64 + 1),
         ("peer_pools", 0),
         ("free_clients", 0),
@@ -138,9 +138,10 @@ pub fn dns_zones(out: &mut BytesMut) {
     .finish();
 }
 
-/// SHOW PEERS: empty, Sluice is one process and needs no peering.
-pub fn peers(out: &mut BytesMut) {
-    Table::new(
+/// SHOW PEERS: the `[peers]` entries, `pool_size` defaulting as PgBouncer's does.
+pub fn peers(app: &App, out: &mut BytesMut) {
+    let cfg = app.config();
+    let mut t = Table::new(
         out,
         &[
             ("peer_id", Ty::Int4),
@@ -148,11 +149,20 @@ pub fn peers(out: &mut BytesMut) {
             ("port", Ty::Int4),
             ("pool_size", Ty::Int4),
         ],
-    )
-    .finish();
+    );
+    for p in cfg.peers.values() {
+        t.row(vec![
+            p.id.into(),
+            p.host.as_str().into(),
+            p.port.into(),
+            p.pool_size.unwrap_or(cfg.settings.default_pool_size).into(),
+        ]);
+    }
+    t.finish();
 }
 
-/// SHOW PEER_POOLS: empty, as PEERS.
+/// SHOW PEER_POOLS: empty: a cancel passed to a peer uses a connection of its own,
+/// not a pool.
 pub fn peer_pools(out: &mut BytesMut) {
     Table::new(
         out,

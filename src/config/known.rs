@@ -75,7 +75,7 @@ pub(super) const KNOWN: &[(&str, &str, Kind)] = &[
     ("max_user_client_connections", "0", Implemented),
     ("max_user_connections", "0", Implemented),
     ("min_pool_size", "0", Implemented),
-    ("peer_id", "0", Int),
+    ("peer_id", "0", Implemented),
     ("pidfile", "", Implemented),
     ("pkt_buf", "4096", Implemented),
     ("pool_mode", "session", Implemented),

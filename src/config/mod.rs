@@ -9,6 +9,7 @@ mod databases;
 mod error;
 mod ini;
 mod known;
+mod peers;
 mod settings;
 mod types;
 mod userlist;
@@ -24,6 +25,7 @@ use ini::Ini;
 pub use databases::{parse_pairs, DEFAULT_PORT};
 pub use error::ConfigError;
 pub use known::is_known_setting;
+pub use peers::{PeerEntry, MAX_PEER_ID};
 
 /// PgBouncer's default for a setting as SHOW CONFIG prints it, if it is one.
 pub fn setting_default(name: &str) -> Option<&'static str> {
@@ -55,8 +57,7 @@ impl Config {
         let mut warnings = Vec::new();
         for s in &ini.sections {
             let note = match s.name.as_str() {
-                "pgbouncer" | "databases" | "users" => continue,
-                "peers" => "section [peers] is not supported by Sluice; ignored".to_string(),
+                "pgbouncer" | "databases" | "users" | "peers" => continue,
                 other => format!("unknown section [{other}]; ignored"),
             };
             warnings.push(error::warning_at(&s.file, s.line, note));
@@ -70,6 +71,7 @@ impl Config {
         let mut databases = HashMap::new();
         let mut fallback_database = None;
         let mut users = HashMap::new();
+        let mut peers = std::collections::BTreeMap::new();
         for e in &ini.entries {
             match e.section.as_str() {
                 "pgbouncer" => settings::apply_setting(
@@ -99,7 +101,11 @@ impl Config {
                     let u = users::parse_user(&e.key, &e.value, &e.file, e.line)?;
                     users.insert(e.key.clone(), u);
                 }
-                // [peers] and unknown sections were warned about above.
+                "peers" => {
+                    let p = peers::parse_peer(&e.key, &e.value, &e.file, e.line)?;
+                    peers.insert(p.id, p);
+                }
+                // Unknown sections were warned about above.
                 _ => {}
             }
         }
@@ -114,6 +120,7 @@ impl Config {
             databases,
             fallback_database,
             users,
+            peers,
             userlist,
             warnings,
         })
@@ -264,11 +271,31 @@ mod tests {
         assert_eq!(
             c.warnings,
             vec![
-                "/etc/x.ini:3: section [peers] is not supported by Sluice; ignored",
                 "/etc/x.ini:5: unknown section [extra]; ignored",
                 "/etc/x.ini:2: setting \"syslog\" is not implemented by Sluice yet; ignored",
             ]
         );
+    }
+
+    #[test]
+    fn peers_and_peer_id() {
+        let c = Config::from_ini_str(
+            "[pgbouncer]\npeer_id = 2\n[peers]\n1 = host=/tmp/a port=7000\n3 = host=b\n",
+            Path::new("/etc/x.ini"),
+        )
+        .unwrap();
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        assert_eq!(c.settings.peer_id, 2);
+        let ids: Vec<u16> = c.peers.keys().copied().collect();
+        assert_eq!(ids, vec![1, 3]);
+        assert_eq!(
+            (c.peers[&1].host.as_str(), c.peers[&1].port),
+            ("/tmp/a", 7000)
+        );
+        let err = Config::from_ini_str("[peers]\n1 = port=1\n", Path::new("/etc/x.ini"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, "/etc/x.ini:2: peer 1 needs a host");
     }
 
     #[test]

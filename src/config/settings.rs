@@ -82,6 +82,7 @@ impl Default for Settings {
             pkt_buf: 4096,
             listen_backlog: 128,
             so_reuseport: false,
+            peer_id: 0,
             tcp_keepalive: true,
             scram_iterations: 4096,
             metrics_listen: None,
@@ -204,6 +205,12 @@ fn set_implemented(s: &mut Settings, name: &str, v: &str) -> Result<Option<Strin
         "max_user_client_connections" => s.max_user_client_connections = parse_int(v)?,
         "max_user_connections" => s.max_user_connections = parse_int(v)?,
         "min_pool_size" => s.min_pool_size = parse_int(v)?,
+        "peer_id" => {
+            s.peer_id = match parse_int(v)? {
+                n @ 0..=crate::config::MAX_PEER_ID => n,
+                _ => return Err(format!("expected 0 to {}", crate::config::MAX_PEER_ID)),
+            }
+        }
         "pidfile" => s.pidfile = opt_str(v).map(PathBuf::from),
         "pkt_buf" => s.pkt_buf = parse_int(v)?,
         "pool_mode" => s.pool_mode = parse_pool_mode(v)?,
@@ -460,6 +467,7 @@ mod tests {
             ("syslog", "perhaps", bool_err),
             ("dns_max_ttl", "x", "expected a number of seconds"),
             ("peer_id", "x", "expected an integer"),
+            ("peer_id", "16384", "expected 0 to 16383"),
             ("server_tls_sslmode", "sometimes", ssl_err),
         ] {
             let want = format!("/etc/x.ini:3: invalid value \"{v}\" for {k}: {why}");

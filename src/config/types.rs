@@ -114,6 +114,8 @@ pub struct Settings {
     pub listen_backlog: u32,
     /// SO_REUSEPORT on the TCP listeners: several processes may share a port.
     pub so_reuseport: bool,
+    /// This process's id among its peers (`[peers]`); 0: no peering.
+    pub peer_id: u16,
     pub tcp_keepalive: bool,
     pub scram_iterations: u32,
     /// Sluice-specific: `HOST:PORT` for the Prometheus endpoint; None: off.
@@ -180,6 +182,8 @@ pub struct Config {
     /// The `*` fallback entry, if any.
     pub fallback_database: Option<DatabaseEntry>,
     pub users: HashMap<String, UserEntry>,
+    /// `[peers]`, by peer id.
+    pub peers: std::collections::BTreeMap<u16, super::PeerEntry>,
     /// `auth_file` contents: user name to secret (plaintext, `md5...` or `SCRAM-SHA-256$...`).
     pub userlist: HashMap<String, String>,
     /// Accepted-but-unimplemented settings and similar: logged as warnings at load.

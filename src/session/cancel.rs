@@ -1,5 +1,11 @@
 //! Cancel keys: each client gets its own (pid, key) at login; a CancelRequest carrying
 //! it is forwarded to the backend currently serving that client, and ignored otherwise.
+//!
+//! With `peer_id` set, processes sharing a port (`so_reuseport`) pass each other the
+//! cancels meant for one another: the kernel may hand a cancel's new connection to
+//! any of them. A key then carries its process's peer id in bits 16-29 of `key`, and
+//! in bits 30-31 how many more times it may be passed on (3 as issued), so that peers
+//! that disagree about who is who cannot pass one around for ever.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -7,11 +13,17 @@ use std::time::Duration;
 use rustc_hash::FxHashMap;
 use tokio::net::{TcpStream, UnixStream};
 
+use crate::config::Config;
 use crate::net::listener::unix_socket_path;
 use crate::net::Stream;
 use crate::pool::ServerAddr;
 use crate::protocol::startup::cancel_request;
 use crate::stats::conns::ClientInfo;
+
+const PEER_SHIFT: u32 = 16;
+const PEER_MASK: u32 = 0x3fff;
+const HOPS_SHIFT: u32 = 30;
+const HOPS_AS_ISSUED: u32 = 0b11;
 
 /// All live client cancel keys, each with its client's console entry, which knows the
 /// server the client is linked to right now (if any).
@@ -19,6 +31,8 @@ use crate::stats::conns::ClientInfo;
 pub struct CancelRegistry {
     // Fx: the keys are ours (random), a peer only looks them up.
     map: Mutex<FxHashMap<(u32, u32), Arc<ClientInfo>>>,
+    /// This process's `peer_id` (0: no peering).
+    peer_id: u16,
 }
 
 /// A client's cancel key; its owner removes it from the registry when the client
@@ -29,7 +43,26 @@ pub struct CancelKey {
     pub key: u32,
 }
 
+/// Where a cancel request goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// One of this process's clients (the key as issued).
+    Local { pid: u32, key: u32 },
+    /// Peer `peer`'s, passed on with one hop fewer.
+    Peer { peer: u16, pid: u32, key: u32 },
+    /// Another process's, but passed on too often already.
+    Spent,
+}
+
 impl CancelRegistry {
+    /// A registry issuing keys for the process with this `peer_id`.
+    pub fn new(peer_id: u16) -> CancelRegistry {
+        CancelRegistry {
+            map: Mutex::default(),
+            peer_id,
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, FxHashMap<(u32, u32), Arc<ClientInfo>>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -43,7 +76,12 @@ impl CancelRegistry {
     pub fn register(&self, client: &Arc<ClientInfo>) -> CancelKey {
         let mut map = self.lock();
         loop {
-            let (pid, key) = (rand::random::<u32>() & 0x7fff_ffff, rand::random::<u32>());
+            let (pid, mut key) = (rand::random::<u32>() & 0x7fff_ffff, rand::random::<u32>());
+            if self.peer_id != 0 {
+                key = (HOPS_AS_ISSUED << HOPS_SHIFT)
+                    | (u32::from(self.peer_id) << PEER_SHIFT)
+                    | (key & 0xffff);
+            }
             if let std::collections::hash_map::Entry::Vacant(e) = map.entry((pid, key)) {
                 e.insert(client.clone());
                 return CancelKey { pid, key };
@@ -51,43 +89,177 @@ impl CancelRegistry {
         }
     }
 
-    /// Forwards a cancel for (pid, key) if it names a client that holds a server.
-    /// Returns whether a cancel was sent.
-    pub async fn cancel(&self, pid: u32, key: u32, connect_timeout: Duration) -> bool {
-        let client = self.lock().get(&(pid, key)).cloned();
-        let Some(server) = client.and_then(|c| c.linked()) else {
-            return false;
-        };
-        let (addr, spid, skey) = (&server.addr, server.backend_pid, server.backend_key);
-        let send = async {
-            let stream = match addr {
-                ServerAddr::Tcp(h, p) => Stream::Tcp(TcpStream::connect((h.as_str(), *p)).await?),
-                ServerAddr::Unix(d, p) => {
-                    Stream::Unix(UnixStream::connect(unix_socket_path(d, *p)).await?)
-                }
-            };
-            stream.write_all(&cancel_request(spid, skey)).await?;
-            // PostgreSQL closes after reading the request; wait for that so the
-            // cancel is delivered before we report success.
-            let mut buf = bytes::BytesMut::with_capacity(16);
-            let _ = stream.read_buf(&mut buf).await;
-            Ok::<_, std::io::Error>(())
-        };
-        let limit = if connect_timeout.is_zero() {
-            Duration::from_secs(15)
-        } else {
-            connect_timeout
-        };
-        match tokio::time::timeout(limit, send).await {
-            Ok(Ok(())) => true,
-            Ok(Err(e)) => {
-                tracing::warn!("cancel request to {addr} failed: {e}");
-                false
+    /// Whose key (pid, key) is.
+    pub fn route(&self, pid: u32, key: u32) -> Route {
+        if self.peer_id == 0 {
+            return Route::Local { pid, key };
+        }
+        let peer = ((key >> PEER_SHIFT) & PEER_MASK) as u16;
+        let hops = key >> HOPS_SHIFT;
+        let rest = key & !(HOPS_AS_ISSUED << HOPS_SHIFT);
+        if peer == self.peer_id {
+            Route::Local {
+                pid,
+                key: rest | (HOPS_AS_ISSUED << HOPS_SHIFT),
             }
-            Err(_) => {
-                tracing::warn!("cancel request to {addr} timed out");
+        } else if hops == 0 {
+            Route::Spent
+        } else {
+            Route::Peer {
+                peer,
+                pid,
+                key: rest | ((hops - 1) << HOPS_SHIFT),
+            }
+        }
+    }
+
+    /// Handles a CancelRequest for (pid, key): forwards it to the backend of the local
+    /// client holding it, if that client holds a server, or to the peer whose key it
+    /// is. Returns whether a cancel was sent.
+    pub async fn cancel(&self, pid: u32, key: u32, cfg: &Config) -> bool {
+        let timeout = cfg.settings.cancel_wait_timeout;
+        match self.route(pid, key) {
+            Route::Local { pid, key } => {
+                let client = self.lock().get(&(pid, key)).cloned();
+                let Some(server) = client.and_then(|c| c.linked()) else {
+                    return false;
+                };
+                let (spid, skey) = (server.backend_pid, server.backend_key);
+                send_cancel(&server.addr, spid, skey, timeout).await
+            }
+            Route::Peer { peer, pid, key } => match cfg.peers.get(&peer) {
+                Some(p) => {
+                    let addr = if p.host.starts_with('/') {
+                        ServerAddr::Unix(p.host.clone(), p.port)
+                    } else {
+                        ServerAddr::Tcp(p.host.clone(), p.port)
+                    };
+                    send_cancel(&addr, pid, key, timeout).await
+                }
+                None => {
+                    tracing::debug!("cancel request for unknown peer {peer} ignored");
+                    false
+                }
+            },
+            Route::Spent => {
+                tracing::debug!("cancel request passed on too often; ignored");
                 false
             }
         }
+    }
+}
+
+/// Sends a CancelRequest for (pid, key) to `addr` (a server or a peer) and waits
+/// until it closes the connection (PostgreSQL does once it has read the request, a
+/// peer once it has passed it on), so the cancel is delivered before we report success.
+async fn send_cancel(addr: &ServerAddr, pid: u32, key: u32, timeout: Duration) -> bool {
+    let send = async {
+        let stream = match addr {
+            ServerAddr::Tcp(h, p) => Stream::Tcp(TcpStream::connect((h.as_str(), *p)).await?),
+            ServerAddr::Unix(d, p) => {
+                Stream::Unix(UnixStream::connect(unix_socket_path(d, *p)).await?)
+            }
+        };
+        stream.write_all(&cancel_request(pid, key)).await?;
+        let mut buf = bytes::BytesMut::with_capacity(16);
+        let _ = stream.read_buf(&mut buf).await;
+        Ok::<_, std::io::Error>(())
+    };
+    let limit = if timeout.is_zero() {
+        Duration::from_secs(15)
+    } else {
+        timeout
+    };
+    match tokio::time::timeout(limit, send).await {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            tracing::warn!("cancel request to {addr} failed: {e}");
+            false
+        }
+        Err(_) => {
+            tracing::warn!("cancel request to {addr} timed out");
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key_of(reg: &CancelRegistry) -> CancelKey {
+        let info = Arc::new(ClientInfo::new(crate::stats::conns::ClientMeta {
+            id: 1,
+            user: "u".into(),
+            database: "d".into(),
+            pool_user: "u".into(),
+            peer: crate::net::PeerAddr::Unix,
+            local_addr: None,
+            application_name: "".into(),
+            admin: false,
+        }));
+        reg.register(&info)
+    }
+
+    #[test]
+    fn without_peering_every_key_is_local_and_random() {
+        let reg = CancelRegistry::new(0);
+        let k = key_of(&reg);
+        assert!(k.pid < 1 << 31, "a positive pid");
+        assert_eq!(
+            reg.route(k.pid, k.key),
+            Route::Local {
+                pid: k.pid,
+                key: k.key
+            }
+        );
+        assert_eq!(
+            reg.route(1, 0xffff_ffff),
+            Route::Local {
+                pid: 1,
+                key: 0xffff_ffff
+            }
+        );
+    }
+
+    #[test]
+    fn a_peer_key_names_its_process_and_loses_a_hop_per_pass() {
+        let (a, b) = (CancelRegistry::new(7), CancelRegistry::new(16383));
+        let k = key_of(&a);
+        assert_eq!((k.key >> PEER_SHIFT) & PEER_MASK, 7);
+        // Its own process finds it as issued.
+        assert_eq!(
+            a.route(k.pid, k.key),
+            Route::Local {
+                pid: k.pid,
+                key: k.key
+            }
+        );
+        // Another passes it on, each time with a hop fewer, then stops.
+        let mut key = k.key;
+        for _ in 0..3 {
+            match b.route(k.pid, key) {
+                Route::Peer {
+                    peer: 7,
+                    pid,
+                    key: next,
+                } => {
+                    assert_eq!(pid, k.pid);
+                    assert_eq!(next & 0x3fff_ffff, k.key & 0x3fff_ffff);
+                    assert_eq!(next >> HOPS_SHIFT, (key >> HOPS_SHIFT) - 1);
+                    // Wherever it lands, its own process still knows it.
+                    assert_eq!(
+                        a.route(pid, next),
+                        Route::Local {
+                            pid: k.pid,
+                            key: k.key
+                        }
+                    );
+                    key = next;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(b.route(k.pid, key), Route::Spent);
     }
 }

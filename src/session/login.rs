@@ -99,8 +99,8 @@ pub async fn read_startup(
                 stream.write_all(b"N").await.map_err(ClientError::Io)?;
             }
             StartupPacket::Cancel { pid, key } => {
-                let timeout = app.config().settings.cancel_wait_timeout;
-                app.cancels.cancel(pid, key, timeout).await;
+                let cfg = app.config();
+                app.cancels.cancel(pid, key, &cfg).await;
                 return Ok(Startup::Cancel);
             }
             StartupPacket::Startup { minor, params } => {

@@ -190,3 +190,56 @@ async fn cancel_reaches_a_server_behind_a_unix_socket() {
     let c = connect(&s.config(MD5_USER, MD5_PASSWORD, "sockdb")).await;
     cancel_and_check(&c).await;
 }
+
+/// Two processes on one port (`so_reuseport`), peered: a cancel that reaches the
+/// process which did not issue the key is passed on to the one that did.
+#[tokio::test]
+async fn a_peer_passes_on_a_cancel_for_the_process_that_issued_the_key() {
+    let a = SluiceBuilder::new()
+        .userlist(MD5_USER, MD5_PASSWORD)
+        .setting("so_reuseport", "1")
+        .setting("peer_id", "1")
+        .start();
+    let port = a.port();
+    let b = SluiceBuilder::new()
+        .userlist(MD5_USER, MD5_PASSWORD)
+        .setting("so_reuseport", "1")
+        .setting("peer_id", "2")
+        .setting("listen_port", &port.to_string())
+        .raw_ini(&format!(
+            "[peers]\n1 = host={} port={port}\n2 = host={} port={port}\n",
+            a.socket_dir().display(),
+            "/nonexistent"
+        ))
+        .start();
+    let b_socket = b.socket_dir().join(format!(".s.PGSQL.{port}"));
+    assert!(
+        support::wait_until(Duration::from_secs(10), || b_socket.exists()),
+        "B never bound\n{}",
+        b.diagnostics()
+    );
+    // The client is A's (through A's own socket); its cancel goes to B's.
+    let c = connect(&a.socket_config(MD5_USER, MD5_PASSWORD, TEST_DB)).await;
+    let h = start_query(&c, "SELECT pg_sleep(30)").await;
+    let to_b = within(
+        T,
+        "connect to B",
+        tokio::net::UnixStream::connect(&b_socket),
+    )
+    .await
+    .expect("B's socket");
+    within(
+        T,
+        "cancel via B",
+        c.cancel_token().cancel_query_raw(to_b, NoTls),
+    )
+    .await
+    .expect("send cancel");
+    assert_eq!(
+        outcome(h, Duration::from_secs(10)).await,
+        "57014",
+        "A:\n{}\nB:\n{}",
+        a.diagnostics(),
+        b.diagnostics()
+    );
+}

@@ -488,9 +488,15 @@ impl Sluice {
     /// tokio-postgres config for a TCP connection to Sluice. An empty `password`
     /// means none is set.
     pub fn config(&self, user: &str, password: &str, db: &str) -> tokio_postgres::Config {
+        let mut cfg = self.login_config(user, password, db);
+        cfg.host("127.0.0.1");
+        cfg
+    }
+
+    /// Port, user, database and password, but no host yet.
+    fn login_config(&self, user: &str, password: &str, db: &str) -> tokio_postgres::Config {
         let mut cfg = tokio_postgres::Config::new();
-        cfg.host("127.0.0.1")
-            .port(self.port)
+        cfg.port(self.port)
             .user(user)
             .dbname(db)
             .connect_timeout(Duration::from_secs(10));
@@ -502,7 +508,9 @@ impl Sluice {
 
     /// tokio-postgres config for a unix-socket connection to Sluice.
     pub fn socket_config(&self, user: &str, password: &str, db: &str) -> tokio_postgres::Config {
-        let mut cfg = self.config(user, password, db);
+        // Not `config` plus a path: tokio-postgres tries its hosts in order, so the
+        // TCP one would always be used.
+        let mut cfg = self.login_config(user, password, db);
         cfg.host_path(self.socket_dir());
         cfg
     }
