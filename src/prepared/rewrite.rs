@@ -208,7 +208,7 @@ pub fn plain_queries(input: &[u8], max_len: u32) -> bool {
         let Some(msg) = rest.get(..=len) else {
             return false;
         };
-        if len <= MAX_INSPECTED_QUERY && super::sql::may_match(&msg[HEADER_LEN..]) {
+        if len <= MAX_INSPECTED_QUERY && super::sql::names_statements(&msg[HEADER_LEN..]) {
             return false;
         }
         rest = &rest[len + 1..];

@@ -152,12 +152,26 @@ fn plain_queries_are_whole_simple_queries_needing_no_rewrite() {
     let two = [q("SELECT 1"), q("  select abalance from t")].concat();
     assert!(plain_queries(&two, 1 << 20));
     assert!(plain_queries(&q("/* x */ DISCARD ALL"), 1 << 20));
+    // Other words with the same first letters are plain.
+    for sql in [
+        "END;",
+        "delete from t",
+        "EXPLAIN SELECT 1",
+        "DROP TABLE t",
+        "PREPARED",
+        "EXECUTES",
+        "",
+    ] {
+        assert!(plain_queries(&q(sql), 1 << 20), "{sql}");
+    }
     // Recognised by their first word: the rewriter's business.
     for sql in [
         "PREPARE p AS SELECT 1",
         " execute p",
         "DEALLOCATE p",
+        "\n\tdeallocate prepare p",
         "discard all",
+        "Prepare(x)",
     ] {
         assert!(!plain_queries(&q(sql), 1 << 20), "{sql}");
     }

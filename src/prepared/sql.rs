@@ -21,6 +21,26 @@ pub fn may_match(body: &[u8]) -> bool {
     first.is_some_and(|b| matches!(b.to_ascii_uppercase(), b'P' | b'E' | b'D'))
 }
 
+/// Whether a Query body starts with a word the rewriter or the response tracker acts
+/// on: PREPARE, EXECUTE and DEALLOCATE (all that [`parse`] recognises, read as it reads
+/// them: the letters after leading ASCII whitespace), and DISCARD. Sharper than
+/// [`may_match`], so that END, DELETE, EXPLAIN ... go the plain way.
+pub fn names_statements(body: &[u8]) -> bool {
+    let start = body
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(body.len());
+    let word = &body[start..];
+    let end = word
+        .iter()
+        .position(|b| !b.is_ascii_alphabetic())
+        .unwrap_or(word.len());
+    let word = &word[..end];
+    [&b"PREPARE"[..], b"EXECUTE", b"DEALLOCATE", b"DISCARD"]
+        .iter()
+        .any(|k| word.eq_ignore_ascii_case(k))
+}
+
 /// Recognises `text` (a Query body without its NUL) as one of the commands.
 pub fn parse(text: &str) -> Option<SqlCommand<'_>> {
     if !may_match(text.as_bytes()) {
@@ -113,6 +133,34 @@ fn ident(s: &str) -> Option<(String, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_statements_whenever_parse_recognises_one() {
+        let mut recognised = 0;
+        for text in [
+            "PREPARE Foo (int) AS SELECT $1;",
+            "  prepare \"x\" as select 1",
+            "\texecute foo(1)",
+            "DEALLOCATE PREPARE foo",
+            "deallocate all",
+            "EXECUTE\nfoo",
+            "Prepare(x)",
+            "END",
+            "DELETE FROM t",
+            "EXPLAIN EXECUTE foo",
+            "PREPARED x",
+            "  ",
+        ] {
+            if parse(text).is_some() {
+                assert!(names_statements(text.as_bytes()), "{text:?}");
+                recognised += 1;
+            }
+        }
+        assert_eq!(recognised, 5);
+        assert!(!names_statements(b"END"));
+        assert!(!names_statements(b"EXPLAIN EXECUTE foo"));
+        assert!(names_statements(b" discard all"));
+    }
 
     #[test]
     fn recognises_the_three_commands() {
