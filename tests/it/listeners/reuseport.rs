@@ -71,3 +71,52 @@ fn without_it_a_second_process_cannot_bind() {
         "error does not name the address: {out}"
     );
 }
+
+/// The restart `so_reuseport` allows: the old process, told to shut down once its
+/// clients leave (SIGTERM), stops taking new ones but serves those it has, while the
+/// new one on the same port takes every new client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_process_takes_over_while_the_old_one_drains() {
+    let mut old = md5_sluice().setting("so_reuseport", "1").start();
+    let port = old.port();
+    // Alone on the port: this client is the old process's.
+    let held = support::connect(&cfg_at("127.0.0.1", port)).await;
+    select(&held, 1).await;
+    let new = md5_sluice()
+        .setting("so_reuseport", "1")
+        .setting("listen_port", &port.to_string())
+        .start();
+    let new_socket = new.socket_dir().join(format!(".s.PGSQL.{port}"));
+    assert!(wait_until(Duration::from_secs(10), || new_socket.exists()));
+
+    old.signal(libc::SIGTERM);
+    assert!(
+        wait_until(Duration::from_secs(5), || old
+            .log()
+            .contains("waiting for clients")),
+        "{}",
+        old.diagnostics()
+    );
+    // The old listener closes as the shutdown begins, just after that line.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    const N: usize = 12;
+    let mut clients = Vec::new();
+    for i in 0..N {
+        let c = support::connect(&cfg_at("127.0.0.1", port)).await;
+        select(&c, i as i32).await;
+        clients.push(c);
+    }
+    wait_until(Duration::from_secs(5), || logins(&new) >= N);
+    assert_eq!(logins(&new), N, "{}", new.log());
+    assert_eq!(logins(&old), 1, "{}", old.log());
+    // The old process still serves its client, and leaves once it is gone.
+    select(&held, 2).await;
+    assert!(old.is_running());
+    drop(held);
+    assert!(
+        old.wait_exit(Duration::from_secs(10)).is_some(),
+        "old process still running\n{}",
+        old.diagnostics()
+    );
+    select(&clients[0], 3).await;
+}
