@@ -26,19 +26,32 @@ pub fn may_match(body: &[u8]) -> bool {
 /// them: the letters after leading ASCII whitespace), and DISCARD. Sharper than
 /// [`may_match`], so that END, DELETE, EXPLAIN ... go the plain way.
 pub fn names_statements(body: &[u8]) -> bool {
-    let start = body
-        .iter()
-        .position(|b| !b.is_ascii_whitespace())
-        .unwrap_or(body.len());
-    let word = &body[start..];
-    let end = word
-        .iter()
-        .position(|b| !b.is_ascii_alphabetic())
-        .unwrap_or(word.len());
-    let word = &word[..end];
-    [&b"PREPARE"[..], b"EXECUTE", b"DEALLOCATE", b"DISCARD"]
-        .iter()
-        .any(|k| word.eq_ignore_ascii_case(k))
+    // By the first letter first: every simple query comes here.
+    may_match(body) && first_word_names_statements(body)
+}
+
+/// The rest of [`names_statements`], for a body starting with P, E or D (out of line:
+/// inlined, it made the common case no cheaper).
+#[inline(never)]
+fn first_word_names_statements(body: &[u8]) -> bool {
+    let Some(start) = body.iter().position(|b| !b.is_ascii_whitespace()) else {
+        return false;
+    };
+    let rest = &body[start..];
+    let keyword: &[u8] = match rest[0].to_ascii_uppercase() {
+        b'P' => b"PREPARE",
+        b'E' => b"EXECUTE",
+        b'D' => match rest.get(1).map(u8::to_ascii_uppercase) {
+            Some(b'E') => b"DEALLOCATE",
+            Some(b'I') => b"DISCARD",
+            _ => return false,
+        },
+        _ => return false,
+    };
+    // The whole first word: the keyword, then no further letter.
+    rest.get(..keyword.len())
+        .is_some_and(|w| w.eq_ignore_ascii_case(keyword))
+        && !rest.get(keyword.len()).is_some_and(u8::is_ascii_alphabetic)
 }
 
 /// Recognises `text` (a Query body without its NUL) as one of the commands.
@@ -160,6 +173,19 @@ mod tests {
         assert!(!names_statements(b"END"));
         assert!(!names_statements(b"EXPLAIN EXECUTE foo"));
         assert!(names_statements(b" discard all"));
+        assert!(names_statements(b"PREPARE"));
+        assert!(names_statements(b"execute\0"));
+        for no in [
+            &b"DEALLOCATEX"[..],
+            b"P",
+            b"di",
+            b"Dx",
+            b"",
+            b"\n ",
+            b"SELECT 1",
+        ] {
+            assert!(!names_statements(no), "{no:?}");
+        }
     }
 
     #[test]
