@@ -328,3 +328,29 @@ async fn prepared_statement_counts_in_clients_and_servers() {
         .collect();
     assert!(held.iter().any(|n| *n >= 2), "{servers:?}");
 }
+
+#[test]
+fn peers_and_lists_follow_the_peers_section() {
+    let s = builder()
+        .setting("peer_id", "1")
+        .setting("default_pool_size", "7")
+        .raw_ini("[peers]\n2 = host=/tmp/peer2 port=7002 pool_size=3\n3 = host=10.0.0.3\n")
+        .start();
+    let peers = psql_ok(&s, "SHOW PEERS");
+    assert_eq!(peers.column("peer_id"), ["2", "3"], "{peers:?}");
+    let cell = |id: &str, col: &str| peers.cell("peer_id", id, col);
+    assert_eq!(cell("2", "host").as_deref(), Some("/tmp/peer2"));
+    assert_eq!(cell("2", "port").as_deref(), Some("7002"));
+    assert_eq!(cell("2", "pool_size").as_deref(), Some("3"));
+    // PgBouncer's defaults: port 6432, pool_size default_pool_size.
+    assert_eq!(cell("3", "port").as_deref(), Some("6432"));
+    assert_eq!(cell("3", "pool_size").as_deref(), Some("7"));
+    let lists = psql_ok(&s, "SHOW LISTS");
+    assert_eq!(lists.cell("list", "peers", "items").as_deref(), Some("2"));
+    let config = psql_ok(&s, "SHOW CONFIG");
+    assert_eq!(config.cell("key", "peer_id", "value").as_deref(), Some("1"));
+    assert_eq!(
+        config.cell("key", "peer_id", "changeable").as_deref(),
+        Some("no")
+    );
+}
