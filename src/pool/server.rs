@@ -215,21 +215,24 @@ fn read_err(e: ReadError) -> PoolError {
     }
 }
 
+/// Opens a socket to `addr` (a server, or a peer for a cancel), without a time limit.
+pub(crate) async fn connect_to(addr: &ServerAddr) -> std::io::Result<Stream> {
+    match addr {
+        ServerAddr::Tcp(host, port) => {
+            let s = TcpStream::connect((host.as_str(), *port)).await?;
+            s.set_nodelay(true)?;
+            Ok(Stream::Tcp(s))
+        }
+        ServerAddr::Unix(dir, port) => {
+            let path = crate::net::listener::unix_socket_path(dir, *port);
+            Ok(Stream::Unix(UnixStream::connect(path).await?))
+        }
+    }
+}
+
 /// Opens a socket to the server with `server_connect_timeout`.
 async fn open(addr: &ServerAddr, timeout: Duration) -> Result<Stream, PoolError> {
-    let fut = async {
-        match addr {
-            ServerAddr::Tcp(host, port) => {
-                let s = TcpStream::connect((host.as_str(), *port)).await?;
-                s.set_nodelay(true)?;
-                Ok::<_, std::io::Error>(Stream::Tcp(s))
-            }
-            ServerAddr::Unix(dir, port) => {
-                let path = crate::net::listener::unix_socket_path(dir, *port);
-                Ok(Stream::Unix(UnixStream::connect(path).await?))
-            }
-        }
-    };
+    let fut = connect_to(addr);
     let limit = if timeout.is_zero() {
         Duration::from_secs(3600)
     } else {

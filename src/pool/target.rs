@@ -14,6 +14,18 @@ pub enum ServerAddr {
     Unix(String, u16),
 }
 
+impl ServerAddr {
+    /// A `host=` value as libpq reads it: a directory (starting with `/`) holds the
+    /// UNIX socket, anything else is a host name or address.
+    pub fn for_host(host: &str, port: u16) -> ServerAddr {
+        if host.starts_with('/') {
+            ServerAddr::Unix(host.to_owned(), port)
+        } else {
+            ServerAddr::Tcp(host.to_owned(), port)
+        }
+    }
+}
+
 impl std::fmt::Display for ServerAddr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -77,8 +89,7 @@ impl PoolConfig {
             .as_deref()
             .map(|h| h.split(',').next().unwrap_or("").trim())
         {
-            Some(h) if !h.is_empty() && !h.starts_with('/') => ServerAddr::Tcp(h.to_owned(), port),
-            Some(dir) if !dir.is_empty() => ServerAddr::Unix(dir.to_owned(), port),
+            Some(h) if !h.is_empty() => ServerAddr::for_host(h, port),
             _ => ServerAddr::Unix(default_socket_dir(&s.unix_socket_dir), port),
         };
         let mut startup = Vec::new();

@@ -11,11 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rustc_hash::FxHashMap;
-use tokio::net::{TcpStream, UnixStream};
 
 use crate::config::Config;
-use crate::net::listener::unix_socket_path;
-use crate::net::Stream;
 use crate::pool::ServerAddr;
 use crate::protocol::startup::cancel_request;
 use crate::stats::conns::ClientInfo;
@@ -129,12 +126,7 @@ impl CancelRegistry {
             }
             Route::Peer { peer, pid, key } => match cfg.peers.get(&peer) {
                 Some(p) => {
-                    let addr = if p.host.starts_with('/') {
-                        ServerAddr::Unix(p.host.clone(), p.port)
-                    } else {
-                        ServerAddr::Tcp(p.host.clone(), p.port)
-                    };
-                    send_cancel(&addr, pid, key, timeout).await
+                    send_cancel(&ServerAddr::for_host(&p.host, p.port), pid, key, timeout).await
                 }
                 None => {
                     tracing::debug!("cancel request for unknown peer {peer} ignored");
@@ -154,12 +146,7 @@ impl CancelRegistry {
 /// peer once it has passed it on), so the cancel is delivered before we report success.
 async fn send_cancel(addr: &ServerAddr, pid: u32, key: u32, timeout: Duration) -> bool {
     let send = async {
-        let stream = match addr {
-            ServerAddr::Tcp(h, p) => Stream::Tcp(TcpStream::connect((h.as_str(), *p)).await?),
-            ServerAddr::Unix(d, p) => {
-                Stream::Unix(UnixStream::connect(unix_socket_path(d, *p)).await?)
-            }
-        };
+        let stream = crate::pool::server::connect_to(addr).await?;
         stream.write_all(&cancel_request(pid, key)).await?;
         let mut buf = bytes::BytesMut::with_capacity(16);
         let _ = stream.read_buf(&mut buf).await;
