@@ -4,7 +4,7 @@ SHELL := bash
 CARGO ?= cargo
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps build test lint demo clean bench bench-quick
+.PHONY: all deps build pgo test lint demo clean bench bench-quick
 
 all: build
 
@@ -13,6 +13,12 @@ deps:
 
 build:
 	$(CARGO) build --release
+
+# The profile-guided release build, trained on the bench's scenarios against a
+# throwaway PostgreSQL: target/pgo/release/sluice (bench/pgo.sh).
+pgo: deps
+	bench/install-deps.sh
+	bench/pgo.sh
 
 test: deps
 	$(CARGO) build --all-targets
@@ -28,11 +34,14 @@ demo: deps
 
 # Sluice vs PgBouncer vs PostgreSQL; see bench/README.md. BENCH_ARGS are
 # passed to bench/run.py (e.g. BENCH_ARGS="--rounds 5 --seconds 10").
+# `make bench` measures the profile-guided build (BENCH_PGO=0: the plain one);
+# the quick run, the plain one (BENCH_PGO=1: the profile-guided one), since
+# the training and second build would take longer than the run itself.
 bench: deps
 	bench/bench.sh $(BENCH_ARGS)
 
 bench-quick: deps
-	bench/bench.sh --quick $(BENCH_ARGS)
+	BENCH_PGO="$${BENCH_PGO:-0}" bench/bench.sh --quick $(BENCH_ARGS)
 
 clean:
 	$(CARGO) clean

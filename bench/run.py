@@ -37,6 +37,7 @@ POOL_SIZE = 4
 MAX_CLIENT_CONN = 11000
 JOBS = 2
 SLUICE_WORKERS = None  # None: Sluice picks by core count
+PROFILE_DIR = None  # --train: where the instrumented Sluice writes its profile
 DB = "bench"
 USER = "postgres"
 TARGETS = ("sluice", "pgbouncer", "direct")
@@ -356,6 +357,9 @@ log_disconnections = 0
             env = dict(ENV)
             if self.name == "sluice" and SLUICE_WORKERS is not None:
                 env["SLUICE_WORKERS"] = str(SLUICE_WORKERS)
+            if self.name == "sluice" and PROFILE_DIR:
+                # An instrumented build (--train) writes its profile here at exit.
+                env["LLVM_PROFILE_FILE"] = os.path.join(PROFILE_DIR, "sluice-%p.profraw")
             self.proc = subprocess.Popen(self.runner.cmd([self.binary, self.ini]), cwd=self.dir,
                                          env=env, stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
@@ -680,7 +684,8 @@ def render_markdown(meta, agg, idle, chart_name):
     L.append("")
     L.append("%s, %s. %s." % (meta["date"], meta["mode"], meta["machine"]))
     L.append("")
-    L.append("- Sluice %s; %s; PostgreSQL %s (direct)." % (meta["sluice"], meta["pgbouncer"], meta["postgres"]))
+    L.append("- Sluice %s, %s build; %s; PostgreSQL %s (direct)." % (
+        meta["sluice"], meta.get("sluice_build", "release"), meta["pgbouncer"], meta["postgres"]))
     L.append("- Both poolers: `pool_mode=transaction`, `default_pool_size=%d`, `max_client_conn=%d`, "
              "auth `trust`, run as `%s`, open-files limit %d. PostgreSQL: `max_connections=700`, "
              "`fsync=off`, `shared_buffers=128MB`, pgbench scale 10."
@@ -964,12 +969,30 @@ def machine_text():
     return "%d CPUs%s, Linux %s" % (os.cpu_count() or 0, " (%s)" % model if model else "", platform.release())
 
 
+def train(pgbench, pg, sluice, work, seconds):
+    """--train: every scenario once against an instrumented Sluice (a
+    -Cprofile-generate build), which writes its profile when it exits; the
+    profile-guided build (bench/pgo.sh) is then optimised for these paths."""
+    for scen in SCENARIOS:
+        host = sluice.sockdir if scen.via == "unix" else "127.0.0.1"
+        r = run_pgbench(pgbench, scen, host, sluice.port, seconds, work, None)
+        if "error" in r:
+            die("training run %s failed: %s" % (scen.key, r["error"]))
+        say("bench: trained on %-48s %9s tps" % (scen.title, fmt_num(r["tps"])))
+    sluice.stop()
+    written = glob.glob(os.path.join(PROFILE_DIR, "sluice-*.profraw"))
+    if not written:
+        die("the instrumented Sluice wrote no profile in %s (was it built with "
+            "-Cprofile-generate?); log tail:\n%s" % (PROFILE_DIR, tail(sluice.logfile)))
+    say("bench: profile written: %s" % ", ".join(written))
+
+
 def main():
-    global SCENARIOS, POOL_SIZE, JOBS, SLUICE_WORKERS
+    global SCENARIOS, POOL_SIZE, JOBS, SLUICE_WORKERS, PROFILE_DIR
     ap = argparse.ArgumentParser(description="Sluice vs PgBouncer vs PostgreSQL benchmark")
     ap.add_argument("--quick", action="store_true", help="1 round of 2 s runs, no 50k idle test")
     ap.add_argument("--rounds", type=int, help="rounds (default 3, quick 1)")
-    ap.add_argument("--seconds", type=int, help="pgbench -T per run (default 7, quick 2)")
+    ap.add_argument("--seconds", type=int, help="pgbench -T per run (default 6, quick 2)")
     ap.add_argument("--only", help="comma list of scenario keys to run (default all)")
     ap.add_argument("--idle", type=int, default=10000, help="idle clients per pooler (0: skip)")
     ap.add_argument("--scale-idle", type=int, help="the idle scale test (default 50000, quick 0)")
@@ -982,12 +1005,18 @@ def main():
     ap.add_argument("--jobs", type=int, default=JOBS, help="pgbench -j (default %d)" % JOBS)
     ap.add_argument("--workers", type=int,
                     help="Sluice's worker threads (SLUICE_WORKERS; default: its own choice by cores)")
+    ap.add_argument("--train", metavar="DIR",
+                    help="only run each scenario once against an instrumented Sluice, "
+                         "which writes its profile into DIR (bench/pgo.sh)")
     args = ap.parse_args()
     POOL_SIZE, JOBS, SLUICE_WORKERS = args.pool_size, args.jobs, args.workers
+    if args.train:
+        PROFILE_DIR = os.path.abspath(args.train)
+        os.makedirs(PROFILE_DIR, exist_ok=True)
     rounds = args.rounds or (1 if args.quick else 3)
-    # 90 runs of 7 s (+ ~0.4 s each to connect and tear down) keep `make bench`
-    # within 15 minutes with the build and the idle-client tests.
-    seconds = args.seconds or (2 if args.quick else 7)
+    # 90 runs of 6 s (+ ~0.4 s each to connect and tear down) keep `make bench`
+    # within 15 minutes with the profile-guided build and the idle-client tests.
+    seconds = args.seconds or (2 if args.quick else 6)
     scale_idle = args.scale_idle if args.scale_idle is not None else (0 if args.quick else 50000)
     if args.only:
         keys = args.only.split(",")
@@ -1003,7 +1032,7 @@ def main():
 
     if not os.access(args.sluice, os.X_OK):
         die("%s not found; run 'cargo build --release'" % args.sluice)
-    if not args.pgbouncer:
+    if not args.pgbouncer and not args.train:
         die("pgbouncer not found; run bench/install-deps.sh")
     bindir = pg_bindir()
     pgbench = which("pgbench", [bindir]) or die("pgbench not found; run 'make deps'")
@@ -1049,6 +1078,11 @@ def main():
                 with open(os.path.join(work, s.script_name()), "w") as f:
                     f.write(s.script)
         poolers["sluice"] = Pooler("sluice", args.sluice, work, runner, pg, userlist)
+        if args.train:
+            runner.own(PROFILE_DIR)
+            poolers["sluice"].start()
+            train(pgbench, pg, poolers["sluice"], work, seconds)
+            return
         poolers["pgbouncer"] = Pooler("pgbouncer", args.pgbouncer, work, runner, pg, userlist)
         for p in poolers.values():
             p.start()
@@ -1064,6 +1098,7 @@ def main():
             "machine": machine_text(),
             "sluice": "%s (%s)" % (version_of([args.sluice, "-V"]).replace("Sluice ", "").replace("sluice ", ""),
                                    version_of(["git", "-C", ROOT, "describe", "--always", "--dirty"])),
+            "sluice_build": os.environ.get("SLUICE_BUILD") or "as given (%s)" % args.sluice,
             "pgbouncer": version_of([args.pgbouncer, "--version"]),
             "postgres": first_version_number(version_of([os.path.join(bindir, "postgres"), "--version"])),
             "run_as": "nobody" if runner.root else pwd.getpwuid(os.geteuid()).pw_name,
