@@ -17,6 +17,25 @@ use super::slot::SlotToken;
 use super::{server, Grant, Pool, PoolConfig, PoolError, PoolState, ServerConn, Waiter};
 use crate::clock::Tick;
 
+/// What [`Pool::checkout`] found.
+// Short-lived, on the stack, as `Step`.
+#[allow(clippy::large_enum_variant)]
+pub enum Checkout {
+    /// An idle connection, lent to the caller.
+    Idle(ServerConn),
+    /// A place in line: every connection is in use.
+    Queued(Ticket),
+    /// Anything else: [`Pool::acquire`] decides.
+    Slow,
+}
+
+/// A place in a pool's line, taken by [`Pool::checkout`]; dropping it leaves the line.
+#[derive(Debug)]
+pub struct Ticket {
+    rx: oneshot::Receiver<Grant>,
+    since: Tick,
+}
+
 /// Where an acquire stands after looking at the pool under its lock.
 // Short-lived, on the stack; boxing the connection would only add an allocation.
 #[allow(clippy::large_enum_variant)]
@@ -90,32 +109,77 @@ impl Pool {
         }
     }
 
-    /// The common case of [`Pool::acquire`], without a future: an idle connection
-    /// that needs no check, taken at once when nobody is waiting ahead (FIFO). `now`
-    /// is when the client's request arrived. None: take the slow path.
-    pub fn try_acquire_idle(self: &Arc<Self>, now: Tick) -> Option<ServerConn> {
+    /// The common cases of [`Pool::acquire`], without a future. `now` is when the
+    /// client's request arrived. An idle connection that needs no check, taken at
+    /// once when nobody is waiting ahead (FIFO); or, when every connection is in use
+    /// and no reserve pool could serve the wait, a place in line to wait in
+    /// ([`Pool::redeem`]); otherwise the slow path.
+    pub fn checkout(self: &Arc<Self>, now: Tick) -> Checkout {
         let cfg = self.config_guard();
         let mut doomed = Vec::new();
         let got = {
             let mut st = self.lock_state();
-            if st.closed || !st.waiters.is_empty() {
-                return None;
+            if st.closed {
+                return Checkout::Slow;
             }
-            match pop_idle(&mut st, &cfg, now, &mut doomed) {
+            let idle = if st.waiters.is_empty() {
+                pop_idle(&mut st, &cfg, now, &mut doomed)
+            } else {
+                None
+            };
+            match idle {
                 Some(conn) if needs_check(&conn, &cfg, now) => {
                     st.idle.push(conn);
-                    None
+                    Checkout::Slow
                 }
                 Some(mut conn) => {
                     st.active += 1;
                     conn.lent = super::LentMark::lent_by(self.clone());
-                    Some(conn)
+                    Checkout::Idle(conn)
                 }
-                None => None,
+                // Waits here are bounded by the janitor alone: a reserve pool needs
+                // a timer (the slow path), and a pool with room connects.
+                None if cfg.reserve_pool_size == 0
+                    && cfg.pool_size != 0
+                    && st.total >= cfg.pool_size
+                    && st.idle.is_empty() =>
+                {
+                    let (tx, rx) = oneshot::channel();
+                    let id = st.next_waiter;
+                    st.next_waiter += 1;
+                    st.waiters.push_back(Waiter { id, since: now, tx });
+                    Checkout::Queued(Ticket { rx, since: now })
+                }
+                None => Checkout::Slow,
             }
         };
         drop(doomed);
         got
+    }
+
+    /// Waits for the server (or the slot, then connects) a place in line taken by
+    /// [`Pool::checkout`] is granted.
+    ///
+    /// # Cancel safety
+    /// As [`Pool::acquire`]'s: a grant to a dropped ticket goes to the next in line.
+    pub async fn redeem(self: &Arc<Self>, ticket: Ticket) -> Result<ServerConn, PoolError> {
+        match ticket.rx.await {
+            Ok(Grant::Server(mut conn)) => {
+                if !conn.lent.is_by(self) {
+                    self.lock_state().active += 1;
+                    conn.lent = super::LentMark::lent_by(self.clone());
+                }
+                Ok(conn)
+            }
+            Ok(Grant::Slot(slot)) => {
+                let cfg = self.config();
+                let qwt = cfg.query_wait_timeout;
+                let deadline = (!qwt.is_zero()).then(|| (ticket.since + qwt).to_instant());
+                Box::pin(self.connect_new(&cfg, slot, deadline)).await
+            }
+            Err(_) if self.lock_state().closed => Err(PoolError::PoolClosed),
+            Err(_) => Err(PoolError::Timeout("query_wait_timeout")),
+        }
     }
 
     /// Runs `server_check_query` on a connection that sat idle past

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+pub use acquire::{Checkout, Ticket};
 pub use error::PoolError;
 pub use registry::{PoolKey, Pools};
 pub use server::{ScramKeys, ServerConn, ServerIdent};

@@ -3,8 +3,9 @@
 //!
 //! An idle client waits in `serve`'s loop; everything a request needs (the acquire,
 //! the relay, the outcome handling) lives in the future of `Session::step`, awaited
-//! in that loop (so it adds its ~170 bytes to an awake client's task, not an
-//! allocation to every request), with the rare large parts boxed. A client idle for
+//! in that loop (so it adds its ~340 bytes, the wait in line included, to an awake
+//! client's task, not an allocation to every request), with the rare large parts
+//! boxed. A client idle for
 //! 2 s leaves even that: `serve` returns [`Ended::Asleep`] and the keeper holds its
 //! socket and [`Session`] without a task (keeper.rs).
 
@@ -18,16 +19,52 @@ use super::assign::{acquire_linked, finish_server, link_server};
 use super::cancel::CancelKey;
 use super::login::LoggedIn;
 use super::params::ClientParams;
-use super::relay::{Idle, Outcome, Parked, RelaySlot, ReleaseAt};
+use super::relay::{Idle, Outcome, Parked, Relay, RelaySlot, ReleaseAt};
 use super::{fail_client, fail_with, protocol_failure, timeouts, ClientSlot, ClientTag};
 use crate::app::App;
 use crate::clock::Tick;
 use crate::config::PoolMode;
 use crate::net::Stream;
-use crate::pool::{Pool, ServerConn};
+use crate::pool::{Checkout, Pool, PoolError, ServerConn, Ticket};
 use crate::protocol::backend;
 use crate::protocol::sqlstate::*;
 use crate::stats::conns::ClientInfo;
+
+/// Why [`Session::try_link_idle`] linked no server.
+enum Pending {
+    /// A place in the pool's line.
+    Queued(Ticket),
+    /// Anything else, with the idle server it took, if any.
+    Other(Option<ServerConn>),
+}
+
+/// Waits for `acquire` while watching the client: one that leaves gives up its place
+/// at once (`None`) and its buffered query never runs. A plain readiness poll, not a
+/// `readable()` future, which would queue a waker on the socket per turn.
+async fn watch_client<T>(
+    stream: &Stream,
+    relay: &mut Relay,
+    mut acquire: std::pin::Pin<&mut impl Future<Output = T>>,
+) -> Option<T> {
+    poll_fn(|cx| loop {
+        if let Poll::Ready(r) = acquire.as_mut().poll(cx) {
+            return Poll::Ready(Some(r));
+        }
+        if !relay.can_buffer_more() {
+            return Poll::Pending;
+        }
+        match ready!(stream.poll_read_ready(cx)) {
+            Err(_) => return Poll::Ready(None),
+            Ok(()) => match relay.read_while_waiting(stream) {
+                // More may come (or the read cleared readiness): look again.
+                Ok(true) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Ok(false) | Err(_) => return Poll::Ready(None),
+            },
+        }
+    })
+    .await
+}
 
 /// What a step leaves the session to do.
 enum Step {
@@ -311,12 +348,22 @@ impl Session {
     /// point (or, in session mode, until the client leaves).
     async fn step(&mut self, stream: &Stream) -> Step {
         if self.server.is_none() {
-            // The common case is synchronous; the wait (and the acquire's state, which
-            // is large) is boxed so this future stays small: it is part of every awake
-            // client's task.
-            if let Err(fast) = self.try_link_idle() {
-                if let Some(end) = Box::pin(self.link(stream, fast)).await {
-                    return end;
+            match self.try_link_idle() {
+                Ok(()) => {}
+                // Every server busy: the common wait with many clients, a small
+                // future awaited in place.
+                Err(Pending::Queued(ticket)) => {
+                    if let Some(end) = self.wait_in_line(stream, ticket).await {
+                        return end;
+                    }
+                }
+                // The rest (a paused pooler, a new connection, an idle check, a
+                // parameter sync, a reserve pool) is boxed, as is its large state, so
+                // that this future stays small: it is part of every awake client's task.
+                Err(Pending::Other(fast)) => {
+                    if let Some(end) = Box::pin(self.link(stream, fast)).await {
+                        return end;
+                    }
                 }
             }
         }
@@ -337,24 +384,52 @@ impl Session {
         self.after(stream, outcome).await
     }
 
-    /// The common case of getting a server, needing neither a future nor a clock: the
-    /// pooler lends, and an idle server's parameters already match. Otherwise the
-    /// idle server it took (parameters to sync), if any, for [`Session::link`].
-    fn try_link_idle(&mut self) -> Result<(), Option<ServerConn>> {
+    /// The common cases of getting a server, needing no clock: the pooler lends, and
+    /// an idle server's parameters already match (linked at once), or every server is
+    /// busy (a place in line). Otherwise the idle server it took (parameters to
+    /// sync), if any, for [`Session::link`].
+    fn try_link_idle(&mut self) -> Result<(), Pending> {
         let (pool, relay) = (&self.pool, self.relay.get());
         let request_at = relay.last_read();
         self.info.set_waiting(request_at);
         if self.slot.0.gate_blocks(&pool.key.database) {
-            return Err(None);
+            return Err(Pending::Other(None));
         }
-        let mut fast = pool.try_acquire_idle(request_at);
-        if let Some(s) = fast.take_if(|s| !self.params.differs(s)) {
-            pool.stats.wait_hist.record(0);
-            link_server(&self.info, &s, relay);
-            self.server = Some(s);
-            return Ok(());
+        match pool.checkout(request_at) {
+            Checkout::Idle(mut s) => {
+                if self.params.differs(&mut s) {
+                    return Err(Pending::Other(Some(s)));
+                }
+                pool.stats.wait_hist.record(0);
+                link_server(&self.info, &s, relay);
+                self.server = Some(s);
+                Ok(())
+            }
+            Checkout::Queued(ticket) => Err(Pending::Queued(ticket)),
+            Checkout::Slow => Err(Pending::Other(None)),
         }
-        Err(fast)
+    }
+
+    /// Waits in the pool's line for a server (see [`Session::link`] for the rest).
+    async fn wait_in_line(&mut self, stream: &Stream, ticket: Ticket) -> Option<Step> {
+        let asked = Tick::now();
+        let (pool, relay, params) = (&self.pool, self.relay.get(), &mut self.params);
+        let acquired = watch_client(
+            stream,
+            relay,
+            std::pin::pin!(async move {
+                let mut s = pool.redeem(ticket).await?;
+                if params.differs(&mut s) {
+                    return Box::pin(acquire_linked(pool, params, Some(s))).await;
+                }
+                Ok(s)
+            }),
+        )
+        .await;
+        match self.linked(asked, acquired) {
+            Ok(()) => None,
+            Err(e) => Some(Box::pin(self.not_linked(stream, e)).await),
+        }
     }
 
     /// Gets a server for the pending request when [`Session::try_link_idle`] could
@@ -362,7 +437,7 @@ impl Session {
     /// cannot.
     async fn link(&mut self, stream: &Stream, mut fast: Option<ServerConn>) -> Option<Step> {
         // A paused or stopping pooler lends no more servers; the client waits, then
-        // tries the common case again.
+        // tries the common cases again.
         let mut waited = false;
         let mut gate = self.app().gate_watch();
         while gate.borrow_and_update().blocks(&self.pool.key.database) {
@@ -374,50 +449,47 @@ impl Session {
         if waited {
             match self.try_link_idle() {
                 Ok(()) => return None,
-                Err(f) => fast = f,
+                Err(Pending::Queued(ticket)) => return self.wait_in_line(stream, ticket).await,
+                Err(Pending::Other(f)) => fast = f,
             }
         }
-        let (pool, relay) = (&self.pool, self.relay.get());
         let asked = Tick::now();
-        let acquired = {
-            // Watch the client while it waits: one that leaves gives up its place at
-            // once and its buffered query never runs. A plain readiness poll, not a
-            // `readable()` future, which would queue a waker on the socket per turn.
-            let mut acquire = std::pin::pin!(acquire_linked(pool, &mut self.params, fast));
-            poll_fn(|cx| loop {
-                if let Poll::Ready(r) = acquire.as_mut().poll(cx) {
-                    return Poll::Ready(Some(r));
-                }
-                if !relay.can_buffer_more() {
-                    return Poll::Pending;
-                }
-                match ready!(stream.poll_read_ready(cx)) {
-                    Err(_) => return Poll::Ready(None),
-                    Ok(()) => match relay.read_while_waiting(stream) {
-                        // More may come (or the read cleared readiness): look again.
-                        Ok(true) => {}
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                        Ok(false) | Err(_) => return Poll::Ready(None),
-                    },
-                }
-            })
-            .await
-        };
-        let Some(acquired) = acquired else {
-            return Some(Step::End("client unexpected eof".to_owned()));
-        };
-        match acquired {
-            Ok(s) => {
-                let waited = Tick::now().micros_since(asked);
-                relay.stats.counts.wait_time_us += waited;
-                pool.stats.wait_hist.record(waited);
-                link_server(&self.info, &s, relay);
-                self.server = Some(s);
-                None
-            }
-            Err(e) => Some(Step::Done(
-                Box::pin(fail_client(stream, self.tag(), &e)).await,
-            )),
+        let (pool, relay) = (&self.pool, self.relay.get());
+        let acquired = watch_client(
+            stream,
+            relay,
+            std::pin::pin!(acquire_linked(pool, &mut self.params, fast)),
+        )
+        .await;
+        match self.linked(asked, acquired) {
+            Ok(()) => None,
+            Err(e) => Some(Box::pin(self.not_linked(stream, e)).await),
+        }
+    }
+
+    /// Links the server a wait that began at `asked` got; or, if it got none, how
+    /// the session ends (`None`: the client left), for [`Session::not_linked`]. Not
+    /// async, and the failure boxed, so that a waiting client's task stays small.
+    fn linked(
+        &mut self,
+        asked: Tick,
+        acquired: Option<Result<ServerConn, PoolError>>,
+    ) -> Result<(), Option<PoolError>> {
+        let s = acquired.ok_or(None)?.map_err(Some)?;
+        let waited = Tick::now().micros_since(asked);
+        let relay = self.relay.get();
+        relay.stats.counts.wait_time_us += waited;
+        self.pool.stats.wait_hist.record(waited);
+        link_server(&self.info, &s, relay);
+        self.server = Some(s);
+        Ok(())
+    }
+
+    /// Ends the session of a client that got no server: `None`, it left.
+    async fn not_linked(&mut self, stream: &Stream, e: Option<PoolError>) -> Step {
+        match e {
+            None => Step::End("client unexpected eof".to_owned()),
+            Some(e) => Step::Done(fail_client(stream, self.tag(), &e).await),
         }
     }
 

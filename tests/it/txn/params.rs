@@ -195,3 +195,47 @@ async fn clients_with_equal_parameters_stay_apart_after_a_set() {
     assert_eq!(show(&mut c).await.0, "Asia/Tokyo");
     assert_eq!(show(&mut a).await.0, "Europe/Paris");
 }
+
+/// A client that waits in line for the pool's only server (held by another client's
+/// transaction) gets it with its own parameters set, not the holder's: a server
+/// handed over in line is synced as an idle one is.
+#[tokio::test]
+async fn a_client_served_from_the_line_gets_its_own_parameters() {
+    let db = fresh_db("txn_params_line");
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let mut a = raw(
+        &s,
+        &db,
+        &[
+            ("TimeZone", "America/New_York"),
+            ("application_name", "holder"),
+        ],
+    )
+    .await;
+    let mut b = raw(
+        &s,
+        &db,
+        &[("TimeZone", "Asia/Tokyo"), ("application_name", "waiter")],
+    )
+    .await;
+    // A holds the server in a transaction, with its values set on it.
+    let r = a.simple("BEGIN; SELECT 1", STEP).await;
+    assert_eq!(status(&r), b'T', "{r:?}");
+    // B's query must wait: nothing comes back while A holds the only server.
+    b.query(SHOW).await.expect("send");
+    assert!(
+        b.try_recv(Duration::from_millis(300)).await.is_err(),
+        "B was answered while the pool's only server was in A's transaction"
+    );
+    let r = a.simple("COMMIT", STEP).await;
+    assert_eq!(status(&r), b'I', "{r:?}");
+    let msgs = b.until_ready(STEP).await;
+    assert!(first_error(&msgs).is_none(), "{msgs:?}");
+    let v = col(&msgs);
+    assert_eq!(v.len(), 5, "{msgs:?}");
+    assert_eq!((v[0].as_str(), v[2].as_str()), ("Asia/Tokyo", "waiter"));
+    // And A, served after B, gets its own back.
+    let (tz, _, app, _, pid) = show(&mut a).await;
+    assert_eq!((tz.as_str(), app.as_str()), ("America/New_York", "holder"));
+    assert_eq!(pid, v[4], "a pool of one used two servers");
+}
