@@ -177,8 +177,7 @@ impl Pool {
                 let deadline = (!qwt.is_zero()).then(|| (ticket.since + qwt).to_instant());
                 Box::pin(self.connect_new(&cfg, slot, deadline)).await
             }
-            Err(_) if self.lock_state().closed => Err(PoolError::PoolClosed),
-            Err(_) => Err(PoolError::Timeout("query_wait_timeout")),
+            Err(_) => Err(refusal(self)),
         }
     }
 
@@ -223,7 +222,9 @@ impl Pool {
                 .map_or(reserve_at, |d| d.min(reserve_at))
                 .to_instant();
             match tokio::time::timeout_at(first.into(), &mut rx).await {
-                Ok(g) => return g.map_err(|_| PoolError::PoolClosed),
+                Ok(Ok(g)) => return Ok(g),
+                // The janitor's query_wait_timeout can come first.
+                Ok(Err(_)) => return Err(refusal(self)),
                 Err(_) => {
                     let mut st = self.lock_state();
                     let limit = cfg.pool_size + cfg.reserve_pool_size;
@@ -244,11 +245,7 @@ impl Pool {
         }
         // No timer per waiter: the janitor drops the places in line older than
         // query_wait_timeout (`Pool::expire_waiters`), as PgBouncer's does.
-        match rx.await {
-            Ok(g) => Ok(g),
-            Err(_) if self.lock_state().closed => Err(PoolError::PoolClosed),
-            Err(_) => Err(PoolError::Timeout("query_wait_timeout")),
-        }
+        rx.await.map_err(|_| refusal(self))
     }
 
     /// Opens a new connection in `slot`, within the database and user limits.
@@ -385,6 +382,16 @@ fn pop_idle(
             return Some(conn);
         }
         doomed.push(conn);
+    }
+}
+
+/// Why a place in line ended without a grant: the pool closed, or the janitor took
+/// it out of line at `query_wait_timeout`.
+fn refusal(pool: &Pool) -> PoolError {
+    if pool.lock_state().closed {
+        PoolError::PoolClosed
+    } else {
+        PoolError::Timeout("query_wait_timeout")
     }
 }
 
