@@ -1055,8 +1055,12 @@ def main():
     poolers = {}
     t_start = time.monotonic()
     try:
-        say("bench: work dir %s; %d round(s) x %d scenario(s) x 3 targets, -T %d"
-            % (work, rounds, len(SCENARIOS), seconds))
+        if args.train:
+            say("bench: work dir %s; training: %d scenario(s) once through Sluice, -T %d"
+                % (work, len(SCENARIOS), seconds))
+        else:
+            say("bench: work dir %s; %d round(s) x %d scenario(s) x 3 targets, -T %d"
+                % (work, rounds, len(SCENARIOS), seconds))
         say("bench: starting PostgreSQL (%s)" % bindir)
         pg.start()
         subprocess.run([psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", pg.sock, "-p", str(pg.port),
