@@ -22,7 +22,6 @@ crashed parent cannot leave thousands of connections behind.
 import argparse
 import errno
 import json
-import os
 import resource
 import selectors
 import socket
