@@ -74,10 +74,7 @@ impl Pool {
                     st.total += 1;
                     Step::Connect
                 } else {
-                    let (tx, rx) = oneshot::channel();
-                    let id = st.next_waiter;
-                    st.next_waiter += 1;
-                    st.waiters.push_back(Waiter { id, since: now, tx });
+                    let (id, rx) = join_line(&mut st, now);
                     Step::Wait(id, rx)
                 }
             };
@@ -91,15 +88,7 @@ impl Pool {
                 },
                 Step::Connect => SlotToken::counted(self.clone()),
                 Step::Wait(id, rx) => match self.wait_in_line(id, rx, &cfg, deadline).await? {
-                    Grant::Server(mut conn) => {
-                        // Counted by the client that released it, unless no client
-                        // held it (a connection `min_pool_size` opened, say).
-                        if !conn.lent.is_by(self) {
-                            self.lock_state().active += 1;
-                            conn.lent = super::LentMark::lent_by(self.clone());
-                        }
-                        return Ok(conn);
-                    }
+                    Grant::Server(conn) => return Ok(self.handed_over(conn)),
                     Grant::Slot(slot) => slot,
                 },
             };
@@ -144,10 +133,7 @@ impl Pool {
                     && st.total >= cfg.pool_size
                     && st.idle.is_empty() =>
                 {
-                    let (tx, rx) = oneshot::channel();
-                    let id = st.next_waiter;
-                    st.next_waiter += 1;
-                    st.waiters.push_back(Waiter { id, since: now, tx });
+                    let (_, rx) = join_line(&mut st, now);
                     Checkout::Queued(Ticket { rx, since: now })
                 }
                 None => Checkout::Slow,
@@ -164,13 +150,7 @@ impl Pool {
     /// As [`Pool::acquire`]'s: a grant to a dropped ticket goes to the next in line.
     pub async fn redeem(self: &Arc<Self>, ticket: Ticket) -> Result<ServerConn, PoolError> {
         match ticket.rx.await {
-            Ok(Grant::Server(mut conn)) => {
-                if !conn.lent.is_by(self) {
-                    self.lock_state().active += 1;
-                    conn.lent = super::LentMark::lent_by(self.clone());
-                }
-                Ok(conn)
-            }
+            Ok(Grant::Server(conn)) => Ok(self.handed_over(conn)),
             Ok(Grant::Slot(slot)) => {
                 let cfg = self.config();
                 let qwt = cfg.query_wait_timeout;
@@ -179,6 +159,17 @@ impl Pool {
             }
             Err(_) => Err(refusal(self)),
         }
+    }
+
+    /// A connection handed over in line, counted as lent by this pool: by the client
+    /// that released it already, unless no client held it (a connection
+    /// `min_pool_size` opened, say).
+    fn handed_over(self: &Arc<Self>, mut conn: ServerConn) -> ServerConn {
+        if !conn.lent.is_by(self) {
+            self.lock_state().active += 1;
+            conn.lent = super::LentMark::lent_by(self.clone());
+        }
+        conn
     }
 
     /// Runs `server_check_query` on a connection that sat idle past
@@ -383,6 +374,15 @@ fn pop_idle(
         }
         doomed.push(conn);
     }
+}
+
+/// Takes a place at the end of the line: its id, and where its grant will come.
+fn join_line(st: &mut PoolState, now: Tick) -> (u64, oneshot::Receiver<Grant>) {
+    let (tx, rx) = oneshot::channel();
+    let id = st.next_waiter;
+    st.next_waiter += 1;
+    st.waiters.push_back(Waiter { id, since: now, tx });
+    (id, rx)
 }
 
 /// Why a place in line ended without a grant: the pool closed, or the janitor took
