@@ -49,7 +49,7 @@ def main():
                     help="default_pool_size of both poolers (default %d)" % OPT.pool_size)
     ap.add_argument("--jobs", type=int, default=OPT.jobs, help="pgbench -j (default %d)" % OPT.jobs)
     ap.add_argument("--workers", type=int,
-                    help="Sluice's worker threads (OPT.workers; default: its own choice by cores)")
+                    help="Sluice's worker threads (SLUICE_WORKERS; default: its own choice by cores)")
     ap.add_argument("--train", metavar="DIR",
                     help="only run each scenario once against an instrumented Sluice, "
                          "which writes its profile into DIR (bench/pgo.sh)")
@@ -152,7 +152,7 @@ def main():
             "postgres": first_version_number(version_of([os.path.join(bindir, "postgres"), "--version"])),
             "run_as": "nobody" if runner.root else pwd.getpwuid(os.geteuid()).pw_name,
             "nofile": nofile, "rounds": rounds,
-            "workers": ("%d (OPT.workers)" % OPT.workers if OPT.workers is not None
+            "workers": ("%d (SLUICE_WORKERS)" % OPT.workers if OPT.workers is not None
                         else "its default for %d cores" % (os.cpu_count() or 1)),
             "pool_size": OPT.pool_size, "jobs": OPT.jobs, "seconds": seconds, "idle_note": idle_note,
         }

@@ -119,6 +119,7 @@ class Pooler:
         self.proc = None
         self.pid = None
         self.so_reuseport = False
+        self.pool_size = None  # None: OPT.pool_size (bench/scale.py splits it over processes)
         os.mkdir(self.dir)
         # The pooler writes its log, pid file and socket here as nobody.
         self.runner.own(self.dir)
@@ -145,7 +146,7 @@ auth_file = {self.userlist}
 logfile = {self.logfile}
 pidfile = {self.pidfile}
 pool_mode = transaction
-default_pool_size = {OPT.pool_size}
+default_pool_size = {self.pool_size or OPT.pool_size}
 max_client_conn = {max_client_conn}
 ; Same for both: a backlog deep enough for thousands of connects at once, and
 ; no log line per connection (PgBouncer's default logs two per -C transaction).
@@ -166,7 +167,7 @@ log_disconnections = 0
             # which then stops the poolers itself, in order.
             env = dict(ENV)
             if self.name == "sluice" and OPT.workers is not None:
-                env["OPT.workers"] = str(OPT.workers)
+                env["SLUICE_WORKERS"] = str(OPT.workers)
             if self.name == "sluice" and OPT.profile_dir:
                 # An instrumented build (--train) writes its profile here at exit.
                 env["LLVM_PROFILE_FILE"] = os.path.join(OPT.profile_dir, "sluice-%p.profraw")
@@ -238,7 +239,7 @@ class PoolerGroup:
     def logfile(self):
         return self.members[0].logfile
 
-    def start(self, max_client_conn):
+    def start(self, max_client_conn=MAX_CLIENT_CONN):
         for m in self.members:
             m.so_reuseport = True
         self.members[0].start(max_client_conn=max_client_conn)
