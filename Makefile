@@ -4,7 +4,7 @@ SHELL := bash
 CARGO ?= cargo
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps build pgo test lint demo clean bench bench-quick
+.PHONY: all deps build pgo test lint demo clean bench bench-quick bench-scale
 
 all: build
 
@@ -42,6 +42,13 @@ bench: deps
 
 bench-quick: deps
 	BENCH_PGO="$${BENCH_PGO:-0}" bench/bench.sh --quick $(BENCH_ARGS)
+
+# How the poolers scale with cores, for machines with more than 2 (bench/scale.py;
+# SCALE_ARGS e.g. "--workers 1,4,16 --sluice-procs 4 --pgbouncer-procs 1,4").
+bench-scale: deps
+	bench/install-deps.sh
+	$(CARGO) build --release
+	python3 bench/scale.py $(SCALE_ARGS)
 
 clean:
 	$(CARGO) clean

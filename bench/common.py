@@ -94,7 +94,7 @@ def die(msg):
 
 
 def pg_bindir():
-    cands = []
+    cands = [os.environ["BENCH_PG_BINDIR"]] if os.environ.get("BENCH_PG_BINDIR") else []
     try:
         cands.append(subprocess.check_output(["pg_config", "--bindir"], text=True,
                                              stderr=subprocess.DEVNULL).strip())
