@@ -13,7 +13,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::app::{App, Shutdown};
 use crate::config::{Config, Settings};
-use crate::net::{bind_listeners, Listeners, Stream};
+use crate::net::{bind_listeners, Listeners, StdStream, Stream};
 use cli::Args;
 use logging::LogSink;
 
@@ -138,7 +138,7 @@ async fn run(path: PathBuf, config: Config, sink: Arc<LogSink>, user: Option<Str
         }
     }
     for l in &listeners.tcp {
-        if let Ok(a) = l.local_addr() {
+        if let Ok(a) = l.get_ref().local_addr() {
             tracing::info!("listening on {a}");
         }
     }
@@ -199,15 +199,20 @@ async fn accept_loops(app: Arc<App>, mut listeners: Listeners) {
                 tokio::select! {
                     biased;
                     _ = &mut stop => return,
-                    r = l.accept() => match r {
-                        Ok((s, _)) => {
+                    r = crate::net::accept_tcp(&l) => match r {
+                        Ok(s) => {
                             let _ = s.set_nodelay(true);
                             // PgBouncer's tcp_keepalive covers client sockets too: a
                             // vanished client must not hold its slot and server forever.
                             if app.config().settings.tcp_keepalive {
                                 let _ = socket2::SockRef::from(&s).set_keepalive(true);
                             }
-                            tokio::spawn(crate::session::serve_client(app.clone(), Stream::Tcp(s)));
+                            match Stream::from_std(StdStream::Tcp(s)) {
+                                Ok(s) => {
+                                    tokio::spawn(crate::session::serve_client(app.clone(), s));
+                                }
+                                Err(e) => tracing::warn!("accept failed: {e}"),
+                            }
                         }
                         Err(e) => {
                             tracing::warn!("accept failed: {e}");
@@ -222,9 +227,9 @@ async fn accept_loops(app: Arc<App>, mut listeners: Listeners) {
         let app = app.clone();
         tasks.push(tokio::spawn(async move {
             loop {
-                match l.accept().await {
-                    Ok((s, _)) => {
-                        tokio::spawn(crate::session::serve_client(app.clone(), Stream::Unix(s)));
+                match crate::net::accept_unix(&l).await.and_then(Stream::from_std) {
+                    Ok(s) => {
+                        tokio::spawn(crate::session::serve_client(app.clone(), s));
                     }
                     Err(e) => {
                         tracing::warn!("accept failed: {e}");

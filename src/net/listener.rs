@@ -7,9 +7,16 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use socket2::{Domain, Protocol, Socket, Type};
-use tokio::net::{TcpListener, UnixListener};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 
+use super::stream::{register, StdStream};
 use crate::config::Settings;
+
+/// A listening TCP socket registered with the event loop.
+pub type TcpListener = AsyncFd<mio::net::TcpListener>;
+/// A listening UNIX socket registered with the event loop.
+pub type UnixListener = AsyncFd<mio::net::UnixListener>;
 
 /// The bound listeners. Dropping this removes the UNIX socket file.
 #[derive(Debug)]
@@ -17,6 +24,27 @@ pub struct Listeners {
     pub tcp: Vec<TcpListener>,
     pub unix: Option<UnixListener>,
     unix_path: Option<PathBuf>,
+}
+
+/// Accepts a client on a TCP listener: a non-blocking socket not yet registered with
+/// any event loop (`Stream::from_std` registers it, for reads only).
+pub async fn accept_tcp(l: &TcpListener) -> io::Result<std::net::TcpStream> {
+    loop {
+        let mut ready = l.readable().await?;
+        if let Ok(r) = ready.try_io(|l| l.get_ref().accept()) {
+            return r.map(|(s, _)| s.into());
+        }
+    }
+}
+
+/// Accepts a client on the UNIX socket; see [`accept_tcp`].
+pub async fn accept_unix(l: &UnixListener) -> io::Result<StdStream> {
+    loop {
+        let mut ready = l.readable().await?;
+        if let Ok(r) = ready.try_io(|l| l.get_ref().accept()) {
+            return r.map(|(s, _)| StdStream::Unix(s.into()));
+        }
+    }
 }
 
 impl Listeners {
@@ -71,7 +99,8 @@ pub fn bind_listeners(s: &Settings) -> io::Result<Listeners> {
             }
             std::fs::remove_file(&path)?;
         }
-        let l = UnixListener::bind(&path)
+        let l = mio::net::UnixListener::bind(&path)
+            .and_then(|l| register(l, Interest::READABLE))
             .map_err(|e| io::Error::new(e.kind(), format!("bind {}: {e}", path.display())))?;
         if let Err(e) = set_socket_access(&path, s) {
             // The file is ours now; do not leave it behind when refusing to start.
@@ -178,5 +207,8 @@ fn bind_tcp(sa: SocketAddr, backlog: u32, reuse_port: bool) -> io::Result<TcpLis
     sock.bind(&sa.into())
         .map_err(|e| io::Error::new(e.kind(), format!("bind {sa}: {e}")))?;
     sock.listen(backlog.min(i32::MAX as u32) as i32)?;
-    TcpListener::from_std(sock.into())
+    register(
+        mio::net::TcpListener::from_std(sock.into()),
+        Interest::READABLE,
+    )
 }

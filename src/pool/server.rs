@@ -15,7 +15,7 @@ use super::target::{PoolConfig, ServerAddr};
 use crate::auth::{md5_response, ScramClient, ScramCredential, Secret};
 use crate::clock::Tick;
 use crate::net::framed::{read_message, ReadError};
-use crate::net::Stream;
+use crate::net::{StdStream, Stream};
 use crate::protocol::backend::{parse_error_fields, parse_parameter_status, ErrorFields};
 use crate::protocol::{frontend, header};
 
@@ -219,13 +219,17 @@ fn read_err(e: ReadError) -> PoolError {
 pub(crate) async fn connect_to(addr: &ServerAddr) -> std::io::Result<Stream> {
     match addr {
         ServerAddr::Tcp(host, port) => {
+            // tokio connects (with its write registration), then the socket moves
+            // to a read-only registration (net/stream.rs): two epoll_ctl calls per
+            // server connection, which lives long.
             let s = TcpStream::connect((host.as_str(), *port)).await?;
             s.set_nodelay(true)?;
-            Ok(Stream::Tcp(s))
+            Stream::from_std(StdStream::Tcp(s.into_std()?))
         }
         ServerAddr::Unix(dir, port) => {
             let path = crate::net::listener::unix_socket_path(dir, *port);
-            Ok(Stream::Unix(UnixStream::connect(path).await?))
+            let s = UnixStream::connect(path).await?;
+            Stream::from_std(StdStream::Unix(s.into_std()?))
         }
     }
 }

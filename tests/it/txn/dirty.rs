@@ -184,3 +184,39 @@ async fn client_leaves_while_waiting() {
     let obs = Observer::new().await;
     assert_eq!(backends(&obs, &db).await, 1);
 }
+
+/// A client that stops reading a large result fills the socket buffers, so Sluice's
+/// writes to it block (and it waits for the socket to become writable again, which
+/// it registers for only then: net/stream.rs). When the client reads again, every
+/// row arrives in order, and the server is clean for the next client.
+#[tokio::test]
+async fn a_client_that_pauses_reading_a_large_result_gets_all_of_it() {
+    let db = fresh_db("txn_slow_reader");
+    table(&db);
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let mut a = raw(&s, &db, &[]).await;
+    // About 60 MB: far more than the socket buffers on both sides hold.
+    a.query("SELECT g, repeat(md5(g::text), 16) FROM generate_series(1, 100000) g")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let mut next = 1u32;
+    loop {
+        let m = within(Duration::from_secs(60), "result", a.recv(STEP)).await;
+        let m = m.expect("closed mid-result");
+        match m.tag {
+            b'T' => {}
+            b'D' => {
+                let cols = m.columns();
+                assert_eq!(cols[0].as_deref(), Some(next.to_string().as_str()));
+                assert_eq!(cols[1].as_ref().map(String::len), Some(512));
+                next += 1;
+            }
+            b'C' => {}
+            b'Z' => break,
+            other => panic!("unexpected message {}: {m:?}", other as char),
+        }
+    }
+    assert_eq!(next, 100_001, "rows received");
+    assert_clean_next(&s, &db).await;
+}
