@@ -148,9 +148,10 @@ impl Stream {
         }
     }
 
-    /// Non-blocking write (`MSG_NOSIGNAL`: a closed peer is an error, not a signal).
+    /// Non-blocking write. `MSG_NOSIGNAL`: a peer that closed is an error for this
+    /// client alone, never a SIGPIPE for the process, whatever the signal's disposition.
     pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
-        SockRef::from(self.io.get_ref()).send(buf)
+        SockRef::from(self.io.get_ref()).send_with_flags(buf, libc::MSG_NOSIGNAL)
     }
 
     /// Whether the peer has closed, failed, or sent bytes while nobody was reading:
