@@ -227,8 +227,8 @@ impl Stream {
 
     /// The socket without its registration, for a client that sleeps in the keeper's
     /// epoll set (it stays non-blocking).
-    pub fn into_std(self) -> io::Result<StdStream> {
-        Ok(self.io.into_inner())
+    pub fn into_std(self) -> StdStream {
+        self.io.into_inner()
     }
 
     /// Registers a non-blocking socket (accepted, connected, or put away by

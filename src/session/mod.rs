@@ -259,14 +259,11 @@ async fn drive(stream: Stream, mut s: Box<Session>, welcome: Option<Welcome>) {
     };
     let reason = match ended {
         Ended::Closed(reason) => reason,
-        Ended::Asleep => match stream.into_std() {
-            Ok(socket) => {
-                info.set_asleep(true);
-                let app = s.app().clone();
-                return app.keeper.put(socket, s);
-            }
-            Err(e) => format!("client I/O error: {e}"),
-        },
+        Ended::Asleep => {
+            info.set_asleep(true);
+            let app = s.app().clone();
+            return app.keeper.put(stream.into_std(), s);
+        }
     };
     if s.log_disconnections {
         tracing::info!(
