@@ -5,8 +5,10 @@ import glob
 import os
 import re
 import resource
+import signal
 import socket
 import subprocess
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH_DIR = os.path.join(ROOT, "bench")
@@ -190,3 +192,19 @@ def tail(path, n=20):
             return "".join(f.readlines()[-n:])
     except OSError:
         return ""
+
+
+def run_as_script(main, name):
+    """Runs a driver's `main`, turning SIGTERM/SIGHUP into an exception so that its
+    finally blocks stop every process it started (as the EXIT trap of a shell script
+    would), and Ctrl-C into exit status 130."""
+    def on_signal(signum, _frame):
+        print("%s: signal %d, stopping everything" % (name, signum), file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -16,15 +16,13 @@ import json
 import os
 import pwd
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 
 from common import (
     ROOT, BENCH_DIR, MAX_CLIENT_CONN, DB, USER, OPT, SCENARIOS, EXTRA_SCENARIOS, CHART, say, die,
-    pg_bindir, which, ENV, raise_fd_limit,
+    pg_bindir, which, ENV, raise_fd_limit, run_as_script,
 )
 from measure import run_rounds, run_idle_tests, train
 from report import (
@@ -183,17 +181,5 @@ def main():
             shutil.rmtree(work, ignore_errors=True)
 
 
-def on_signal(signum, _frame):
-    # Turn SIGTERM/SIGHUP into an exception so that the finally blocks stop
-    # every process this run started (as the EXIT trap of a shell script would).
-    print("bench: signal %d, stopping everything" % signum, file=sys.stderr, flush=True)
-    raise SystemExit(128 + signum)
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
-    try:
-        main()
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_as_script(main, "bench")

@@ -18,15 +18,13 @@ import datetime
 import json
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 
 from common import (
     BENCH_DIR, DB, USER, OPT, SCENARIOS, EXTRA_SCENARIOS, say, die, pg_bindir, which, ENV,
-    raise_fd_limit,
+    raise_fd_limit, run_as_script,
 )
 from measure import run_pgbench
 from report import fmt_num, median_of, machine_text, version_of
@@ -52,27 +50,27 @@ class Target:
 def targets_from(args, runner, pg, userlist):
     """Each make() takes a fresh directory for that turn's pooler (its ini, log, socket)."""
     out = [Target("PostgreSQL")]
+
+    def processes(name, binary, n):
+        """n processes of one pooler on one port, the pool split between them."""
+        def make(turn_dir):
+            first = Pooler(name, binary, turn_dir, runner, pg, userlist)
+            group = PoolerGroup(first, n) if n > 1 else first
+            for m in getattr(group, "members", [group]):
+                m.pool_size = max(1, OPT.pool_size // n)
+            return group
+        return make
+
     for n in args.pgbouncer_procs:
-        def make(turn_dir, n=n):
-            first = Pooler("pgbouncer", args.pgbouncer, turn_dir, runner, pg, userlist)
-            group = PoolerGroup(first, n) if n > 1 else first
-            for m in getattr(group, "members", [group]):
-                m.pool_size = max(1, OPT.pool_size // n)
-            return group
-        out.append(Target("PgBouncer x%d" % n, make))
+        out.append(Target("PgBouncer x%d" % n, processes("pgbouncer", args.pgbouncer, n)))
     for n in args.sluice_procs:
-        def make(turn_dir, n=n):
-            first = Pooler("sluice", args.sluice, turn_dir, runner, pg, userlist)
-            group = PoolerGroup(first, n) if n > 1 else first
-            for m in getattr(group, "members", [group]):
-                m.pool_size = max(1, OPT.pool_size // n)
-            return group
         # One event loop each, as PgBouncer's processes.
-        out.append(Target("Sluice x%d" % n, make, workers=0))
+        out.append(Target("Sluice x%d" % n, processes("sluice", args.sluice, n), workers=0))
+    def one_sluice(turn_dir):
+        return Pooler("sluice", args.sluice, turn_dir, runner, pg, userlist)
+
     for w in args.workers:
-        def make(turn_dir, w=w):
-            return Pooler("sluice", args.sluice, turn_dir, runner, pg, userlist)
-        out.append(Target("Sluice %dw" % w, make, workers=w))
+        out.append(Target("Sluice %dw" % w, one_sluice, workers=w))
     return out
 
 
@@ -264,15 +262,5 @@ def main():
             shutil.rmtree(work, ignore_errors=True)
 
 
-def on_signal(signum, _frame):
-    print("scale: signal %d, stopping everything" % signum, file=sys.stderr, flush=True)
-    raise SystemExit(128 + signum)
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
-    try:
-        main()
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_as_script(main, "scale")
