@@ -193,13 +193,18 @@ impl Rewriter {
     }
 }
 
-/// Whether `input` is nothing but whole simple Queries that the rewriter would pass on
-/// untouched (not PREPARE, EXECUTE or DEALLOCATE by their first word), within
-/// `max_len`: a request that needs no rewriting.
-pub fn plain_queries(input: &[u8], max_len: u32) -> bool {
+/// Whether `input` is a request that needs no rewriting from a client and to a server
+/// that hold no prepared statements: whole messages, ending at a Sync or a simple
+/// Query (so nothing is owed outside the ReadyForQuery answers the relay counts), of
+/// simple Queries the rewriter would pass on untouched (not PREPARE, EXECUTE,
+/// DEALLOCATE or DISCARD by their first word) and extended-protocol messages on the
+/// unnamed statement (a Parse names none; Bind, Describe and Close of names the client
+/// does not hold pass unchanged anyway), within `max_len`.
+pub fn plain_request(input: &[u8], max_len: u32) -> bool {
     let mut rest = input;
+    let mut last = 0;
     while !rest.is_empty() {
-        let Some((TAG_QUERY, len)) = parse(rest) else {
+        let Some((tag, len)) = parse(rest) else {
             return false;
         };
         let Ok(len) = check_len(len, max_len) else {
@@ -208,12 +213,21 @@ pub fn plain_queries(input: &[u8], max_len: u32) -> bool {
         let Some(msg) = rest.get(..=len) else {
             return false;
         };
-        if len <= MAX_INSPECTED_QUERY && super::sql::names_statements(&msg[HEADER_LEN..]) {
+        let body = &msg[HEADER_LEN..];
+        let plain = match tag {
+            TAG_QUERY => len > MAX_INSPECTED_QUERY || !super::sql::names_statements(body),
+            // An unnamed Parse starts with the empty name's NUL.
+            TAG_PARSE => body.first() == Some(&0),
+            TAG_BIND | TAG_DESCRIBE | TAG_CLOSE | TAG_EXECUTE | TAG_SYNC | TAG_FLUSH => true,
+            _ => false,
+        };
+        if !plain {
             return false;
         }
+        last = tag;
         rest = &rest[len + 1..];
     }
-    !input.is_empty()
+    matches!(last, TAG_QUERY | TAG_SYNC)
 }
 
 /// Moves the first `n` bytes of `input` to the end of `out`. A request that is one

@@ -8,7 +8,7 @@ use bytes::BytesMut;
 use super::{count_client_tag, Outcome, Relay};
 use crate::pool::ServerConn;
 use crate::prepared::responses::{process_chunk, Expect, Kind, ResponseTracker};
-use crate::prepared::rewrite::{pass, plain_queries, Ctx, RewriteError, Rewriter};
+use crate::prepared::rewrite::{pass, plain_request, Ctx, RewriteError, Rewriter};
 use crate::prepared::{ClientStatements, Registry, ServerStatements};
 use crate::protocol::header::{TAG_READY_FOR_QUERY, TAG_TERMINATE};
 use crate::protocol::ProtocolError;
@@ -49,10 +49,11 @@ pub(super) struct PreparedState {
 pub(super) enum Mode {
     /// Nothing rewritten yet.
     Fresh,
-    /// Only simple queries that need no rewriting, from a client and to a server that
-    /// hold no prepared statements: relayed as without prepared-statement mode, the
-    /// answers not followed by the tracker (nothing in them can concern it: a DISCARD
-    /// ALL or DEALLOCATE ALL would clear empty sets).
+    /// Only requests that need no rewriting (simple queries, the unnamed statement:
+    /// see [`plain_request`]), from a client and to a server that hold no prepared
+    /// statements: relayed as without prepared-statement mode, the answers not followed
+    /// by the tracker (nothing in them can concern it: a DISCARD ALL or DEALLOCATE ALL
+    /// would clear empty sets).
     Plain,
     /// Through the rewriter and the response tracker, until the request ends.
     Tracked,
@@ -194,7 +195,7 @@ impl Relay {
             Mode::Fresh | Mode::Plain
                 if p.kept.client.is_empty()
                     && server.prepared.is_empty()
-                    && plain_queries(&p.input, self.max_packet) =>
+                    && plain_request(&p.input, self.max_packet) =>
             {
                 p.mode = Mode::Plain;
                 let start = self.c2s.len();

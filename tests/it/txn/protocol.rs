@@ -338,3 +338,50 @@ async fn request_sent_with_the_login_goes_through_statement_renaming() {
     assert!(first_error(&msgs).is_none(), "{msgs:?}");
     assert_eq!(col(&msgs), ["42"]);
 }
+
+/// A batch on the unnamed statement passes the prepared-statement tracker by (a plain
+/// request); named statements sent behind it before its answers arrive (or in the
+/// same write) make the request tracked from there on, and the answers still owed
+/// must be handed to the tracker at the switch: else the ParseComplete Sluice makes
+/// for the second Parse of the same text would land among the first batch's answers.
+#[tokio::test]
+async fn named_statements_behind_an_unnamed_batch() {
+    let db = fresh_db("txn_plain_ext");
+    for (case, apart) in [("two writes", true), ("one write", false)] {
+        // A fresh client and a fresh server: neither holds a statement yet.
+        let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+        let mut a = raw(&s, &db, &[]).await;
+        let mut first = extended("SELECT pg_sleep(0.2)::text || 'slept'");
+        first.extend(sync_msg());
+        let mut named = frame(b'P', b"s1\0SELECT 'named'\0\0\0");
+        named.extend(frame(b'P', b"s2\0SELECT 'named'\0\0\0"));
+        named.extend(frame(b'B', b"\0s1\0\0\0\0\0\0\0"));
+        named.extend(frame(b'D', b"P\0"));
+        named.extend(frame(b'E', &[0, 0, 0, 0, 0]));
+        named.extend(sync_msg());
+        if apart {
+            a.send(&first).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            a.send(&named).await.unwrap();
+        } else {
+            a.send(&[first, named].concat()).await.unwrap();
+        }
+        let tags = |msgs: &[crate::support::wire::RawMsg]| -> String {
+            msgs.iter().map(|m| m.tag as char).collect()
+        };
+        let msgs = a.until_ready(STEP).await;
+        assert_eq!(tags(&msgs), "12TDCZ", "{case}: {msgs:?}");
+        assert_eq!(col(&msgs), ["slept"], "{case}");
+        let msgs = a.until_ready(STEP).await;
+        assert_eq!(tags(&msgs), "112TDCZ", "{case}: {msgs:?}");
+        assert_eq!(col(&msgs), ["named"], "{case}");
+        // Both statements are the client's: a later Bind finds them.
+        let mut again = frame(b'B', b"\0s2\0\0\0\0\0\0\0");
+        again.extend(frame(b'E', &[0, 0, 0, 0, 0]));
+        again.extend(sync_msg());
+        a.send(&again).await.unwrap();
+        let msgs = a.until_ready(STEP).await;
+        assert_eq!(tags(&msgs), "2DCZ", "{case}: {msgs:?}");
+        assert_eq!(col(&msgs), ["named"], "{case}");
+    }
+}
