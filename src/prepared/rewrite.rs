@@ -82,7 +82,9 @@ impl Rewriter {
                 Some(m) if buf.len() + m.len() <= MAX_REPLAY => buf.extend_from_slice(m),
                 _ => self.recording = None,
             }
-        } else if matches!(tag, TAG_BIND | TAG_DESCRIBE) && !self.batch_has_run {
+        } else if !self.batch_has_run
+            && (tag == TAG_DESCRIBE || (tag == TAG_BIND && !self.parsed_in_batch.is_empty()))
+        {
             // Replayable only where PostgreSQL itself would not have failed: the
             // client learns the shape from this very Describe, or it Parsed the
             // statement just before binding it (a fresh plan, directly).
