@@ -165,9 +165,16 @@ impl Rewriter {
                 self.terminated = true;
                 continue;
             }
-            if whole && matches!(tag, TAG_PARSE | TAG_BIND | TAG_DESCRIBE | TAG_CLOSE) {
+            if whole && tag == TAG_PARSE {
+                // Owned: a new statement keeps its text.
                 let msg = input.split_to(len + 1).freeze();
-                handle_whole(tag, msg, out, ctx)?;
+                handle_parse(msg, out, ctx)?;
+                continue;
+            }
+            if whole && matches!(tag, TAG_BIND | TAG_DESCRIBE | TAG_CLOSE) {
+                // Read in place (a split would make the buffer shared, then drop it).
+                handle_named(tag, &input[..=len], out, ctx)?;
+                input.advance(len + 1);
                 continue;
             }
             let entry = match tag {
@@ -372,7 +379,16 @@ fn take_cstr(b: &mut Bytes) -> Result<Bytes, ProtocolError> {
     Ok(s)
 }
 
-fn name_of(b: &Bytes) -> Result<&str, ProtocolError> {
+/// Splits a NUL-terminated string off the front of `b`: the string, and the rest.
+fn split_cstr(b: &[u8]) -> Result<(&[u8], &[u8]), ProtocolError> {
+    let end = b
+        .iter()
+        .position(|&c| c == 0)
+        .ok_or(ProtocolError::Malformed("unterminated string"))?;
+    Ok((&b[..end], &b[end + 1..]))
+}
+
+fn name_of(b: &[u8]) -> Result<&str, ProtocolError> {
     std::str::from_utf8(b).map_err(|_| ProtocolError::Malformed("statement name is not UTF-8"))
 }
 
@@ -421,123 +437,122 @@ fn put_close(out: &mut BytesMut, kind: u8, name: &[u8]) {
     out.put_u8(0);
 }
 
-/// Rewrites one whole Parse, Bind, Describe or Close.
-fn handle_whole(
+/// Rewrites one whole Parse.
+fn handle_parse(msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> Result<(), RewriteError> {
+    let mut body = msg.slice(HEADER_LEN..);
+    let name = take_cstr(&mut body)?;
+    if name.is_empty() {
+        out.extend_from_slice(&msg);
+        ctx.tracker.push(fwd(Kind::Parse));
+        return Ok(());
+    }
+    let name = name_of(&name)?.to_owned();
+    if ctx.client.get(&name).is_some() {
+        // PostgreSQL refuses this (42P05) and the session would go on out of
+        // step with what Sluice tracks; PgBouncer disconnects such a client too.
+        return Err(RewriteError::DuplicateStatement);
+    }
+    let stmt = ctx.registry.intern(body);
+    if !ctx.client.insert(name.clone(), stmt.clone()) {
+        return Err(RewriteError::TooManyStatements(
+            super::MAX_CLIENT_STATEMENTS,
+        ));
+    }
+    if ctx.server.touch(&stmt) {
+        // The server has it already: answer ParseComplete ourselves.
+        ctx.tracker.push(Expect::Synthesize(PARSE_COMPLETE));
+        return Ok(());
+    }
+    if let Some(evicted) = ctx.server.insert(&stmt, ctx.max_prepared) {
+        put_close(out, b'S', evicted.as_bytes());
+        ctx.tracker.push(Expect::Swallow {
+            kind: Kind::Close,
+            undo: None,
+        });
+    }
+    stmt.parse_message(out);
+    *ctx.server_parses += 1;
+    ctx.tracker.push(Expect::Forward {
+        kind: Kind::Parse,
+        undo: Some(Undo::ForgetClientAndServer(name, stmt.id)),
+    });
+    Ok(())
+}
+
+/// Rewrites one whole Bind, Describe or Close (`msg`, header included).
+fn handle_named(
     tag: u8,
-    msg: Bytes,
+    msg: &[u8],
     out: &mut BytesMut,
     ctx: &mut Ctx<'_>,
 ) -> Result<(), RewriteError> {
-    let mut body = msg.slice(HEADER_LEN..);
-    match tag {
-        TAG_PARSE => {
-            let name = take_cstr(&mut body)?;
-            if name.is_empty() {
-                out.extend_from_slice(&msg);
-                ctx.tracker.push(fwd(Kind::Parse));
-                return Ok(());
+    let body = &msg[HEADER_LEN..];
+    if tag == TAG_BIND {
+        let (portal, rest) = split_cstr(body)?;
+        let (name, rest) = split_cstr(rest)?;
+        let stmt = match name_of(name)? {
+            "" => None,
+            n => ctx.client.get(n).cloned(),
+        };
+        let undo = stmt.clone().map(Undo::Stale);
+        match stmt {
+            // Unnamed, or unknown: PostgreSQL gives the right answer (including
+            // "prepared statement does not exist" with the client's own name).
+            None => out.extend_from_slice(msg),
+            Some(stmt) => {
+                ensure_prepared(&stmt, out, ctx);
+                out.put_u8(TAG_BIND);
+                let len = 4 + portal.len() + 1 + stmt.server_name.len() + 1 + rest.len();
+                out.put_u32(len as u32);
+                out.extend_from_slice(portal);
+                out.put_u8(0);
+                out.extend_from_slice(stmt.server_name.as_bytes());
+                out.put_u8(0);
+                out.extend_from_slice(rest);
             }
-            let name = name_of(&name)?.to_owned();
-            if ctx.client.get(&name).is_some() {
-                // PostgreSQL refuses this (42P05) and the session would go on out of
-                // step with what Sluice tracks; PgBouncer disconnects such a client too.
-                return Err(RewriteError::DuplicateStatement);
-            }
-            let stmt = ctx.registry.intern(body);
-            if !ctx.client.insert(name.clone(), stmt.clone()) {
-                return Err(RewriteError::TooManyStatements(
-                    super::MAX_CLIENT_STATEMENTS,
-                ));
-            }
-            if ctx.server.touch(&stmt) {
-                // The server has it already: answer ParseComplete ourselves.
-                ctx.tracker.push(Expect::Synthesize(PARSE_COMPLETE));
-                return Ok(());
-            }
-            if let Some(evicted) = ctx.server.insert(&stmt, ctx.max_prepared) {
-                put_close(out, b'S', evicted.as_bytes());
-                ctx.tracker.push(Expect::Swallow {
-                    kind: Kind::Close,
-                    undo: None,
-                });
-            }
-            stmt.parse_message(out);
-            *ctx.server_parses += 1;
-            ctx.tracker.push(Expect::Forward {
-                kind: Kind::Parse,
-                undo: Some(Undo::ForgetClientAndServer(name, stmt.id)),
-            });
         }
-        TAG_BIND => {
-            let portal = take_cstr(&mut body)?;
-            let name = take_cstr(&mut body)?;
-            let stmt = match name_of(&name)? {
-                "" => None,
-                n => ctx.client.get(n).cloned(),
-            };
-            let undo = stmt.clone().map(Undo::Stale);
-            match stmt {
-                // Unnamed, or unknown: PostgreSQL gives the right answer (including
-                // "prepared statement does not exist" with the client's own name).
-                None => out.extend_from_slice(&msg),
-                Some(stmt) => {
-                    ensure_prepared(&stmt, out, ctx);
-                    out.put_u8(TAG_BIND);
-                    let len = 4 + portal.len() + 1 + stmt.server_name.len() + 1 + body.len();
-                    out.put_u32(len as u32);
-                    out.extend_from_slice(&portal);
-                    out.put_u8(0);
-                    out.extend_from_slice(stmt.server_name.as_bytes());
-                    out.put_u8(0);
-                    out.extend_from_slice(&body);
-                }
-            }
-            ctx.tracker.push(Expect::Forward {
-                kind: Kind::Bind,
-                undo,
-            });
-        }
-        TAG_DESCRIBE | TAG_CLOSE => {
-            if body.is_empty() {
-                return Err(ProtocolError::Malformed("empty Describe/Close").into());
-            }
-            let kind = body[0];
-            body.advance(1);
-            let name = take_cstr(&mut body)?;
-            let entry = if tag == TAG_DESCRIBE {
-                Kind::Describe
-            } else {
-                Kind::Close
-            };
-            let stmt = match (kind, name_of(&name)?) {
-                (b'S', n) if !n.is_empty() => ctx.client.get(n).cloned().map(|s| (n.to_owned(), s)),
-                _ => None,
-            };
-            let undo = match &stmt {
-                Some((_, st)) if tag == TAG_DESCRIBE => Some(Undo::Stale(st.clone())),
-                _ => None,
-            };
-            match stmt {
-                None => out.extend_from_slice(&msg),
-                Some((_, stmt)) if tag == TAG_DESCRIBE => {
-                    ensure_prepared(&stmt, out, ctx);
-                    out.put_u8(TAG_DESCRIBE);
-                    out.put_u32((4 + 1 + stmt.server_name.len() + 1) as u32);
-                    out.put_u8(b'S');
-                    out.extend_from_slice(stmt.server_name.as_bytes());
-                    out.put_u8(0);
-                }
-                Some((n, _)) => {
-                    // The server keeps its copy for other clients; closing a name it
-                    // does not have still answers CloseComplete.
-                    ctx.client.remove(&n);
-                    put_close(out, b'S', b"sluice_closed");
-                }
-            }
-            ctx.tracker.push(Expect::Forward { kind: entry, undo });
-        }
-        _ => out.extend_from_slice(&msg),
+        ctx.tracker.push(Expect::Forward {
+            kind: Kind::Bind,
+            undo,
+        });
+        return Ok(());
     }
+    let Some((&kind, rest)) = body.split_first() else {
+        return Err(ProtocolError::Malformed("empty Describe/Close").into());
+    };
+    let (name, _) = split_cstr(rest)?;
+    let entry = if tag == TAG_DESCRIBE {
+        Kind::Describe
+    } else {
+        Kind::Close
+    };
+    let name = name_of(name)?;
+    let stmt = match kind {
+        b'S' if !name.is_empty() => ctx.client.get(name).cloned(),
+        _ => None,
+    };
+    let undo = match &stmt {
+        Some(st) if tag == TAG_DESCRIBE => Some(Undo::Stale(st.clone())),
+        _ => None,
+    };
+    match stmt {
+        None => out.extend_from_slice(msg),
+        Some(stmt) if tag == TAG_DESCRIBE => {
+            ensure_prepared(&stmt, out, ctx);
+            out.put_u8(TAG_DESCRIBE);
+            out.put_u32((4 + 1 + stmt.server_name.len() + 1) as u32);
+            out.put_u8(b'S');
+            out.extend_from_slice(stmt.server_name.as_bytes());
+            out.put_u8(0);
+        }
+        Some(_) => {
+            // The server keeps its copy for other clients; closing a name it
+            // does not have still answers CloseComplete.
+            ctx.client.remove(name);
+            put_close(out, b'S', b"sluice_closed");
+        }
+    }
+    ctx.tracker.push(Expect::Forward { kind: entry, undo });
     Ok(())
 }
 
