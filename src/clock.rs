@@ -49,16 +49,6 @@ impl Tick {
         self.nanos_since(earlier) >= nanos(d)
     }
 
-    /// The first multiple of `grid` (counted from the clock's origin) at or after this
-    /// point; this point for a zero `grid`.
-    pub fn round_up(self, grid: Duration) -> Tick {
-        let g = nanos(grid);
-        if g == 0 {
-            return self;
-        }
-        Tick(self.0.div_ceil(g).saturating_mul(g))
-    }
-
     /// The time elapsed since this point.
     pub fn elapsed(self) -> Duration {
         Tick::now().since(self)
@@ -117,19 +107,6 @@ mod tests {
             Duration::from_millis(7)
         );
         assert_eq!(t0 + Duration::MAX, Tick(u64::MAX));
-    }
-
-    #[test]
-    fn rounds_up_to_a_grid() {
-        let ms = Duration::from_millis(50);
-        assert_eq!(Tick(0).round_up(ms), Tick(0));
-        assert_eq!(Tick(1).round_up(ms), Tick(50_000_000));
-        assert_eq!(Tick(50_000_000).round_up(ms), Tick(50_000_000));
-        assert_eq!(Tick(50_000_001).round_up(ms), Tick(100_000_000));
-        assert_eq!(Tick(7).round_up(Duration::ZERO), Tick(7));
-        let t = Tick::now();
-        let r = t.round_up(ms);
-        assert!(r >= t && r.since(t) < ms, "{t:?} -> {r:?}");
     }
 
     #[test]

@@ -77,8 +77,7 @@ impl Parked {
     /// Waits until the client sends something, or its client_idle_timeout runs out
     /// (the error is the reason to give), or, if it `can_sleep`, it should sleep: when
     /// asked to (the janitor's sweep, [`ClientInfo::ask_to_sleep`]) or, for a `fresh`
-    /// client (just logged in), once it has sent nothing for [`FRESH_SLEEP`] (up to
-    /// twice that: the deadline is rounded up to a grid of it). Reads
+    /// client (just logged in), once it has sent nothing for [`FRESH_SLEEP`]. Reads
     /// nothing: the relay made next does.
     pub async fn wait_idle(
         &self,
@@ -114,14 +113,8 @@ impl Parked {
             if fresh {
                 // Made only once the client is seen to be quiet: a client that sends
                 // its first query right after the welcome (most do) never starts it.
-                let t = fresh_timer.get_or_insert_with(|| {
-                    // Due on a grid of FRESH_SLEEP: logins that come close together
-                    // share a deadline, and a timer due no earlier than the one the
-                    // loop already waits for does not make tokio wake its driver
-                    // (an eventfd write) to wait again.
-                    let at = (Tick::now() + FRESH_SLEEP).round_up(FRESH_SLEEP);
-                    Box::pin(tokio::time::sleep_until(at.to_instant().into()))
-                });
+                let t =
+                    fresh_timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(FRESH_SLEEP)));
                 if t.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(Ok(Idle::Sleep));
                 }
