@@ -159,6 +159,12 @@ impl ResponseTracker {
             })
     }
 
+    /// Whether the tracker holds part of a message back (a split header) or is
+    /// dropping one: the next chunk must come through it too.
+    pub fn mid_message(&self) -> bool {
+        !self.held.is_empty() || self.drop_left > 0
+    }
+
     /// Whether every request has been answered.
     pub fn is_idle(&self) -> bool {
         self.queue.is_empty() && self.held.is_empty() && self.drop_left == 0

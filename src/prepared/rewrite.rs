@@ -202,14 +202,14 @@ impl Rewriter {
     }
 }
 
-/// Whether `input` is a request that needs no rewriting from a client and to a server
-/// that hold no prepared statements: whole messages, ending at a Sync or a simple
-/// Query (so nothing is owed outside the ReadyForQuery answers the relay counts), of
-/// simple Queries the rewriter would pass on untouched (not PREPARE, EXECUTE,
-/// DEALLOCATE or DISCARD by their first word) and extended-protocol messages on the
-/// unnamed statement (a Parse names none; Bind, Describe and Close of names the client
-/// does not hold pass unchanged anyway), within `max_len`.
-pub fn plain_request(input: &[u8], max_len: u32) -> bool {
+/// Whether `input` is a request that needs no rewriting: whole messages, ending at a
+/// Sync or a simple Query (so nothing is owed outside the ReadyForQuery answers the
+/// relay counts), of simple Queries the rewriter would pass on untouched (not PREPARE,
+/// EXECUTE, DEALLOCATE or DISCARD by their first word) and extended-protocol messages
+/// on the unnamed statement, within `max_len`. A Parse must name no statement; a
+/// Bind, Describe or Close may name one only if the client holds none
+/// (`client_holds` false: a name it does not hold passes unchanged anyway).
+pub fn plain_request(input: &[u8], max_len: u32, client_holds: bool) -> bool {
     let mut rest = input;
     let mut last = 0;
     while !rest.is_empty() {
@@ -227,7 +227,12 @@ pub fn plain_request(input: &[u8], max_len: u32) -> bool {
             TAG_QUERY => len > MAX_INSPECTED_QUERY || !super::sql::names_statements(body),
             // An unnamed Parse starts with the empty name's NUL.
             TAG_PARSE => body.first() == Some(&0),
-            TAG_BIND | TAG_DESCRIBE | TAG_CLOSE | TAG_EXECUTE | TAG_SYNC | TAG_FLUSH => true,
+            TAG_BIND => !client_holds || binds_unnamed(body),
+            TAG_DESCRIBE | TAG_CLOSE => {
+                // 'S' and a name, or 'P' (a portal: never rewritten).
+                !client_holds || body.first() != Some(&b'S') || body.get(1) == Some(&0)
+            }
+            TAG_EXECUTE | TAG_SYNC | TAG_FLUSH => true,
             _ => false,
         };
         if !plain {
@@ -237,6 +242,14 @@ pub fn plain_request(input: &[u8], max_len: u32) -> bool {
         rest = &rest[len + 1..];
     }
     matches!(last, TAG_QUERY | TAG_SYNC)
+}
+
+/// Whether a Bind body (portal name, then statement name) binds the unnamed statement.
+fn binds_unnamed(body: &[u8]) -> bool {
+    match body.iter().position(|&b| b == 0) {
+        Some(end) => body.get(end + 1) == Some(&0),
+        None => false,
+    }
 }
 
 /// Moves the first `n` bytes of `input` to the end of `out`. A request that is one

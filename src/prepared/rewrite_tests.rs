@@ -150,8 +150,8 @@ fn streams_big_messages_and_waits_for_whole_parses() {
 fn plain_requests_are_whole_simple_queries_needing_no_rewrite() {
     let q = |sql: &str| msg(b'Q', format!("{sql}\0").as_bytes());
     let two = [q("SELECT 1"), q("  select abalance from t")].concat();
-    assert!(plain_request(&two, 1 << 20));
-    assert!(plain_request(&q("/* x */ DISCARD ALL"), 1 << 20));
+    assert!(plain_request(&two, 1 << 20, false));
+    assert!(plain_request(&q("/* x */ DISCARD ALL"), 1 << 20, false));
     // Other words with the same first letters are plain.
     for sql in [
         "END;",
@@ -162,7 +162,7 @@ fn plain_requests_are_whole_simple_queries_needing_no_rewrite() {
         "EXECUTES",
         "",
     ] {
-        assert!(plain_request(&q(sql), 1 << 20), "{sql}");
+        assert!(plain_request(&q(sql), 1 << 20, false), "{sql}");
     }
     // Recognised by their first word: the rewriter's business.
     for sql in [
@@ -173,22 +173,26 @@ fn plain_requests_are_whole_simple_queries_needing_no_rewrite() {
         "discard all",
         "Prepare(x)",
     ] {
-        assert!(!plain_request(&q(sql), 1 << 20), "{sql}");
+        assert!(!plain_request(&q(sql), 1 << 20, false), "{sql}");
     }
     // Too long to be read whole, so never inspected: plain whatever it starts with.
     let long = format!("PREPARE p AS SELECT '{}'", "x".repeat(300));
-    assert!(plain_request(&q(&long), 1 << 20));
-    assert!(!plain_request(&q(&long), 100), "past max_packet_size");
+    assert!(plain_request(&q(&long), 1 << 20, false));
+    assert!(
+        !plain_request(&q(&long), 100, false),
+        "past max_packet_size"
+    );
     // Anything else, a partial message, or nothing at all.
     assert!(!plain_request(
         &[q("SELECT 1"), msg(b'd', b"x")].concat(),
-        1 << 20
+        1 << 20,
+        false
     ));
-    assert!(!plain_request(&msg(b'X', b""), 1 << 20));
+    assert!(!plain_request(&msg(b'X', b""), 1 << 20, false));
     let whole = q("SELECT 1");
-    assert!(!plain_request(&whole[..whole.len() - 1], 1 << 20));
-    assert!(!plain_request(&whole[..3], 1 << 20));
-    assert!(!plain_request(b"", 1 << 20));
+    assert!(!plain_request(&whole[..whole.len() - 1], 1 << 20, false));
+    assert!(!plain_request(&whole[..3], 1 << 20, false));
+    assert!(!plain_request(b"", 1 << 20, false));
 }
 
 #[test]
@@ -200,23 +204,46 @@ fn plain_requests_include_the_unnamed_statement_up_to_a_sync() {
     let sync = msg(b'S', b"");
     let batch = |p: &[u8]| [p, &bind, &describe, &execute, &sync].concat();
     // What libpq sends for PQexecParams (pgbench -M extended).
-    assert!(plain_request(&batch(&parse("")), 1 << 20));
+    assert!(plain_request(&batch(&parse("")), 1 << 20, false));
     // A simple query and an extended batch in one read.
     let q = msg(b'Q', b"SELECT 1\0");
     assert!(plain_request(
         &[&q[..], &batch(&parse(""))].concat(),
-        1 << 20
+        1 << 20,
+        false
     ));
     // A named statement is the rewriter's.
-    assert!(!plain_request(&batch(&parse("s1")), 1 << 20));
+    assert!(!plain_request(&batch(&parse("s1")), 1 << 20, false));
     // Not ending at a Sync: the answers owed before one could not be told apart.
     let unsynced = [&parse("")[..], &bind, &execute, &msg(b'H', b"")].concat();
-    assert!(!plain_request(&unsynced, 1 << 20));
-    assert!(plain_request(&[&unsynced[..], &sync].concat(), 1 << 20));
+    assert!(!plain_request(&unsynced, 1 << 20, false));
+    assert!(plain_request(
+        &[&unsynced[..], &sync].concat(),
+        1 << 20,
+        false
+    ));
     // A partial message, or one past max_packet_size.
     let whole = batch(&parse(""));
-    assert!(!plain_request(&whole[..whole.len() - 3], 1 << 20));
-    assert!(!plain_request(&whole, 10));
+    assert!(!plain_request(&whole[..whole.len() - 3], 1 << 20, false));
+    assert!(!plain_request(&whole, 10, false));
+    // A client that holds statements: the same batch is plain, and so is a Describe
+    // or Close of a portal; a Bind, Describe or Close naming a statement is not.
+    assert!(plain_request(&whole, 1 << 20, true));
+    let tail = [&execute[..], &sync].concat();
+    for (m, plain) in [
+        (msg(b'B', b"\0s1\0\0\0\0\0\0\0"), false),
+        (msg(b'B', b"p1\0s1\0\0\0\0\0\0\0"), false),
+        (msg(b'B', b"p1\0\0\0\0\0\0\0\0"), true),
+        (msg(b'D', b"Ss1\0"), false),
+        (msg(b'D', b"S\0"), true),
+        (msg(b'D', b"Pp1\0"), true),
+        (msg(b'C', b"Ss1\0"), false),
+        (msg(b'C', b"Pp1\0"), true),
+    ] {
+        let req = [&m[..], &tail].concat();
+        assert_eq!(plain_request(&req, 1 << 20, true), plain, "{m:?}");
+        assert!(plain_request(&req, 1 << 20, false), "{m:?}");
+    }
 }
 
 #[test]

@@ -475,10 +475,8 @@ impl Relay {
             }
             Event::Complete { .. } => Body::Skip,
         };
-        let tracked = self
-            .prepared
-            .as_mut()
-            .filter(|p| p.mode != prepared::Mode::Plain);
+        let server_holds = !server.prepared.is_empty();
+        let tracked = self.prepared.as_mut().filter(|p| p.watches(server_holds));
         match tracked {
             None => self
                 .server_framer

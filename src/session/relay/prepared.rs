@@ -50,10 +50,12 @@ pub(super) enum Mode {
     /// Nothing rewritten yet.
     Fresh,
     /// Only requests that need no rewriting (simple queries, the unnamed statement:
-    /// see [`plain_request`]), from a client and to a server that hold no prepared
-    /// statements: relayed as without prepared-statement mode, the answers not followed
-    /// by the tracker (nothing in them can concern it: a DISCARD ALL or DEALLOCATE ALL
-    /// would clear empty sets).
+    /// see [`plain_request`]): relayed as without prepared-statement mode. Their
+    /// answers need no tracking (nothing is synthesized, swallowed or undone for
+    /// them); only a DISCARD ALL or DEALLOCATE ALL among them matters, which clears
+    /// the statements: so while the client or the server holds some, the answers go
+    /// through the tracker with nothing queued, which then looks at nothing but
+    /// ReadyForQuery and short CommandCompletes ([`PreparedState::watches`]).
     Plain,
     /// Through the rewriter and the response tracker, until the request ends.
     Tracked,
@@ -117,6 +119,18 @@ impl PreparedState {
     pub(super) fn discard(mut self) {
         self.input.clear();
         crate::net::bufpool::give(self.into_kept().1);
+    }
+
+    /// Whether server answers go through the response tracker: always in a tracked
+    /// request; in a plain one only while there are statements a DISCARD ALL or
+    /// DEALLOCATE ALL in it could clear (the client's, or the server's `server_holds`),
+    /// and until the tracker is between messages again once it has looked (a
+    /// DISCARD ALL may empty both sets while it holds a split header back).
+    pub(super) fn watches(&self, server_holds: bool) -> bool {
+        self.mode != Mode::Plain
+            || server_holds
+            || !self.kept.client.is_empty()
+            || self.tracker.mid_message()
     }
 
     /// Runs one chunk of server bytes through the response tracker.
@@ -193,9 +207,7 @@ impl Relay {
         match p.mode {
             Mode::Tracked => {}
             Mode::Fresh | Mode::Plain
-                if p.kept.client.is_empty()
-                    && server.prepared.is_empty()
-                    && plain_request(&p.input, self.max_packet) =>
+                if plain_request(&p.input, self.max_packet, !p.kept.client.is_empty()) =>
             {
                 p.mode = Mode::Plain;
                 let start = self.c2s.len();

@@ -385,3 +385,41 @@ async fn named_statements_behind_an_unnamed_batch() {
         assert_eq!(col(&msgs), ["named"], "{case}");
     }
 }
+
+/// A client that holds a named statement sends `DEALLOCATE ALL` on the unnamed
+/// statement (as pgjdbc does), or behind another command in one simple query: both
+/// are plain requests, relayed without rewriting, but their CommandComplete must
+/// still clear what Sluice tracks, so that the client can Parse the same name again
+/// (and its server is asked to prepare it again).
+#[tokio::test]
+async fn deallocate_all_in_a_plain_request_clears_the_statements() {
+    let db = fresh_db("txn_plain_dealloc");
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let mut a = raw(&s, &db, &[]).await;
+    let tags = |msgs: &[crate::support::wire::RawMsg]| -> String {
+        msgs.iter().map(|m| m.tag as char).collect()
+    };
+    let mut named = frame(b'P', b"s1\0SELECT 'named'\0\0\0");
+    named.extend(frame(b'B', b"\0s1\0\0\0\0\0\0\0"));
+    named.extend(frame(b'E', &[0, 0, 0, 0, 0]));
+    named.extend(sync_msg());
+    let mut unnamed = extended("DEALLOCATE ALL");
+    unnamed.extend(sync_msg());
+    let simple = frame(b'Q', b"SELECT 1; DEALLOCATE ALL\0");
+    for (case, dealloc) in [("unnamed statement", unnamed), ("simple query", simple)] {
+        a.send(&named).await.unwrap();
+        let msgs = a.until_ready(STEP).await;
+        assert_eq!(tags(&msgs), "12DCZ", "{case}: {msgs:?}");
+        assert_eq!(col(&msgs), ["named"], "{case}");
+        a.send(&dealloc).await.unwrap();
+        let msgs = a.until_ready(STEP).await;
+        assert!(
+            msgs.iter().all(|m| m.tag != b'E'),
+            "{case}: DEALLOCATE ALL failed: {msgs:?}"
+        );
+    }
+    // The name is free again after the second one too.
+    a.send(&named).await.unwrap();
+    let msgs = a.until_ready(STEP).await;
+    assert_eq!(tags(&msgs), "12DCZ", "{msgs:?}");
+}
