@@ -222,15 +222,15 @@ pub fn plain_request(input: &[u8], max_len: u32, client_holds: bool) -> bool {
         let Some(msg) = rest.get(..=len) else {
             return false;
         };
-        let body = &msg[HEADER_LEN..];
         let plain = match tag {
-            TAG_QUERY => len > MAX_INSPECTED_QUERY || !super::sql::names_statements(body),
-            // An unnamed Parse starts with the empty name's NUL.
-            TAG_PARSE => body.first() == Some(&0),
-            TAG_BIND => !client_holds || binds_unnamed(body),
-            TAG_DESCRIBE | TAG_CLOSE => {
-                // 'S' and a name, or 'P' (a portal: never rewritten).
-                !client_holds || body.first() != Some(&b'S') || body.get(1) == Some(&0)
+            TAG_QUERY => {
+                len > MAX_INSPECTED_QUERY || !super::sql::names_statements(&msg[HEADER_LEN..])
+            }
+            TAG_PARSE => statement_name_bytes(tag, msg) == Some(b""),
+            // A portal (never rewritten) or a message cut short (PostgreSQL says so)
+            // names no statement.
+            TAG_BIND | TAG_DESCRIBE | TAG_CLOSE => {
+                !client_holds || statement_name_bytes(tag, msg).is_none_or(<[u8]>::is_empty)
             }
             TAG_EXECUTE | TAG_SYNC | TAG_FLUSH => true,
             _ => false,
@@ -242,14 +242,6 @@ pub fn plain_request(input: &[u8], max_len: u32, client_holds: bool) -> bool {
         rest = &rest[len + 1..];
     }
     matches!(last, TAG_QUERY | TAG_SYNC)
-}
-
-/// Whether a Bind body (portal name, then statement name) binds the unnamed statement.
-fn binds_unnamed(body: &[u8]) -> bool {
-    match body.iter().position(|&b| b == 0) {
-        Some(end) => body.get(end + 1) == Some(&0),
-        None => false,
-    }
 }
 
 /// Moves the first `n` bytes of `input` to the end of `out`. A request that is one
@@ -366,19 +358,26 @@ fn put_deallocate(out: &mut BytesMut, server_name: &str) {
 
 /// The statement name in a whole Parse, Bind or Describe-statement (non-empty).
 fn statement_name(tag: u8, msg: &[u8]) -> Option<&str> {
+    std::str::from_utf8(statement_name_bytes(tag, msg)?)
+        .ok()
+        .filter(|n| !n.is_empty())
+}
+
+/// The statement a whole Parse, Bind, or Describe or Close of a statement names, as
+/// sent (empty: the unnamed one); `None` for a portal's Describe or Close, or a
+/// message cut short.
+fn statement_name_bytes(tag: u8, msg: &[u8]) -> Option<&[u8]> {
     let body = msg.get(HEADER_LEN..)?;
     let rest = match tag {
         TAG_BIND => {
             let portal_end = body.iter().position(|&b| b == 0)?;
             &body[portal_end + 1..]
         }
-        TAG_DESCRIBE => body.strip_prefix(b"S")?,
+        TAG_DESCRIBE | TAG_CLOSE => body.strip_prefix(b"S")?,
         _ => body,
     };
     let end = rest.iter().position(|&b| b == 0)?;
-    std::str::from_utf8(&rest[..end])
-        .ok()
-        .filter(|n| !n.is_empty())
+    Some(&rest[..end])
 }
 
 /// Reads a NUL-terminated string from the front of `b`.
