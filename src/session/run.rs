@@ -279,17 +279,23 @@ pub(super) async fn serve(s: &mut Session, stream: &Stream, welcome: Option<Welc
     }
     let mode = s.mode;
     let reason = loop {
-        if let Some(kept) = s.relay.parked() {
+        if s.relay.between_requests() {
             // Idle: the only await an idle client's task holds.
             // A session-mode client that holds its server stays awake.
             let can_sleep = s.server.is_none() && s.app().keeper.running();
-            match kept.wait_idle(stream, &s.info, s.fresh, can_sleep).await {
+            match s.relay.wait_idle(stream, &s.info, s.fresh, can_sleep).await {
                 // From now on only the janitor's sweep puts it to sleep: no timer per
                 // request.
                 Ok(Idle::Request) => s.fresh = false,
                 Ok(Idle::Sleep) => {
                     s.fresh = false;
-                    return Ended::Asleep;
+                    // A sleeping client keeps only the parked part of its relay. A
+                    // resting relay always parks; were it not to, the client stays
+                    // awake, waiting for its next request.
+                    s.relay.park();
+                    if s.relay.parked().is_some() {
+                        return Ended::Asleep;
+                    }
                 }
                 Err(why) => return Ended::Closed(s.fail(stream, PROTOCOL_VIOLATION, why).await),
             }
@@ -527,7 +533,8 @@ impl Session {
                 }
                 // The client may now stay idle for long: its counts go in now.
                 self.pool.stats.flush(&mut self.relay.get().stats);
-                self.relay.park();
+                // Kept for the client's next request, until it goes to sleep.
+                self.relay.rest();
                 Step::Next
             }
             Outcome::ClientClosed => Step::End(

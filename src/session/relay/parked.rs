@@ -1,7 +1,11 @@
 //! A relay between requests. An idle client keeps only what outlives a request (its
 //! timeouts, clocks and prepared statements, a hundred-odd bytes); the relay proper
-//! (buffers, framers, protocol state, ~0.7 KB) is made for each request and dropped
-//! at its release point, so ten thousand idle clients do not each keep one.
+//! (buffers, framers, protocol state, ~0.7 KB) is made when a request comes and put
+//! away when the client goes to sleep (or at the session's end), so ten thousand idle
+//! clients do not each keep one. Between a busy client's requests the relay rests,
+//! made ready for the next one in place (and holding its empty buffers, for a few
+//! clients per thread): putting it away and making it again per transaction cost a
+//! twentieth of a transaction's instructions.
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
@@ -73,6 +77,98 @@ impl Parked {
             Some(Box::new(ClientPrepared::new(registry, max)))
         })
     }
+}
+
+/// How long a client that has just logged in may stay quiet before it sleeps, handing
+/// its socket to the keeper and ending its task. Short, so that a crowd of clients
+/// that log in and wait (an application's connection pool) never holds a task each;
+/// long enough that one that queries at once never sleeps.
+pub const FRESH_SLEEP: Duration = Duration::from_millis(50);
+
+/// Why [`Parked::wait_idle`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Idle {
+    /// The client sent something (or closed, or failed: the read will tell).
+    Request,
+    /// The client should sleep.
+    Sleep,
+}
+
+/// A client's relay: made when a request comes, parked when the server goes back.
+#[derive(Debug)]
+pub struct RelaySlot {
+    active: Option<Box<Relay>>,
+    parked: Parked,
+    /// Whether the active relay is resting between requests ([`RelaySlot::rest`]).
+    resting: Rest,
+}
+
+/// Whether an active relay is between requests, and whether it kept its buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rest {
+    No,
+    /// Its buffers went back to the thread's pool.
+    Bare,
+    /// It kept its (empty) buffers, counted in `spare::hold`.
+    Holding,
+}
+
+impl RelaySlot {
+    pub fn new(parked: Parked) -> RelaySlot {
+        RelaySlot {
+            active: None,
+            parked,
+            resting: Rest::No,
+        }
+    }
+
+    /// The relay, made now if the client was idle (in a spare one's box and buffers
+    /// when this thread has one).
+    pub fn get(&mut self) -> &mut Relay {
+        self.end_rest();
+        let parked = &mut self.parked;
+        self.active.get_or_insert_with(|| {
+            let mut r = spare::take().unwrap_or_default();
+            r.refill(parked);
+            r
+        })
+    }
+
+    /// The relay if a request is under way.
+    pub fn active(&mut self) -> Option<&mut Relay> {
+        self.active.as_deref_mut()
+    }
+
+    /// The lasting state, valid while no relay is active.
+    pub fn parked(&self) -> Option<&Parked> {
+        self.active.is_none().then_some(&self.parked)
+    }
+
+    /// At a release point: keeps the relay for the client's next request if nothing
+    /// is left in it (its counts must be flushed first), made ready for that request.
+    /// A busy client (the next request follows its answer) then needs no relay put
+    /// away and made again per transaction; an idle one's is put away when it goes to
+    /// sleep ([`RelaySlot::park`]). A relay with something left in it stays active.
+    pub fn rest(&mut self) {
+        if let Some(r) = self.active.as_deref_mut() {
+            if r.parkable() {
+                r.restart();
+                self.resting = if spare::hold() {
+                    Rest::Holding
+                } else {
+                    r.give_buffers();
+                    Rest::Bare
+                };
+            }
+        }
+    }
+
+    fn end_rest(&mut self) {
+        if self.resting == Rest::Holding {
+            spare::let_go();
+        }
+        self.resting = Rest::No;
+    }
 
     /// Waits until the client sends something, or its client_idle_timeout runs out
     /// (the error is the reason to give), or, if it `can_sleep`, it should sleep: when
@@ -86,13 +182,10 @@ impl Parked {
         fresh: bool,
         can_sleep: bool,
     ) -> Result<Idle, &'static str> {
-        let t = self.timeouts.client_idle();
         // Boxed (and only when set): an idle client's task keeps a pointer, not a timer.
-        let mut timer = (!t.is_zero()).then(|| {
-            Box::pin(tokio::time::sleep_until(
-                (self.last_activity + t).to_instant().into(),
-            ))
-        });
+        let mut timer = self
+            .idle_deadline()
+            .map(|at| Box::pin(tokio::time::sleep_until(at.to_instant().into())));
         let mut fresh_timer: Option<Pin<Box<Sleep>>> = None;
         poll_fn(|cx| {
             if let Some(timer) = timer.as_mut() {
@@ -123,57 +216,21 @@ impl Parked {
         })
         .await
     }
-}
 
-/// How long a client that has just logged in may stay quiet before it sleeps, handing
-/// its socket to the keeper and ending its task. Short, so that a crowd of clients
-/// that log in and wait (an application's connection pool) never holds a task each;
-/// long enough that one that queries at once never sleeps.
-pub const FRESH_SLEEP: Duration = Duration::from_millis(50);
+    /// Whether the client is between requests: no relay, or one resting.
+    pub fn between_requests(&self) -> bool {
+        self.active.is_none() || self.resting != Rest::No
+    }
 
-/// Why [`Parked::wait_idle`] returned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Idle {
-    /// The client sent something (or closed, or failed: the read will tell).
-    Request,
-    /// The client should sleep.
-    Sleep,
-}
-
-/// A client's relay: made when a request comes, parked when the server goes back.
-#[derive(Debug)]
-pub struct RelaySlot {
-    active: Option<Box<Relay>>,
-    parked: Parked,
-}
-
-impl RelaySlot {
-    pub fn new(parked: Parked) -> RelaySlot {
-        RelaySlot {
-            active: None,
-            parked,
+    /// When the client_idle_timeout of a client between requests runs out, if set.
+    fn idle_deadline(&self) -> Option<Tick> {
+        match self.active.as_deref() {
+            None => self.parked.idle_deadline(),
+            Some(r) => {
+                let t = r.timeouts.client_idle();
+                (!t.is_zero()).then(|| r.last_activity + t)
+            }
         }
-    }
-
-    /// The relay, made now if the client was idle (in a spare one's box and buffers
-    /// when this thread has one).
-    pub fn get(&mut self) -> &mut Relay {
-        let parked = &mut self.parked;
-        self.active.get_or_insert_with(|| {
-            let mut r = spare::take().unwrap_or_default();
-            r.refill(parked);
-            r
-        })
-    }
-
-    /// The relay if a request is under way.
-    pub fn active(&mut self) -> Option<&mut Relay> {
-        self.active.as_deref_mut()
-    }
-
-    /// The lasting state, valid while no relay is active.
-    pub fn parked(&self) -> Option<&Parked> {
-        self.active.is_none().then_some(&self.parked)
     }
 
     /// Puts the relay away if nothing is left in it (its counts must be flushed
@@ -182,6 +239,7 @@ impl RelaySlot {
         let Some(mut r) = self.active.take_if(|r| r.parkable()) else {
             return;
         };
+        self.end_rest();
         let p = &mut self.parked;
         p.timeouts = r.timeouts;
         p.last_activity = r.last_activity;
@@ -252,6 +310,67 @@ impl Relay {
         self.take_prepared(kept);
     }
 
+    /// Makes the relay of a finished request (parkable: nothing buffered, owed or
+    /// counted) the relay for the same client's next one, in place: the per-request
+    /// state as [`Relay::refill`] sets it, the lasting state (timeouts, clocks,
+    /// prepared statements) kept.
+    fn restart(&mut self) {
+        let Relay {
+            c2s: _,
+            s2c: _,
+            client_framer,
+            server_framer,
+            pending,
+            unsynced,
+            status,
+            terminated,
+            desync,
+            max_packet: _,
+            saw_ready,
+            timeouts: _,
+            request_started,
+            transaction_started,
+            last_activity: _,
+            last_read: _,
+            stats: _,
+            readies,
+            xacts_done,
+            prepared,
+            last_flush: _,
+            spare_input: _,
+        } = self;
+        // Parkable: the buffers are empty, the stats flushed, nothing owed.
+        *client_framer = Framer::default();
+        *server_framer = Framer::default();
+        *pending = 0;
+        *unsynced = false;
+        *status = b'I';
+        *terminated = false;
+        *desync = false;
+        *saw_ready = false;
+        *request_started = None;
+        *transaction_started = None;
+        *readies = 0;
+        *xacts_done = 0;
+        if let Some(p) = prepared {
+            p.restart();
+        }
+    }
+
+    /// Gives the (empty) buffers of a resting relay back to the thread's pool, where
+    /// the client's next read (or another client's) takes them.
+    fn give_buffers(&mut self) {
+        let input = self.prepared.as_mut().map(|p| &mut p.input);
+        for b in [Some(&mut self.c2s), Some(&mut self.s2c), input]
+            .into_iter()
+            .flatten()
+        {
+            if b.capacity() != 0 {
+                bufpool::give(std::mem::take(b));
+            }
+        }
+    }
+
     /// Takes the client's prepared-statement state for this request, reading into the
     /// spare input buffer; a relay without one gives that buffer back, so as not to
     /// hold it for a request that may last the whole session (session pooling).
@@ -276,6 +395,7 @@ impl Drop for RelaySlot {
     /// 16 KB buffer). What is left in it is not wanted any more; the client's prepared
     /// statements go with the client.
     fn drop(&mut self) {
+        self.end_rest();
         if let Some(mut r) = self.active.take() {
             if let Some(state) = r.prepared.take() {
                 let (statements, input) = state.into_kept();
@@ -296,7 +416,7 @@ impl Drop for RelaySlot {
 /// next request any client on the thread makes: a request then allocates nothing, and
 /// an idle client still holds no relay.
 mod spare {
-    use std::cell::RefCell;
+    use std::cell::{Cell, RefCell};
 
     use super::{bufpool, Relay};
 
@@ -308,6 +428,33 @@ mod spare {
         // Boxed: the box is what a request reuses (the session's slot holds one).
         #[allow(clippy::vec_box)]
         static SPARE: RefCell<Vec<Box<Relay>>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// The most resting relays per thread that keep their buffers (see [`hold`]).
+    pub(super) const HOLD: u32 = 32;
+
+    thread_local! {
+        static HOLDING: Cell<u32> = const { Cell::new(0) };
+    }
+
+    /// Whether a relay coming to rest here may keep its buffers (and is counted): a
+    /// busy client's next request then reads into them at no cost, while however
+    /// many clients rest between requests, at most [`HOLD`] per thread hold buffers
+    /// (the rest give them to the pool). A relay taken up on another thread than it
+    /// came to rest on (multi-threaded runtime) may leave this count too high, never
+    /// too low: the sum over threads bounds the relays holding buffers.
+    pub(super) fn hold() -> bool {
+        HOLDING
+            .try_with(|h| {
+                let n = h.get();
+                (n < HOLD).then(|| h.set(n + 1)).is_some()
+            })
+            .unwrap_or(false)
+    }
+
+    /// A holding relay is taken up again (or put away).
+    pub(super) fn let_go() {
+        let _ = HOLDING.try_with(|h| h.set(h.get().saturating_sub(1)));
     }
 
     pub(super) fn take() -> Option<Box<Relay>> {
@@ -389,5 +536,78 @@ mod tests {
         r.preload(b"Q\0\0\0\x0dSELECT 1\0").expect("a whole Query");
         second.park();
         assert!(second.active().is_some());
+    }
+
+    #[test]
+    fn a_resting_relay_serves_the_next_request_blank_and_parks_when_asked() {
+        let mut slot = RelaySlot::new(Parked::new(1 << 20, Timeouts::default()));
+        assert!(slot.between_requests(), "no relay before the first request");
+        let r = slot.get();
+        r.c2s = bufpool::take();
+        r.preload(b"Q\0\0\0\x0dSELECT 1\0").expect("a whole Query");
+        assert!(!slot.between_requests(), "a request is under way");
+        // Served, but the server's answer left state a new request must not see.
+        let r = slot.get();
+        r.c2s.clear();
+        r.pending = 0;
+        r.readies = 2;
+        r.xacts_done = 1;
+        r.saw_ready = true;
+        r.request_started = Some(Tick::now());
+        let (relay_at, buf_at) = (r as *const Relay, r.c2s.as_ptr());
+        slot.rest();
+        assert!(slot.between_requests(), "a finished request rests");
+        assert!(slot.parked().is_none(), "resting is not parked");
+        // The next request gets the same relay and buffer, blank.
+        let r = slot.get();
+        assert_eq!(r as *const Relay, relay_at);
+        assert_eq!(r.c2s.as_ptr(), buf_at);
+        assert_eq!((r.readies, r.xacts_done, r.saw_ready), (0, 0, false));
+        assert!(r.request_started.is_none());
+        assert!(!slot.between_requests(), "taking the relay ends its rest");
+        // Resting again, then put away (as when the client goes to sleep).
+        slot.rest();
+        slot.park();
+        assert!(slot.parked().is_some() && slot.between_requests());
+        // A relay with something left in it does not rest.
+        let r = slot.get();
+        r.preload(b"Q\0\0\0\x0dSELECT 1\0").expect("a whole Query");
+        slot.rest();
+        assert!(!slot.between_requests());
+    }
+
+    #[test]
+    fn only_a_few_resting_relays_per_thread_keep_their_buffers() {
+        let request = |slot: &mut RelaySlot| {
+            let r = slot.get();
+            r.c2s = bufpool::take();
+            r.preload(b"Q\0\0\0\x0dSELECT 1\0").expect("a whole Query");
+            r.c2s.clear();
+            r.pending = 0;
+        };
+        let mut slots: Vec<RelaySlot> = (0..spare::HOLD + 2)
+            .map(|_| RelaySlot::new(Parked::new(1 << 20, Timeouts::default())))
+            .collect();
+        for slot in &mut slots {
+            request(slot);
+            slot.rest();
+            assert!(slot.between_requests());
+        }
+        let holds = |s: &RelaySlot| s.active.as_ref().is_some_and(|r| r.c2s.capacity() != 0);
+        assert_eq!(
+            slots.iter().filter(|s| holds(s)).count(),
+            spare::HOLD as usize
+        );
+        // Relays taken up (and resting again) or gone make room for the next to hold.
+        slots.truncate(1);
+        request(&mut slots[0]);
+        slots[0].rest();
+        let mut more = RelaySlot::new(Parked::new(1 << 20, Timeouts::default()));
+        request(&mut more);
+        more.rest();
+        assert!(
+            holds(&more),
+            "a resting relay keeps its buffer while few do"
+        );
     }
 }

@@ -114,6 +114,15 @@ impl PreparedState {
         (self.kept, self.input)
     }
 
+    /// Makes the state of a finished request (idle, its input empty) the state of the
+    /// client's next one, in place: what [`PreparedState::into_kept`] and
+    /// [`PreparedState::new`] would make of it, without moving it out and back.
+    pub(super) fn restart(&mut self) {
+        std::mem::take(&mut self.tracker).recycle();
+        self.rewriter = Rewriter::default();
+        self.mode = Mode::Fresh;
+    }
+
     /// Drops the state of a request cut short (the session ends), keeping its buffers
     /// for reuse: what is left in them is not wanted any more.
     pub(super) fn discard(mut self) {
