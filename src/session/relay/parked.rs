@@ -261,60 +261,26 @@ impl Relay {
     /// lasting state is `kept`. Field by field, in place: building a new one and moving
     /// it in copies ~0.7 KB and drops the old one, a tenth of a request's instructions.
     fn refill(&mut self, kept: &mut Parked) {
-        // Every field named, so that a field added to the relay cannot be forgotten
-        // here (and carried from one client's request to another's).
-        let Relay {
-            c2s: _,
-            s2c: _,
-            client_framer,
-            server_framer,
-            pending,
-            unsynced,
-            status,
-            terminated,
-            desync,
-            max_packet,
-            saw_ready,
-            timeouts,
-            request_started,
-            transaction_started,
-            last_activity,
-            last_read,
-            stats,
-            readies,
-            xacts_done,
-            prepared: _,
-            last_flush,
-            spare_input: _,
-        } = self;
-        // The buffers are empty (`spare::put`); the prepared-statement state is taken
-        // below.
-        *client_framer = Framer::default();
-        *server_framer = Framer::default();
-        *pending = 0;
-        *unsynced = false;
-        *status = b'I';
-        *terminated = false;
-        *desync = false;
-        *max_packet = kept.max_packet;
-        *saw_ready = false;
-        *timeouts = kept.timeouts;
-        *request_started = None;
-        *transaction_started = None;
-        *last_activity = kept.last_activity;
-        *last_read = kept.last_read;
-        *stats = StatsDelta::default();
-        *readies = 0;
-        *xacts_done = 0;
-        *last_flush = kept.last_flush;
+        // The per-request state as for any request (`restart` names every field, so
+        // that one added to the relay cannot be forgotten and carried from one
+        // client's request to another's), then the client's lasting state: every field
+        // `restart` keeps is set here, but the buffers, which are empty
+        // (`spare::put`), and the prepared-statement state, taken below.
+        self.restart();
+        self.max_packet = kept.max_packet;
+        self.timeouts = kept.timeouts;
+        self.last_activity = kept.last_activity;
+        self.last_read = kept.last_read;
+        self.stats = StatsDelta::default();
+        self.last_flush = kept.last_flush;
         self.take_prepared(kept);
     }
 
     /// Makes the relay of a finished request (parkable: nothing buffered, owed or
     /// counted) the relay for the same client's next one, in place: the per-request
-    /// state as [`Relay::refill`] sets it, the lasting state (timeouts, clocks,
-    /// prepared statements) kept.
+    /// state reset, the lasting state (timeouts, clocks, prepared statements) kept.
     fn restart(&mut self) {
+        // Every field named; those kept (`_`) are the lasting ones `refill` sets.
         let Relay {
             c2s: _,
             s2c: _,
