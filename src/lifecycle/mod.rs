@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::app::{App, Shutdown};
 use crate::config::{Config, Settings};
@@ -137,6 +137,10 @@ async fn run(path: PathBuf, config: Config, sink: Arc<LogSink>, user: Option<Str
             return 1;
         }
     }
+    let Some(sigs) = install_signals() else {
+        tracing::error!("cannot install signal handlers");
+        return 1;
+    };
     for l in &listeners.tcp {
         if let Ok(a) = l.get_ref().local_addr() {
             tracing::info!("listening on {a}");
@@ -164,7 +168,7 @@ async fn run(path: PathBuf, config: Config, sink: Arc<LogSink>, user: Option<Str
     let accept = tokio::spawn(accept_loops(app.clone(), listeners));
     let janitor = tokio::spawn(janitor(app.clone()));
     let keeper = tokio::spawn(crate::session::keeper::run(app.clone()));
-    let code = signals(app.clone(), &path, &sink).await;
+    let code = signals(app.clone(), &path, &sink, sigs).await;
     accept.abort();
     janitor.abort();
     keeper.abort();
@@ -257,18 +261,29 @@ async fn janitor(app: Arc<App>) {
 }
 
 /// Handles signals until the process should exit; returns the exit code.
-async fn signals(app: Arc<App>, path: &Path, sink: &LogSink) -> i32 {
-    let (Ok(mut hup), Ok(mut int), Ok(mut term), Ok(mut quit), Ok(mut usr1), Ok(mut usr2)) = (
-        signal(SignalKind::hangup()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-        signal(SignalKind::quit()),
-        signal(SignalKind::user_defined1()),
-        signal(SignalKind::user_defined2()),
-    ) else {
-        tracing::error!("cannot install signal handlers");
-        return 1;
-    };
+/// The signals Sluice acts on: SIGHUP, SIGINT, SIGTERM, SIGQUIT, SIGUSR1, SIGUSR2.
+type Signals = [Signal; 6];
+
+/// Installs the signal handlers; before the first log line, so that a signal sent as
+/// soon as the log says the process is up (SIGHUP would otherwise end it) is acted on.
+fn install_signals() -> Option<Signals> {
+    let kinds = [
+        SignalKind::hangup(),
+        SignalKind::interrupt(),
+        SignalKind::terminate(),
+        SignalKind::quit(),
+        SignalKind::user_defined1(),
+        SignalKind::user_defined2(),
+    ];
+    let mut out = Vec::with_capacity(kinds.len());
+    for k in kinds {
+        out.push(signal(k).ok()?);
+    }
+    out.try_into().ok()
+}
+
+async fn signals(app: Arc<App>, path: &Path, sink: &LogSink, sigs: Signals) -> i32 {
+    let [mut hup, mut int, mut term, mut quit, mut usr1, mut usr2] = sigs;
     let mut check = tokio::time::interval(Duration::from_millis(100));
     loop {
         tokio::select! {
