@@ -10,11 +10,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::oneshot;
+use std::task::{Poll, Waker};
 
 use super::limits::{ConnLimit, LimitToken};
+pub use super::line::Ticket;
+use super::line::{self, Answer};
 use super::slot::SlotToken;
-use super::{server, Grant, Pool, PoolConfig, PoolError, PoolState, ServerConn, Waiter};
+use super::{server, Grant, Pool, PoolConfig, PoolError, PoolState, ServerConn};
 use crate::clock::Tick;
 
 /// What [`Pool::checkout`] found.
@@ -29,20 +31,13 @@ pub enum Checkout {
     Slow,
 }
 
-/// A place in a pool's line, taken by [`Pool::checkout`]; dropping it leaves the line.
-#[derive(Debug)]
-pub struct Ticket {
-    rx: oneshot::Receiver<Grant>,
-    since: Tick,
-}
-
 /// Where an acquire stands after looking at the pool under its lock.
 // Short-lived, on the stack; boxing the connection would only add an allocation.
 #[allow(clippy::large_enum_variant)]
 enum Step {
     Idle(ServerConn),
     Connect,
-    Wait(u64, oneshot::Receiver<Grant>),
+    Wait(Ticket),
 }
 
 impl Pool {
@@ -59,6 +54,8 @@ impl Pool {
         let now = Tick::now();
         let qwt = cfg.query_wait_timeout;
         let deadline = (!qwt.is_zero()).then(|| now + qwt);
+        // A place in line keeps the waker of the task that waits in it (this one).
+        let waker = std::future::poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
         loop {
             let mut doomed = Vec::new();
             let step = {
@@ -74,8 +71,7 @@ impl Pool {
                     st.total += 1;
                     Step::Connect
                 } else {
-                    let (id, rx) = join_line(&mut st, now);
-                    Step::Wait(id, rx)
+                    Step::Wait(line::join(self, &mut st, now, &waker))
                 }
             };
             drop(doomed);
@@ -87,7 +83,7 @@ impl Pool {
                     None => continue,
                 },
                 Step::Connect => SlotToken::counted(self.clone()),
-                Step::Wait(id, rx) => match self.wait_in_line(id, rx, &cfg, deadline).await? {
+                Step::Wait(ticket) => match self.wait_in_line(ticket, &cfg, deadline).await? {
                     Grant::Server(conn) => return Ok(self.handed_over(conn)),
                     Grant::Slot(slot) => slot,
                 },
@@ -102,8 +98,8 @@ impl Pool {
     /// client's request arrived. An idle connection that needs no check, taken at
     /// once when nobody is waiting ahead (FIFO); or, when every connection is in use
     /// and no reserve pool could serve the wait, a place in line to wait in
-    /// ([`Pool::redeem`]); otherwise the slow path.
-    pub fn checkout(self: &Arc<Self>, now: Tick) -> Checkout {
+    /// ([`Pool::redeem`], in the task of `waker`); otherwise the slow path.
+    pub fn checkout(self: &Arc<Self>, now: Tick, waker: &Waker) -> Checkout {
         let cfg = self.config_guard();
         let mut doomed = Vec::new();
         let got = {
@@ -133,8 +129,7 @@ impl Pool {
                     && st.total >= cfg.pool_size
                     && st.idle.is_empty() =>
                 {
-                    let (_, rx) = join_line(&mut st, now);
-                    Checkout::Queued(Ticket { rx, since: now })
+                    Checkout::Queued(line::join(self, &mut st, now, waker))
                 }
                 None => Checkout::Slow,
             }
@@ -148,16 +143,16 @@ impl Pool {
     ///
     /// # Cancel safety
     /// As [`Pool::acquire`]'s: a grant to a dropped ticket goes to the next in line.
-    pub async fn redeem(self: &Arc<Self>, ticket: Ticket) -> Result<ServerConn, PoolError> {
-        match ticket.rx.await {
-            Ok(Grant::Server(conn)) => Ok(self.handed_over(conn)),
-            Ok(Grant::Slot(slot)) => {
+    pub async fn redeem(self: &Arc<Self>, mut ticket: Ticket) -> Result<ServerConn, PoolError> {
+        match ticket.answer().await {
+            Answer::Granted(Grant::Server(conn)) => Ok(self.handed_over(conn)),
+            Answer::Granted(Grant::Slot(slot)) => {
                 let cfg = self.config();
                 let qwt = cfg.query_wait_timeout;
                 let deadline = (!qwt.is_zero()).then(|| (ticket.since + qwt).to_instant());
                 Box::pin(self.connect_new(&cfg, slot, deadline)).await
             }
-            Err(_) => Err(refusal(self)),
+            Answer::Refused => Err(refusal(self)),
         }
     }
 
@@ -202,8 +197,7 @@ impl Pool {
     /// and take a reserve slot if the pool has one.
     async fn wait_in_line(
         self: &Arc<Self>,
-        id: u64,
-        mut rx: oneshot::Receiver<Grant>,
+        mut ticket: Ticket,
         cfg: &PoolConfig,
         deadline: Option<Tick>,
     ) -> Result<Grant, PoolError> {
@@ -212,31 +206,31 @@ impl Pool {
             let first = deadline
                 .map_or(reserve_at, |d| d.min(reserve_at))
                 .to_instant();
-            match tokio::time::timeout_at(first.into(), &mut rx).await {
-                Ok(Ok(g)) => return Ok(g),
+            match tokio::time::timeout_at(first.into(), ticket.answer()).await {
+                Ok(Answer::Granted(g)) => return Ok(g),
                 // The janitor's query_wait_timeout can come first.
-                Ok(Err(_)) => return Err(refusal(self)),
+                Ok(Answer::Refused) => return Err(refusal(self)),
                 Err(_) => {
                     let mut st = self.lock_state();
                     let limit = cfg.pool_size + cfg.reserve_pool_size;
-                    if let Some(pos) = st.waiters.iter().position(|w| w.id == id) {
-                        if st.total < limit {
-                            st.waiters.remove(pos);
-                            st.total += 1;
-                            tracing::info!(
-                                "{}/{}: taking connection from reserve_pool",
-                                self.key.database,
-                                self.key.user
-                            );
-                            return Ok(Grant::Slot(SlotToken::counted(self.clone())));
-                        }
+                    if st.total < limit && ticket.leave(&mut st) {
+                        st.total += 1;
+                        tracing::info!(
+                            "{}/{}: taking connection from reserve_pool",
+                            self.key.database,
+                            self.key.user
+                        );
+                        return Ok(Grant::Slot(SlotToken::counted(self.clone())));
                     }
                 }
             }
         }
         // No timer per waiter: the janitor drops the places in line older than
         // query_wait_timeout (`Pool::expire_waiters`), as PgBouncer's does.
-        rx.await.map_err(|_| refusal(self))
+        match ticket.answer().await {
+            Answer::Granted(g) => Ok(g),
+            Answer::Refused => Err(refusal(self)),
+        }
     }
 
     /// Opens a new connection in `slot`, within the database and user limits.
@@ -374,15 +368,6 @@ fn pop_idle(
         }
         doomed.push(conn);
     }
-}
-
-/// Takes a place at the end of the line: its id, and where its grant will come.
-fn join_line(st: &mut PoolState, now: Tick) -> (u64, oneshot::Receiver<Grant>) {
-    let (tx, rx) = oneshot::channel();
-    let id = st.next_waiter;
-    st.next_waiter += 1;
-    st.waiters.push_back(Waiter { id, since: now, tx });
-    (id, rx)
 }
 
 /// Why a place in line ended without a grant: the pool closed, or the janitor took

@@ -7,6 +7,7 @@
 mod acquire;
 pub mod error;
 pub mod limits;
+mod line;
 pub mod registry;
 pub mod server;
 mod slot;
@@ -15,11 +16,10 @@ pub mod target;
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Waker;
 
 use arc_swap::ArcSwap;
 use std::time::{Duration, Instant};
-
-use tokio::sync::oneshot;
 
 pub use acquire::{Checkout, Ticket};
 pub use error::PoolError;
@@ -45,14 +45,6 @@ enum Grant {
     Slot(SlotToken),
 }
 
-/// A client waiting in line.
-#[derive(Debug)]
-struct Waiter {
-    id: u64,
-    since: Tick,
-    tx: oneshot::Sender<Grant>,
-}
-
 /// The mutable part of a pool, behind one short-held mutex.
 #[derive(Debug, Default)]
 pub(crate) struct PoolState {
@@ -60,7 +52,10 @@ pub(crate) struct PoolState {
     idle: Vec<ServerConn>,
     /// Clients waiting for a connection, oldest first, with ids so that a waiter can
     /// leave the line (to take a reserve slot).
-    waiters: VecDeque<Waiter>,
+    waiters: VecDeque<line::Waiter>,
+    /// Answers not yet taken by their waiters, by place id (a few at most: a woken
+    /// waiter takes its own at once).
+    answers: Vec<(u64, line::Answer)>,
     next_waiter: u64,
     /// Connections counted against `pool_size`: idle + lent out + connecting.
     total: u32,
@@ -276,32 +271,24 @@ impl Pool {
             drop(conn);
             return;
         }
-        let mut conn = conn;
-        loop {
-            match st.waiters.pop_front() {
-                None => {
-                    if conn.lent.disarm() {
-                        st.active = st.active.saturating_sub(1);
-                    }
-                    st.idle.push(conn);
-                    drop(st);
-                    self.limits.db.idle_available();
-                    self.limits.user.idle_available();
-                    return;
-                }
-                Some(Waiter { tx, .. }) => {
-                    drop(st);
-                    // Lent on to the waiter as it is, still counted in `active` by its
-                    // mark: the console never sees it neither idle nor lent, and the
-                    // waiter need not take the lock again to count it.
-                    match tx.send(Grant::Server(conn)) {
-                        Ok(()) => return,
-                        Err(Grant::Server(back)) => conn = back,
-                        Err(Grant::Slot(_)) => return,
-                    }
-                    st = self.lock_state();
-                }
+        // Lent on to the oldest waiter as it is, still counted in `active` by its
+        // mark: the console never sees it neither idle nor lent, and the waiter need
+        // not take the lock again to count it.
+        match line::grant_next(&mut st, Grant::Server(conn)) {
+            Ok(waker) => {
+                drop(st);
+                waker.wake();
             }
+            Err(Grant::Server(mut conn)) => {
+                if conn.lent.disarm() {
+                    st.active = st.active.saturating_sub(1);
+                }
+                st.idle.push(conn);
+                drop(st);
+                self.limits.db.idle_available();
+                self.limits.user.idle_available();
+            }
+            Err(Grant::Slot(_)) => {}
         }
     }
 
@@ -336,16 +323,14 @@ impl Pool {
 
     /// Closes the pool: idle connections now, waiters get an error, no new lending.
     pub fn close(&self) {
-        let (idle, waiters) = {
+        let (idle, refused) = {
             let mut st = self.lock_state();
             st.closed = true;
-            (
-                std::mem::take(&mut st.idle),
-                std::mem::take(&mut st.waiters),
-            )
+            let waiters = std::mem::take(&mut st.waiters);
+            (std::mem::take(&mut st.idle), line::refuse(&mut st, waiters))
         };
         drop(idle);
-        drop(waiters);
+        refused.into_iter().for_each(Waker::wake);
     }
 
     /// Drops the places in line of clients that waited `query_wait_timeout` or more:
@@ -355,20 +340,20 @@ impl Pool {
         if limit.is_zero() {
             return;
         }
-        let expired = {
+        let refused = {
             let mut st = self.lock_state();
             // Oldest first: the line is untouched unless its head has expired.
-            let old = |w: &Waiter| now.reached(w.since, limit);
+            let old = |w: &line::Waiter| now.reached(w.since, limit);
             if !st.waiters.front().is_some_and(old) {
                 return;
             }
-            let (old, keep): (VecDeque<Waiter>, _) =
+            let (old, keep): (VecDeque<line::Waiter>, _) =
                 std::mem::take(&mut st.waiters).into_iter().partition(old);
             st.waiters = keep;
-            old
+            line::refuse(&mut st, old)
         };
-        // Dropped unlocked: each sender's drop wakes its waiter.
-        drop(expired);
+        // Woken unlocked: each finds its refusal.
+        refused.into_iter().for_each(Waker::wake);
     }
 
     /// How long the oldest waiting client has waited (SHOW POOLS `maxwait`).

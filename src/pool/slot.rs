@@ -30,27 +30,22 @@ impl SlotToken {
 impl Drop for SlotToken {
     fn drop(&mut self) {
         let Some(pool) = self.take() else { return };
-        // Hand the slot to the oldest live waiter; only when none is left does the
-        // count go down.
-        loop {
-            let waiter = {
-                let mut st = pool.lock_state();
-                match st.waiters.pop_front() {
-                    Some(w) => w.tx,
-                    None => {
-                        st.total = st.total.saturating_sub(1);
-                        return;
-                    }
-                }
-            };
-            match waiter.send(Grant::Slot(SlotToken::counted(pool.clone()))) {
-                Ok(()) => return,
-                Err(Grant::Slot(mut tok)) => {
-                    // That waiter gave up; the slot is still ours to place.
-                    tok.take();
-                }
-                Err(Grant::Server(_)) => return,
-            }
+        // Hand the slot to the oldest waiter (every place in line is live); only when
+        // nobody waits does the count go down.
+        let mut st = pool.lock_state();
+        if st.waiters.is_empty() {
+            st.total = st.total.saturating_sub(1);
+            return;
+        }
+        let slot = Grant::Slot(SlotToken::counted(pool.clone()));
+        let handed = super::line::grant_next(&mut st, slot);
+        // Unlocked before a token could drop (its drop takes the lock).
+        drop(st);
+        match handed {
+            Ok(waker) => waker.wake(),
+            // (Not reached: someone waits.) Its drop would free the slot again.
+            Err(Grant::Slot(mut tok)) => drop(tok.take()),
+            Err(Grant::Server(_)) => {}
         }
     }
 }

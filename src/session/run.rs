@@ -11,7 +11,7 @@
 
 use std::future::{poll_fn, Future};
 use std::sync::Arc;
-use std::task::{ready, Poll};
+use std::task::{ready, Poll, Waker};
 
 use bytes::BytesMut;
 
@@ -354,7 +354,8 @@ impl Session {
     /// point (or, in session mode, until the client leaves).
     async fn step(&mut self, stream: &Stream) -> Step {
         if self.server.is_none() {
-            match self.try_link_idle() {
+            // A place in line keeps this task's waker (borrowed here, cloned only then).
+            match poll_fn(|cx| Poll::Ready(self.try_link_idle(cx.waker()))).await {
                 Ok(()) => {}
                 // Every server busy: the common wait with many clients, a small
                 // future awaited in place.
@@ -394,14 +395,14 @@ impl Session {
     /// an idle server's parameters already match (linked at once), or every server is
     /// busy (a place in line). Otherwise the idle server it took (parameters to
     /// sync), if any, for [`Session::link`].
-    fn try_link_idle(&mut self) -> Result<(), Pending> {
+    fn try_link_idle(&mut self, waker: &Waker) -> Result<(), Pending> {
         let (pool, relay) = (&self.pool, self.relay.get());
         let request_at = relay.last_read();
         self.info.set_waiting(request_at);
         if self.slot.0.gate_blocks(&pool.key.database) {
             return Err(Pending::Other(None));
         }
-        match pool.checkout(request_at) {
+        match pool.checkout(request_at, waker) {
             Checkout::Idle(mut s) => {
                 if self.params.differs(&mut s) {
                     return Err(Pending::Other(Some(s)));
@@ -453,7 +454,7 @@ impl Session {
             }
         }
         if waited {
-            match self.try_link_idle() {
+            match poll_fn(|cx| Poll::Ready(self.try_link_idle(cx.waker()))).await {
                 Ok(()) => return None,
                 Err(Pending::Queued(ticket)) => return self.wait_in_line(stream, ticket).await,
                 Err(Pending::Other(f)) => fast = f,
