@@ -267,19 +267,23 @@ type Signals = [Signal; 6];
 /// Installs the signal handlers; before the first log line, so that a signal sent as
 /// soon as the log says the process is up (SIGHUP would otherwise end it) is acted on.
 fn install_signals() -> Option<Signals> {
-    let kinds = [
+    let [hup, int, term, quit, usr1, usr2] = [
         SignalKind::hangup(),
         SignalKind::interrupt(),
         SignalKind::terminate(),
         SignalKind::quit(),
         SignalKind::user_defined1(),
         SignalKind::user_defined2(),
-    ];
-    let mut out = Vec::with_capacity(kinds.len());
-    for k in kinds {
-        out.push(signal(k).ok()?);
-    }
-    out.try_into().ok()
+    ]
+    .map(signal);
+    Some([
+        hup.ok()?,
+        int.ok()?,
+        term.ok()?,
+        quit.ok()?,
+        usr1.ok()?,
+        usr2.ok()?,
+    ])
 }
 
 async fn signals(app: Arc<App>, path: &Path, sink: &LogSink, sigs: Signals) -> i32 {

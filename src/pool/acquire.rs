@@ -8,9 +8,8 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
 use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
 
 use super::limits::{ConnLimit, LimitToken};
 pub use super::line::Ticket;
@@ -142,7 +141,8 @@ impl Pool {
     /// [`Pool::checkout`] is granted.
     ///
     /// # Cancel safety
-    /// As [`Pool::acquire`]'s: a grant to a dropped ticket goes to the next in line.
+    /// As [`Pool::acquire`]'s: a connection granted to a dropped ticket goes back to
+    /// the pool (the next in line), a slot to the next in line.
     pub async fn redeem(self: &Arc<Self>, mut ticket: Ticket) -> Result<ServerConn, PoolError> {
         match ticket.answer().await {
             Answer::Granted(Grant::Server(conn)) => Ok(self.handed_over(conn)),

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::task::{Poll, Waker};
 
-use super::{Grant, Pool, PoolState, ServerConn};
+use super::{Grant, Pool, PoolState};
 use crate::clock::Tick;
 
 /// A client waiting in line.
@@ -58,15 +58,12 @@ pub(super) fn join(pool: &Arc<Pool>, st: &mut PoolState, now: Tick, waker: &Wake
     }
 }
 
-/// Gives `grant` to the oldest waiter, if any: the waker to wake once the lock is
-/// released; otherwise the grant back.
-pub(super) fn grant_next(st: &mut PoolState, grant: Grant) -> Result<Waker, Grant> {
-    match st.waiters.pop_front() {
-        Some(w) => {
-            st.answers.push((w.id, Answer::Granted(grant)));
-            Ok(w.waker)
-        }
-        None => Err(grant),
+impl Waiter {
+    /// Leaves `answer` for this waiter (taken out of line) in the pool's state: the
+    /// waker to wake once the lock is released.
+    pub(super) fn answer(self, st: &mut PoolState, answer: Answer) -> Waker {
+        st.answers.push((self.id, answer));
+        self.waker
     }
 }
 
@@ -75,10 +72,7 @@ pub(super) fn grant_next(st: &mut PoolState, grant: Grant) -> Result<Waker, Gran
 pub(super) fn refuse(st: &mut PoolState, waiters: impl IntoIterator<Item = Waiter>) -> Vec<Waker> {
     waiters
         .into_iter()
-        .map(|w| {
-            st.answers.push((w.id, Answer::Refused));
-            w.waker
-        })
+        .map(|w| w.answer(st, Answer::Refused))
         .collect()
 }
 
@@ -131,7 +125,7 @@ impl Drop for Ticket {
         // back as it came (clean, never used by this client), a slot to the next
         // waiter as its token drops.
         if let Answer::Granted(Grant::Server(conn)) = answer {
-            give_back(&self.pool, conn);
+            self.pool.release(conn, true);
         }
     }
 }
@@ -145,11 +139,6 @@ fn leave(st: &mut PoolState, id: u64) -> bool {
         }
         None => false,
     }
-}
-
-/// Returns a connection handed to a waiter that left before taking it.
-fn give_back(pool: &Pool, conn: ServerConn) {
-    pool.release(conn, true);
 }
 
 #[cfg(test)]

@@ -274,12 +274,14 @@ impl Pool {
         // Lent on to the oldest waiter as it is, still counted in `active` by its
         // mark: the console never sees it neither idle nor lent, and the waiter need
         // not take the lock again to count it.
-        match line::grant_next(&mut st, Grant::Server(conn)) {
-            Ok(waker) => {
+        match st.waiters.pop_front() {
+            Some(w) => {
+                let waker = w.answer(&mut st, line::Answer::Granted(Grant::Server(conn)));
                 drop(st);
                 waker.wake();
             }
-            Err(Grant::Server(mut conn)) => {
+            None => {
+                let mut conn = conn;
                 if conn.lent.disarm() {
                     st.active = st.active.saturating_sub(1);
                 }
@@ -288,7 +290,6 @@ impl Pool {
                 self.limits.db.idle_available();
                 self.limits.user.idle_available();
             }
-            Err(Grant::Slot(_)) => {}
         }
     }
 

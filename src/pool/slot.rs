@@ -33,19 +33,14 @@ impl Drop for SlotToken {
         // Hand the slot to the oldest waiter (every place in line is live); only when
         // nobody waits does the count go down.
         let mut st = pool.lock_state();
-        if st.waiters.is_empty() {
-            st.total = st.total.saturating_sub(1);
-            return;
-        }
-        let slot = Grant::Slot(SlotToken::counted(pool.clone()));
-        let handed = super::line::grant_next(&mut st, slot);
-        // Unlocked before a token could drop (its drop takes the lock).
-        drop(st);
-        match handed {
-            Ok(waker) => waker.wake(),
-            // (Not reached: someone waits.) Its drop would free the slot again.
-            Err(Grant::Slot(mut tok)) => drop(tok.take()),
-            Err(Grant::Server(_)) => {}
+        match st.waiters.pop_front() {
+            Some(w) => {
+                let slot = Grant::Slot(SlotToken::counted(pool.clone()));
+                let waker = w.answer(&mut st, super::line::Answer::Granted(slot));
+                drop(st);
+                waker.wake();
+            }
+            None => st.total = st.total.saturating_sub(1),
         }
     }
 }
