@@ -4,10 +4,10 @@
 //! intervals (query and transaction times, the stats flush, the idle server's age and
 //! idle time, the client's request age). With `std::time::Instant` each of those is a
 //! checked timespec subtraction (~40 instructions, the most of any one function in the
-//! relay's profile); with [`Tick`] it is one integer subtraction. `Instant` stays where
-//! tokio's timers or the console need it ([`Tick::to_instant`]).
+//! relay's profile); with [`Tick`] it is one integer subtraction. The timers
+//! (`timer.rs`) keep their deadlines as `Tick`s too, and a timerfd takes them as they are.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A point on `CLOCK_MONOTONIC` (the clock `Instant` reads on Linux), in nanoseconds.
 /// `Default` is the clock's origin, a placeholder until a reading replaces it.
@@ -53,16 +53,6 @@ impl Tick {
     pub fn elapsed(self) -> Duration {
         Tick::now().since(self)
     }
-
-    /// The same point as an `Instant`, for tokio's timers and the console.
-    pub fn to_instant(self) -> Instant {
-        let (now, at) = (Instant::now(), Tick::now());
-        if self >= at {
-            now.checked_add(self.since(at)).unwrap_or(now)
-        } else {
-            now.checked_sub(at.since(self)).unwrap_or(now)
-        }
-    }
 }
 
 impl std::ops::Add<Duration> for Tick {
@@ -84,6 +74,7 @@ fn nanos(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     #[test]
     fn measures_and_compares_like_instant() {
@@ -107,15 +98,5 @@ mod tests {
             Duration::from_millis(7)
         );
         assert_eq!(t0 + Duration::MAX, Tick(u64::MAX));
-    }
-
-    #[test]
-    fn converts_to_the_same_instant() {
-        let t = Tick::now() + Duration::from_secs(2);
-        let i = t.to_instant();
-        let expect = Instant::now() + Duration::from_secs(2);
-        assert!(i.max(expect) - i.min(expect) < Duration::from_millis(50));
-        let past = Tick::now().to_instant();
-        assert!(past <= Instant::now());
     }
 }

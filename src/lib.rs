@@ -16,3 +16,4 @@ pub mod prepared;
 pub mod protocol;
 pub mod session;
 pub mod stats;
+pub mod timer;

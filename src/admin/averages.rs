@@ -134,7 +134,7 @@ pub async fn run(app: Arc<App>) {
             .settings
             .stats_period
             .max(Duration::from_secs(1));
-        tokio::time::sleep(period).await;
+        crate::timer::sleep(period).await;
         let current = current_totals(&app);
         let (per_db, all) = app.admin.history.tick(&current);
         if app.config().settings.log_stats {

@@ -158,7 +158,7 @@ pub async fn serve(
                 why = info.killed() => {
                     let mut out = BytesMut::new();
                     rows::message(&mut out, b'E', "FATAL", PROTOCOL_VIOLATION, why, None);
-                    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), stream.write_all(&out)).await;
+                    let _ = crate::timer::timeout(std::time::Duration::from_secs(1), stream.write_all(&out)).await;
                     why.to_owned()
                 }
             }
@@ -249,7 +249,7 @@ async fn fail(stream: &Stream, tag: &str, message: &str) -> String {
     tracing::warn!("{tag} pooler error: {message}");
     let mut out = BytesMut::new();
     rows::message(&mut out, b'E', "ERROR", PROTOCOL_VIOLATION, message, None);
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), stream.write_all(&out)).await;
+    let _ = crate::timer::timeout(std::time::Duration::from_secs(1), stream.write_all(&out)).await;
     message.to_owned()
 }
 

@@ -79,7 +79,7 @@ async fn drain(app: &App, db: Option<&str>) {
             }
             return;
         }
-        tokio::time::sleep(POLL).await;
+        crate::timer::sleep(POLL).await;
     }
 }
 
@@ -157,7 +157,7 @@ pub async fn suspend(ctx: &mut Ctx<'_>, arg: &str) -> Result<(), CmdError> {
     let limit = app.config().settings.suspend_timeout;
     let deadline = Instant::now() + limit;
     while busy_servers(&app.pools.all()) > 0 && (limit.is_zero() || Instant::now() < deadline) {
-        tokio::time::sleep(POLL).await;
+        crate::timer::sleep(POLL).await;
     }
     rows::command_complete(&mut ctx.out, "SUSPEND");
     Ok(())
@@ -300,7 +300,7 @@ pub async fn wait_close(ctx: &mut Ctx<'_>, db: &str) -> Result<(), CmdError> {
         }
     }
     while closing_servers(ctx.app, db) > 0 {
-        tokio::time::sleep(POLL).await;
+        crate::timer::sleep(POLL).await;
     }
     rows::command_complete(&mut ctx.out, "WAIT_CLOSE");
     Ok(())

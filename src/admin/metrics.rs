@@ -39,7 +39,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!("metrics accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                crate::timer::sleep(Duration::from_millis(50)).await;
                 continue;
             }
         };
@@ -73,7 +73,7 @@ async fn read_head(sock: &mut TcpStream) -> Option<String> {
             }
         }
     };
-    match tokio::time::timeout(READ_TIMEOUT, read).await {
+    match crate::timer::timeout(READ_TIMEOUT, read).await {
         Ok(true) => Some(String::from_utf8_lossy(&buf).into_owned()),
         _ => None,
     }
@@ -113,5 +113,5 @@ async fn respond(app: &App, mut sock: TcpStream) {
         sock.write_all(response.as_bytes()).await?;
         sock.shutdown().await
     };
-    let _ = tokio::time::timeout(WRITE_TIMEOUT, write).await;
+    let _ = crate::timer::timeout(WRITE_TIMEOUT, write).await;
 }

@@ -77,7 +77,7 @@ pub fn main_with(args: Args) -> i32 {
     if let Some(n) = workers.filter(|n| *n > 0) {
         builder.worker_threads(n);
     }
-    let runtime = match builder.enable_all().build() {
+    let runtime = match builder.enable_io().build() {
         Ok(r) => r,
         Err(e) => {
             tracing::error!("cannot start runtime: {e}");
@@ -220,7 +220,7 @@ async fn accept_loops(app: Arc<App>, mut listeners: Listeners) {
                         }
                         Err(e) => {
                             tracing::warn!("accept failed: {e}");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            crate::timer::sleep(Duration::from_millis(50)).await;
                         }
                     },
                 }
@@ -237,7 +237,7 @@ async fn accept_loops(app: Arc<App>, mut listeners: Listeners) {
                     }
                     Err(e) => {
                         tracing::warn!("accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        crate::timer::sleep(Duration::from_millis(50)).await;
                     }
                 }
             }
@@ -252,7 +252,7 @@ async fn accept_loops(app: Arc<App>, mut listeners: Listeners) {
 
 /// Periodic upkeep, like PgBouncer's janitor.
 async fn janitor(app: Arc<App>) {
-    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let mut tick = crate::timer::interval(Duration::from_millis(500));
     loop {
         tick.tick().await;
         app.pools.maintain();
@@ -288,7 +288,7 @@ fn install_signals() -> Option<Signals> {
 
 async fn signals(app: Arc<App>, path: &Path, sink: &LogSink, sigs: Signals) -> i32 {
     let [mut hup, mut int, mut term, mut quit, mut usr1, mut usr2] = sigs;
-    let mut check = tokio::time::interval(Duration::from_millis(100));
+    let mut check = crate::timer::interval(Duration::from_millis(100));
     loop {
         tokio::select! {
             _ = hup.recv() => {

@@ -87,8 +87,6 @@ impl Pool {
                     Grant::Slot(slot) => slot,
                 },
             };
-            // Only this rare path needs the deadline as an Instant (for tokio's timers).
-            let deadline = deadline.map(Tick::to_instant);
             return Box::pin(self.connect_new(&cfg, slot, deadline)).await;
         }
     }
@@ -149,7 +147,7 @@ impl Pool {
             Answer::Granted(Grant::Slot(slot)) => {
                 let cfg = self.config();
                 let qwt = cfg.query_wait_timeout;
-                let deadline = (!qwt.is_zero()).then(|| (ticket.since + qwt).to_instant());
+                let deadline = (!qwt.is_zero()).then(|| ticket.since + qwt);
                 Box::pin(self.connect_new(&cfg, slot, deadline)).await
             }
             Answer::Refused => Err(refusal(self)),
@@ -203,10 +201,8 @@ impl Pool {
     ) -> Result<Grant, PoolError> {
         if cfg.reserve_pool_size > 0 {
             let reserve_at = Tick::now() + cfg.reserve_pool_timeout;
-            let first = deadline
-                .map_or(reserve_at, |d| d.min(reserve_at))
-                .to_instant();
-            match tokio::time::timeout_at(first.into(), ticket.answer()).await {
+            let first = deadline.map_or(reserve_at, |d| d.min(reserve_at));
+            match crate::timer::timeout_at(first, ticket.answer()).await {
                 Ok(Answer::Granted(g)) => return Ok(g),
                 // The janitor's query_wait_timeout can come first.
                 Ok(Answer::Refused) => return Err(refusal(self)),
@@ -238,7 +234,7 @@ impl Pool {
         self: &Arc<Self>,
         cfg: &PoolConfig,
         slot: SlotToken,
-        deadline: Option<Instant>,
+        deadline: Option<Tick>,
     ) -> Result<ServerConn, PoolError> {
         let (generation, keys) = {
             let st = self.lock_state();
@@ -289,7 +285,7 @@ impl Pool {
         &self,
         limit: &Arc<ConnLimit>,
         max: u32,
-        deadline: Option<Instant>,
+        deadline: Option<Tick>,
     ) -> Result<LimitToken, PoolError> {
         let _waiting = limit.wait_guard();
         loop {
@@ -304,7 +300,7 @@ impl Pool {
             match deadline {
                 None => freed.await,
                 Some(d) => {
-                    if tokio::time::timeout_at(d.into(), freed).await.is_err() {
+                    if crate::timer::timeout_at(d, freed).await.is_err() {
                         return Err(PoolError::Timeout("query_wait_timeout"));
                     }
                 }
@@ -338,7 +334,7 @@ impl Pool {
         };
         let pool = self.clone();
         tokio::spawn(async move {
-            let deadline = Some(Instant::now() + Duration::from_secs(1));
+            let deadline = Some(Tick::now() + Duration::from_secs(1));
             if let Ok(conn) = pool.connect_new(&cfg, slot, deadline).await {
                 pool.release(conn, true);
             }

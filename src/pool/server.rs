@@ -163,7 +163,7 @@ impl ServerState {
                 None => Ok(()),
             }
         };
-        match tokio::time::timeout(timeout, fut).await {
+        match crate::timer::timeout(timeout, fut).await {
             Ok(r) => r,
             Err(_) => Err(PoolError::Timeout("internal query timed out")),
         }
@@ -242,7 +242,7 @@ async fn open(addr: &ServerAddr, timeout: Duration) -> Result<Stream, PoolError>
     } else {
         timeout
     };
-    match tokio::time::timeout(limit, fut).await {
+    match crate::timer::timeout(limit, fut).await {
         Ok(Ok(s)) => Ok(s),
         Ok(Err(e)) => Err(PoolError::Connect(format!("{addr}: {e}"))),
         Err(_) => Err(PoolError::Connect(format!("{addr}: connect timed out"))),
@@ -277,7 +277,7 @@ pub(crate) async fn connect(
     } else {
         cfg.server_connect_timeout
     };
-    let (pid, key, server_params) = match tokio::time::timeout(limit, login.run(&stream)).await {
+    let (pid, key, server_params) = match crate::timer::timeout(limit, login.run(&stream)).await {
         Ok(r) => r?,
         Err(_) => return Err(PoolError::Connect(format!("{}: login timed out", cfg.addr))),
     };

@@ -157,7 +157,7 @@ async fn send_cancel(addr: &ServerAddr, pid: u32, key: u32, timeout: Duration) -
     } else {
         timeout
     };
-    match tokio::time::timeout(limit, send).await {
+    match crate::timer::timeout(limit, send).await {
         Ok(Ok(())) => true,
         Ok(Err(e)) => {
             tracing::warn!("cancel request to {addr} failed: {e}");

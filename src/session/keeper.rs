@@ -185,8 +185,7 @@ pub async fn run(app: Arc<App>) {
     let mut poll = poll;
     let mut slab = Slab::default();
     let mut events = Events::with_capacity(256);
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut tick = crate::timer::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
             s = rx.recv() => {

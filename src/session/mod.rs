@@ -128,7 +128,7 @@ pub async fn serve_client(app: Arc<App>, stream: Stream) {
     let result = if limit.is_zero() {
         login.await
     } else {
-        match Box::pin(tokio::time::timeout(limit, login)).await {
+        match Box::pin(crate::timer::timeout(limit, login)).await {
             Ok(r) => r,
             Err(_) => Err(ClientError::fatal(
                 PROTOCOL_VIOLATION,
@@ -294,7 +294,7 @@ async fn report_login_failure(id: u64, peer: &PeerAddr, stream: &Stream, e: Clie
 async fn send_fatal(stream: &Stream, code: &str, message: &str) {
     let mut out = BytesMut::with_capacity(64 + message.len());
     backend::error_response(&mut out, "FATAL", code, message);
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), stream.write_all(&out)).await;
+    let _ = crate::timer::timeout(std::time::Duration::from_secs(1), stream.write_all(&out)).await;
 }
 
 /// Tells the client why it cannot get a server, and closes it.
@@ -305,7 +305,7 @@ async fn fail_client(stream: &Stream, tag: ClientTag<'_>, e: &PoolError) -> Stri
     }
     let mut out = BytesMut::with_capacity(64 + message.len());
     backend::error_response(&mut out, "FATAL", &code, &message);
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), stream.write_all(&out)).await;
+    let _ = crate::timer::timeout(std::time::Duration::from_secs(1), stream.write_all(&out)).await;
     message
 }
 
@@ -333,7 +333,7 @@ async fn fail_with(
     let mut out = BytesMut::with_capacity(64 + message.len());
     backend::error_response(&mut out, "FATAL", code, message);
     let send = relay.send_to_client(stream, &out);
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), send).await;
+    let _ = crate::timer::timeout(std::time::Duration::from_secs(1), send).await;
     message.to_owned()
 }
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use tokio::time::Sleep;
+use crate::timer::Sleep;
 
 use super::prepared::PreparedState;
 use super::{ClientPrepared, Relay, Timeouts};
@@ -182,14 +182,11 @@ impl RelaySlot {
         fresh: bool,
         can_sleep: bool,
     ) -> Result<Idle, &'static str> {
-        // Boxed (and only when set): an idle client's task keeps a pointer, not a timer.
-        let mut timer = self
-            .idle_deadline()
-            .map(|at| Box::pin(tokio::time::sleep_until(at.to_instant().into())));
-        let mut fresh_timer: Option<Pin<Box<Sleep>>> = None;
+        let mut timer = self.idle_deadline().map(crate::timer::sleep_until);
+        let mut fresh_timer: Option<Sleep> = None;
         poll_fn(|cx| {
             if let Some(timer) = timer.as_mut() {
-                if timer.as_mut().poll(cx).is_ready() {
+                if Pin::new(timer).poll(cx).is_ready() {
                     return Poll::Ready(Err("client_idle_timeout"));
                 }
             }
@@ -206,9 +203,8 @@ impl RelaySlot {
             if fresh {
                 // Made only once the client is seen to be quiet: a client that sends
                 // its first query right after the welcome (most do) never starts it.
-                let t =
-                    fresh_timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(FRESH_SLEEP)));
-                if t.as_mut().poll(cx).is_ready() {
+                let t = fresh_timer.get_or_insert_with(|| crate::timer::sleep(FRESH_SLEEP));
+                if Pin::new(t).poll(cx).is_ready() {
                     return Poll::Ready(Ok(Idle::Sleep));
                 }
             }

@@ -11,7 +11,7 @@ use std::io;
 use std::pin::Pin;
 use std::task::Poll;
 
-use tokio::time::Sleep;
+use crate::timer::Sleep;
 
 use crate::clock::Tick;
 use crate::net::Stream;
@@ -34,9 +34,8 @@ pub(super) enum Wake {
     ServerWrite(io::Result<()>),
 }
 
-/// A timeout timer kept across loop turns (allocated only once a timeout is set), with
-/// the deadline it was set for.
-pub(super) type Timer = Option<(Tick, Pin<Box<Sleep>>)>;
+/// A timeout timer kept across loop turns (registered only once a timeout is set).
+pub(super) type Timer = Option<Sleep>;
 
 /// Waits for the first of the wanted events, in this order of preference: server
 /// bytes (so responses are never starved), the timer, then the client's side.
@@ -51,17 +50,8 @@ pub(super) async fn next_wake(
     let armed = match deadline {
         Some((at, _)) => {
             match timer {
-                Some((set, _)) if *set == at => {}
-                Some((set, t)) => {
-                    t.as_mut().reset(at.to_instant().into());
-                    *set = at;
-                }
-                None => {
-                    *timer = Some((
-                        at,
-                        Box::pin(tokio::time::sleep_until(at.to_instant().into())),
-                    ))
-                }
+                Some(t) => t.reset(at),
+                None => *timer = Some(crate::timer::sleep_until(at)),
             }
             true
         }
@@ -76,8 +66,8 @@ pub(super) async fn next_wake(
             }
         }
         if armed {
-            if let Some((_, t)) = timer.as_mut() {
-                if t.as_mut().poll(cx).is_ready() {
+            if let Some(t) = timer.as_mut() {
+                if Pin::new(t).poll(cx).is_ready() {
                     return Poll::Ready(Wake::Timer);
                 }
             }
