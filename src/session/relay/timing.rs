@@ -11,6 +11,10 @@ impl Relay {
     /// The earliest moment a timeout could fire, and the reason it would give.
     pub(super) fn deadline(&self, linked: bool) -> Option<(Tick, &'static str)> {
         let t = &self.timeouts;
+        if t.none() {
+            // The usual case, asked twice per statement: no conversions, no clocks.
+            return None;
+        }
         let mut best: Option<(Tick, &'static str)> = None;
         let mut consider = |at: Tick, why: &'static str| {
             if best.is_none_or(|(b, _)| at < b) {
@@ -148,6 +152,11 @@ impl Timeouts {
         }
     }
 
+    /// Whether every timeout is off.
+    pub fn none(&self) -> bool {
+        self.ms == [0; 4]
+    }
+
     pub fn query(&self) -> Duration {
         Duration::from_millis(self.ms[0].into())
     }
@@ -183,5 +192,14 @@ mod tests {
         assert!(t.transaction().is_zero());
         // Past u32 milliseconds: the longest it can hold, still on.
         assert_eq!(t.client_idle(), Duration::from_millis(u32::MAX.into()));
+        assert!(!t.none());
+        assert!(Timeouts::default().none());
+        let one = Timeouts::new(
+            Duration::ZERO,
+            Duration::ZERO,
+            Duration::from_secs(1),
+            Duration::ZERO,
+        );
+        assert!(!one.none());
     }
 }
