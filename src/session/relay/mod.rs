@@ -255,6 +255,7 @@ impl Relay {
                 client_write: !self.s2c.is_empty(),
                 client_read: self.c2s.is_empty() && !self.terminated,
                 server_write: !self.c2s.is_empty(),
+                client_first: self.pending == 0,
             };
             match next_wake(client, Some(&server.stream), want, deadline, &mut timer).await {
                 Wake::ServerRead(r) => {
