@@ -15,6 +15,7 @@ use super::limits::{ConnLimit, LimitToken};
 pub use super::line::Ticket;
 use super::line::{self, Answer};
 use super::slot::SlotToken;
+use super::target::Reuse;
 use super::{server, Grant, Pool, PoolConfig, PoolError, PoolState, ServerConn};
 use crate::clock::Tick;
 
@@ -62,7 +63,7 @@ impl Pool {
                 if st.closed {
                     return Err(PoolError::PoolClosed);
                 }
-                if let Some(mut conn) = pop_idle(&mut st, &cfg, now, &mut doomed) {
+                if let Some(mut conn) = pop_idle(&mut st, now, &mut doomed) {
                     st.active += 1;
                     conn.lent = super::LentMark::lent_by(self.clone());
                     Step::Idle(conn)
@@ -97,7 +98,6 @@ impl Pool {
     /// and no reserve pool could serve the wait, a place in line to wait in
     /// ([`Pool::redeem`], in the task of `waker`); otherwise the slow path.
     pub fn checkout(self: &Arc<Self>, now: Tick, waker: &Waker) -> Checkout {
-        let cfg = self.config_guard();
         let mut doomed = Vec::new();
         let got = {
             let mut st = self.lock_state();
@@ -105,12 +105,12 @@ impl Pool {
                 return Checkout::Slow;
             }
             let idle = if st.waiters.is_empty() {
-                pop_idle(&mut st, &cfg, now, &mut doomed)
+                pop_idle(&mut st, now, &mut doomed)
             } else {
                 None
             };
             match idle {
-                Some(conn) if needs_check(&conn, &cfg, now) => {
+                Some(conn) if needs_check(&conn, &st.reuse, now) => {
                     st.idle.push(conn);
                     Checkout::Slow
                 }
@@ -121,9 +121,9 @@ impl Pool {
                 }
                 // Waits here are bounded by the janitor alone: a reserve pool needs
                 // a timer (the slow path), and a pool with room connects.
-                None if cfg.reserve_pool_size == 0
-                    && cfg.pool_size != 0
-                    && st.total >= cfg.pool_size
+                None if st.reuse.reserve_pool_size == 0
+                    && st.reuse.pool_size != 0
+                    && st.total >= st.reuse.pool_size
                     && st.idle.is_empty() =>
                 {
                     Checkout::Queued(line::join(self, &mut st, now, waker))
@@ -171,7 +171,7 @@ impl Pool {
         let Some(query) = &cfg.server_check_query else {
             return Some(conn);
         };
-        if !needs_check(&conn, cfg, Tick::now()) {
+        if !needs_check(&conn, &cfg.reuse(), Tick::now()) {
             return Some(conn);
         }
         match conn
@@ -345,21 +345,17 @@ impl Pool {
 /// Takes the most recently used idle connection that is still good (or the oldest,
 /// with `server_round_robin`). Stale ones go to `doomed`, dropped after unlocking,
 /// because a connection's slot takes the lock when dropped.
-fn pop_idle(
-    st: &mut PoolState,
-    cfg: &PoolConfig,
-    now: Tick,
-    doomed: &mut Vec<ServerConn>,
-) -> Option<ServerConn> {
+fn pop_idle(st: &mut PoolState, now: Tick, doomed: &mut Vec<ServerConn>) -> Option<ServerConn> {
+    let reuse = st.reuse;
     loop {
-        let conn = if cfg.server_round_robin && !st.idle.is_empty() {
+        let conn = if reuse.round_robin && !st.idle.is_empty() {
             st.idle.remove(0)
         } else {
             st.idle.pop()?
         };
         // No liveness probe here (a syscall per transaction): the janitor probes
         // idle connections twice a second, and server_check_delay covers the rest.
-        if conn.ident.generation == st.generation && !conn.expired(cfg, now) {
+        if conn.ident.generation == st.generation && !conn.expired(&reuse, now) {
             return Some(conn);
         }
         doomed.push(conn);
@@ -377,6 +373,6 @@ fn refusal(pool: &Pool) -> PoolError {
 }
 
 /// Whether a connection sat idle long enough to be checked before reuse.
-fn needs_check(conn: &ServerConn, cfg: &PoolConfig, now: Tick) -> bool {
-    cfg.server_check_query.is_some() && now.reached(conn.last_used, cfg.server_check_delay)
+fn needs_check(conn: &ServerConn, r: &Reuse, now: Tick) -> bool {
+    r.check && now.reached(conn.last_used, r.check_delay)
 }

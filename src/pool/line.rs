@@ -152,7 +152,7 @@ mod tests {
     use crate::config::Config;
     use crate::pool::limits::PoolLimits;
     use crate::pool::slot::SlotToken;
-    use crate::pool::{PoolConfig, PoolKey};
+    use crate::pool::{Checkout, PoolConfig, PoolKey};
 
     fn pool() -> Arc<Pool> {
         let ini = "[databases]\ndb = host=127.0.0.1 port=1\n[pgbouncer]\ndefault_pool_size = 1\n";
@@ -195,6 +195,24 @@ mod tests {
         drop(slot);
         assert_eq!(p.counts().total, 0);
         assert!(p.lock_state().answers.is_empty());
+    }
+
+    #[test]
+    fn checkout_follows_a_reload_of_the_pool_size() {
+        let p = pool();
+        // Its one connection is lent out: the next client waits in line.
+        p.lock_state().total = 1;
+        let now = Tick::now();
+        assert!(matches!(
+            p.checkout(now, Waker::noop()),
+            Checkout::Queued(_)
+        ));
+        // A reload raises the pool size; checkout reads its copy under the lock, which
+        // must follow: there is room to connect now.
+        let mut cfg = (*p.config()).clone();
+        cfg.pool_size = 2;
+        p.reconfigure(cfg);
+        assert!(matches!(p.checkout(now, Waker::noop()), Checkout::Slow));
     }
 
     #[test]

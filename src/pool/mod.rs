@@ -25,6 +25,7 @@ pub use acquire::{Checkout, Ticket};
 pub use error::PoolError;
 pub use registry::{PoolKey, Pools};
 pub use server::{ScramKeys, ServerConn, ServerIdent};
+use target::Reuse;
 pub use target::{PoolConfig, ServerAddr};
 
 use crate::clock::Tick;
@@ -70,6 +71,8 @@ pub(crate) struct PoolState {
     /// Keys from a client's SCRAM login, for pass-through to the server.
     scram_keys: Option<ScramKeys>,
     closed: bool,
+    /// The settings' part that checkout and release read (see [`Reuse`]).
+    reuse: Reuse,
 }
 
 /// Counts a lent connection in its pool's `active` until the pool takes it back, or
@@ -153,12 +156,16 @@ impl Pool {
         ids: Arc<AtomicU64>,
         limits: PoolLimits,
     ) -> Pool {
+        let reuse = cfg.reuse();
         Pool {
             db_name: Arc::from(key.database.as_str()),
             user_name: Arc::from(key.user.as_str()),
             key,
             cfg: ArcSwap::from_pointee(cfg),
-            state: Mutex::new(PoolState::default()),
+            state: Mutex::new(PoolState {
+                reuse,
+                ..PoolState::default()
+            }),
             ids,
             limits,
             stats: PoolStats::default(),
@@ -176,11 +183,6 @@ impl Pool {
         self.cfg.load_full()
     }
 
-    /// The pool's current settings, borrowed briefly (no reference count traffic).
-    pub(crate) fn config_guard(&self) -> arc_swap::Guard<Arc<PoolConfig>> {
-        self.cfg.load()
-    }
-
     pub(crate) fn lock_state(&self) -> MutexGuard<'_, PoolState> {
         // A panic while holding this lock cannot leave the counters half-updated in a
         // way worse than stopping, so poisoning is ignored.
@@ -191,9 +193,11 @@ impl Pool {
     pub fn reconfigure(&self, new: PoolConfig) {
         let old = self.config();
         let retire = old.needs_reconnect(&new);
+        let reuse = new.reuse();
         self.cfg.store(Arc::new(new));
         let doomed = {
             let mut st = self.lock_state();
+            st.reuse = reuse;
             st.last_login_error = None;
             if retire {
                 st.generation += 1;
@@ -254,15 +258,14 @@ impl Pool {
     /// [`Pool::release`] with the time of the server's last message, which the
     /// caller already has (one clock read fewer per transaction).
     pub fn release_at(&self, mut conn: ServerConn, clean: bool, now: Tick) {
-        let cfg = self.config_guard();
         conn.last_used = now;
         let mut st = self.lock_state();
+        let lifetime = st.reuse.lifetime;
         let reusable = clean
             && !conn.close_needed
             && !st.closed
             && conn.ident.generation == st.generation
-            && (cfg.server_lifetime.is_zero()
-                || !now.reached(conn.ident.created, cfg.server_lifetime));
+            && (lifetime.is_zero() || !now.reached(conn.ident.created, lifetime));
         if !reusable {
             if conn.lent.disarm() {
                 st.active = st.active.saturating_sub(1);
@@ -296,14 +299,13 @@ impl Pool {
     /// Closes idle connections past their lifetime or idle timeout, and those the
     /// server closed (or that sent bytes nobody asked for) while idle.
     pub fn close_expired_idle(&self) {
-        let cfg = self.config();
         let now = Tick::now();
         let doomed: Vec<ServerConn> = {
             let mut st = self.lock_state();
-            let generation = st.generation;
+            let (generation, reuse) = (st.generation, st.reuse);
             let (keep, doomed) = std::mem::take(&mut st.idle).into_iter().partition(|c| {
                 c.ident.generation == generation
-                    && !c.expired(&cfg, now)
+                    && !c.expired(&reuse, now)
                     && !c.stream.is_dead_or_chatty()
             });
             st.idle = keep;

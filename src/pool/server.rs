@@ -11,7 +11,7 @@ use tokio::net::{TcpStream, UnixStream};
 use super::error::PoolError;
 use super::limits::LimitToken;
 use super::slot::SlotToken;
-use super::target::{PoolConfig, ServerAddr};
+use super::target::{PoolConfig, Reuse, ServerAddr};
 use crate::auth::{md5_response, ScramClient, ScramCredential, Secret};
 use crate::clock::Tick;
 use crate::net::framed::{read_message, ReadError};
@@ -124,10 +124,9 @@ impl ServerState {
     }
 
     /// Whether its age or idle time passed the pool's limits.
-    pub fn expired(&self, cfg: &PoolConfig, now: Tick) -> bool {
-        (!cfg.server_lifetime.is_zero() && now.reached(self.ident.created, cfg.server_lifetime))
-            || (!cfg.server_idle_timeout.is_zero()
-                && now.reached(self.last_used, cfg.server_idle_timeout))
+    pub(crate) fn expired(&self, r: &Reuse, now: Tick) -> bool {
+        (!r.lifetime.is_zero() && now.reached(self.ident.created, r.lifetime))
+            || (!r.idle_timeout.is_zero() && now.reached(self.last_used, r.idle_timeout))
     }
 
     /// Runs a simple query whose output is not wanted (reset query, SETs), keeping

@@ -72,7 +72,36 @@ pub struct PoolConfig {
     pub server_check_delay: Duration,
 }
 
+/// What lending and taking back a connection need of the settings: a copy kept in
+/// the pool's state and read under the lock those paths take anyway, so that a
+/// transaction's checkout and release load no settings (two `ArcSwap` loads, ~100
+/// instructions, before).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Reuse {
+    pub lifetime: Duration,
+    pub idle_timeout: Duration,
+    pub check_delay: Duration,
+    /// Whether a `server_check_query` is set.
+    pub check: bool,
+    pub round_robin: bool,
+    /// 0 = unlimited.
+    pub pool_size: u32,
+    pub reserve_pool_size: u32,
+}
+
 impl PoolConfig {
+    pub(crate) fn reuse(&self) -> Reuse {
+        Reuse {
+            lifetime: self.server_lifetime,
+            idle_timeout: self.server_idle_timeout,
+            check_delay: self.server_check_delay,
+            check: self.server_check_query.is_some(),
+            round_robin: self.server_round_robin,
+            pool_size: self.pool_size,
+            reserve_pool_size: self.reserve_pool_size,
+        }
+    }
+
     /// Builds the pool settings for `db` (already resolved, fallback included) and the
     /// client's `user`.
     pub fn new(cfg: &Config, db: &DatabaseEntry, client_db: &str, user: &str) -> PoolConfig {
