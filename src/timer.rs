@@ -456,6 +456,43 @@ mod tests {
         });
     }
 
+    #[test]
+    fn timers_wake_tasks_that_move_between_worker_threads() {
+        // Run apart, so that a timer never woken fails the test instead of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(4)
+                .enable_io()
+                .build()
+                .unwrap();
+            let ok = rt.block_on(async {
+                let tasks: Vec<_> = (0..64u64)
+                    .map(|i| {
+                        tokio::spawn(async move {
+                            // Registered in one thread's set, then polled wherever the
+                            // task runs next.
+                            let mut s = sleep(Duration::from_millis(5 + i % 20));
+                            let _ = futures_poll_once(&mut s).await;
+                            tokio::task::yield_now().await;
+                            s.await;
+                            let long = sleep(Duration::from_secs(30));
+                            timeout(Duration::from_millis(10), long).await.is_err()
+                        })
+                    })
+                    .collect();
+                let mut all = true;
+                for t in tasks {
+                    all &= t.await.unwrap_or(false);
+                }
+                all
+            });
+            let _ = tx.send(ok);
+        });
+        let ok = rx.recv_timeout(Duration::from_secs(30));
+        assert_eq!(ok, Ok(true), "every sleep and timeout fired");
+    }
+
     /// Polls once, returning whether it was ready.
     async fn futures_poll_once(s: &mut Sleep) -> Poll<()> {
         std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *s).poll(cx))).await
