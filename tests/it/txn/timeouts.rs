@@ -175,3 +175,47 @@ async fn server_check_replaces_a_server_killed_while_idle() {
     assert_eq!(backend_pid(&other).await, second);
     assert_eq!(backends(&obs, &db).await, 1);
 }
+
+/// The timers on the multi-threaded runtime (Sluice's default above 2 cores, which
+/// the CI machines do not have): each worker thread keeps its own, and a client's
+/// task may be woken on another worker than the one its timer was set on.
+#[tokio::test]
+async fn timeouts_fire_on_the_multi_threaded_runtime() {
+    let db = fresh_db("txn_mt_timeouts");
+    let s = txn_sluice(&db)
+        .env("SLUICE_WORKERS", "3")
+        .setting("query_timeout", "1")
+        .setting("client_idle_timeout", "2")
+        .start();
+    let mut idle = raw(&s, &db, &[]).await;
+    assert_eq!(col(&idle.simple("SELECT 1", STEP).await), ["1"]);
+    let t = Instant::now();
+    // Several at once, so that they land on different workers.
+    let mut long = Vec::new();
+    for _ in 0..4 {
+        let c = client(&s, &db).await;
+        long.push(tokio::spawn(async move {
+            within(STEP, "pg_sleep(5)", c.simple_query("SELECT pg_sleep(5)"))
+                .await
+                .map(|_| ())
+                .map_err(|e| err_text(&e))
+        }));
+    }
+    for l in long {
+        let e = l
+            .await
+            .expect("task")
+            .expect_err("pg_sleep(5) outlived query_timeout = 1");
+        assert!(e.contains("query_timeout"), "{e}");
+    }
+    assert!(
+        t.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        t.elapsed()
+    );
+    expect_fatal_close(&mut idle, "client_idle_timeout", Duration::from_secs(10)).await;
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(6), "took {took:?}");
+    let c = client(&s, &db).await;
+    assert_eq!(one(&c, "SELECT 2").await, "2");
+}
