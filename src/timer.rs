@@ -229,6 +229,10 @@ impl Timers {
     }
 
     fn start() -> std::io::Result<Arc<Timers>> {
+        #[cfg(test)]
+        if tests::NO_TIMERFD.get() {
+            return Err(std::io::Error::from_raw_os_error(libc::EMFILE));
+        }
         // SAFETY: timerfd_create takes no pointers; a non-negative result is a new
         // file descriptor that nothing else owns, so OwnedFd may take it.
         let fd = unsafe {
@@ -371,6 +375,11 @@ async fn drive(io: AsyncFd<Driven>) {
 mod tests {
     use super::*;
 
+    thread_local! {
+        /// Makes this thread's timerfd fail, as out of file descriptors.
+        pub(super) static NO_TIMERFD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
     fn rt() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()
             .enable_io()
@@ -491,6 +500,23 @@ mod tests {
         });
         let ok = rx.recv_timeout(Duration::from_secs(30));
         assert_eq!(ok, Ok(true), "every sleep and timeout fired");
+    }
+
+    #[test]
+    fn without_a_timerfd_sleeps_fall_back_to_a_blocking_thread() {
+        NO_TIMERFD.set(true);
+        let rt = rt();
+        rt.block_on(async {
+            assert!(Timers::current().is_none());
+            let start = Tick::now();
+            sleep(Duration::from_millis(20)).await;
+            assert!(start.elapsed() >= Duration::from_millis(20));
+            let slow = timeout(Duration::from_millis(20), sleep(Duration::from_secs(30)));
+            assert_eq!(slow.await, Err(Elapsed));
+        });
+        // Not waiting for the blocking thread still sleeping out the 30 s.
+        rt.shutdown_background();
+        NO_TIMERFD.set(false);
     }
 
     /// Polls once, returning whether it was ready.
