@@ -416,6 +416,8 @@ mod tests {
             assert_eq!(slow.await, Err(Elapsed));
             let fast = timeout(Duration::from_secs(30), async { 7 });
             assert_eq!(fast.await, Ok(7));
+            // What the docs promise of a sleep kept in a session's future.
+            assert!(std::mem::size_of::<Sleep>() <= 32);
             // A dropped timer leaves the set: the long one above is gone.
             let timers = Timers::current().unwrap();
             assert!(timers.lock().map.is_empty());
