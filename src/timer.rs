@@ -60,11 +60,6 @@ pub fn sleep_until(at: Tick) -> Sleep {
 }
 
 impl Sleep {
-    /// When it completes.
-    pub fn deadline(&self) -> Tick {
-        self.at
-    }
-
     /// Moves the deadline; the next poll registers the new one.
     pub fn reset(&mut self, at: Tick) {
         if at != self.at {
