@@ -188,6 +188,26 @@ impl Stream {
         }
     }
 
+    /// The first read of a fresh connection, tried before waiting. A client sends its
+    /// first packet right after connecting, so it is usually there by the time the
+    /// connection is accepted; but a fresh registration knows no readiness yet, and
+    /// waiting for it first costs a turn of the event loop (an `epoll_wait`) per
+    /// connection. A drained socket leaves no stale readiness behind: epoll checks a
+    /// socket again before it reports it.
+    pub async fn read_first(&self, dst: &mut [u8]) -> io::Result<usize> {
+        match self.io.get_ref().read_into(dst) {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) =>
+            {
+                self.read(dst).await
+            }
+            r => r,
+        }
+    }
+
     /// Writes all of `data`, waiting as needed.
     pub async fn write_all(&self, mut data: &[u8]) -> io::Result<()> {
         while !data.is_empty() {

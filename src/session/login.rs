@@ -50,13 +50,19 @@ pub async fn read_startup(
     stream: &Stream,
     buf: &mut BytesMut,
 ) -> Result<Startup, ClientError> {
+    let mut fresh = true;
     loop {
         let parsed = if buf.is_empty() {
             // A packet is read into the stack first: a startup packet nearly always
             // fits, so it takes one read and no heap buffer (whose freed space would
             // stay as a hole between the session's lasting allocations).
             let mut first = [0u8; FIRST_READ];
-            let n = stream.read(&mut first).await.map_err(ClientError::Io)?;
+            let n = if std::mem::take(&mut fresh) {
+                stream.read_first(&mut first).await
+            } else {
+                stream.read(&mut first).await
+            }
+            .map_err(ClientError::Io)?;
             if n == 0 {
                 return Err(ClientError::Gone);
             }

@@ -409,8 +409,9 @@ fn startup_cancel_request_with_unknown_key_is_closed_silently() {
 #[test]
 fn startup_packets_long_in_pieces_or_followed_by_a_query_log_in() {
     // The first read of a packet goes to a 512-byte stack buffer (session/login.rs):
-    // a longer packet, one that comes in pieces, and one with a query behind it in
-    // the same segment each take another path from there.
+    // a longer packet, one that comes in pieces, one sent only after a pause, and
+    // one with a query behind it in the same segment each take another path from
+    // there.
     let sluice = trust_builder().start();
     let long_name = "a".repeat(900);
     let mut long = trust_params();
@@ -429,6 +430,15 @@ fn startup_packets_long_in_pieces_or_followed_by_a_query_log_in() {
     let msgs = c.read_until(b'Z', T).unwrap();
     assert_eq!(msgs[0].auth_code(), Some(0), "in pieces: {msgs:?}");
     assert_eq!(c.simple_query("SELECT 2").unwrap(), vec![Some("2".into())]);
+
+    // Quiet at first: the first read, tried before any wait, finds nothing and the
+    // login waits for the packet.
+    let mut c = RawConn::tcp(sluice.port());
+    std::thread::sleep(Duration::from_millis(100));
+    c.send(&packet).unwrap();
+    let msgs = c.read_until(b'Z', T).unwrap();
+    assert_eq!(msgs[0].auth_code(), Some(0), "quiet at first: {msgs:?}");
+    assert_eq!(c.simple_query("SELECT 3").unwrap(), vec![Some("3".into())]);
 
     let mut c = RawConn::tcp(sluice.port());
     let mut both = packet.clone();
