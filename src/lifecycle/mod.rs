@@ -13,7 +13,7 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::app::{App, Shutdown};
 use crate::config::{Config, Settings};
-use crate::net::{bind_listeners, Listeners, StdStream, Stream};
+use crate::net::{bind_listeners, Listeners, Origin, PeerAddr, StdStream, Stream};
 use cli::Args;
 use logging::LogSink;
 
@@ -199,21 +199,32 @@ async fn accept_loops(app: Arc<App>, mut listeners: Listeners) {
                 }
             };
             tokio::pin!(stop);
+            // Accepted sockets' local end, unless the listener's is a wildcard.
+            let here = l
+                .get_ref()
+                .local_addr()
+                .ok()
+                .filter(|a| !a.ip().is_unspecified());
             loop {
                 tokio::select! {
                     biased;
                     _ = &mut stop => return,
                     r = crate::net::accept_tcp(&l) => match r {
-                        Ok(s) => {
+                        Ok((s, peer)) => {
                             let _ = s.set_nodelay(true);
                             // PgBouncer's tcp_keepalive covers client sockets too: a
                             // vanished client must not hold its slot and server forever.
                             if app.config().settings.tcp_keepalive {
                                 let _ = socket2::SockRef::from(&s).set_keepalive(true);
                             }
+                            let origin = Origin {
+                                peer: PeerAddr::Tcp(peer),
+                                local: here.or_else(|| s.local_addr().ok()),
+                            };
                             match Stream::from_std(StdStream::Tcp(s)) {
                                 Ok(s) => {
-                                    tokio::spawn(crate::session::serve_client(app.clone(), s));
+                                    let serve = crate::session::serve_client(app.clone(), s, origin);
+                                    tokio::spawn(serve);
                                 }
                                 Err(e) => tracing::warn!("accept failed: {e}"),
                             }
@@ -233,7 +244,11 @@ async fn accept_loops(app: Arc<App>, mut listeners: Listeners) {
             loop {
                 match crate::net::accept_unix(&l).await.and_then(Stream::from_std) {
                     Ok(s) => {
-                        tokio::spawn(crate::session::serve_client(app.clone(), s));
+                        let origin = Origin {
+                            peer: PeerAddr::Unix,
+                            local: None,
+                        };
+                        tokio::spawn(crate::session::serve_client(app.clone(), s, origin));
                     }
                     Err(e) => {
                         tracing::warn!("accept failed: {e}");

@@ -27,12 +27,12 @@ pub struct Listeners {
 }
 
 /// Accepts a client on a TCP listener: a non-blocking socket not yet registered with
-/// any event loop (`Stream::from_std` registers it, for reads only).
-pub async fn accept_tcp(l: &TcpListener) -> io::Result<std::net::TcpStream> {
+/// any event loop (`Stream::from_std` registers it, for reads only), and its peer.
+pub async fn accept_tcp(l: &TcpListener) -> io::Result<(std::net::TcpStream, SocketAddr)> {
     loop {
         let mut ready = l.readable().await?;
         if let Ok(r) = ready.try_io(|l| l.get_ref().accept()) {
-            return r.map(|(s, _)| s.into());
+            return r.map(|(s, peer)| (s.into(), peer));
         }
     }
 }

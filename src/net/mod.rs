@@ -6,4 +6,4 @@ pub mod listener;
 pub mod stream;
 
 pub use listener::{accept_tcp, accept_unix, bind_listeners, Listeners};
-pub use stream::{PeerAddr, StdStream, Stream};
+pub use stream::{Origin, PeerAddr, StdStream, Stream};

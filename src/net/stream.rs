@@ -33,6 +33,16 @@ impl std::fmt::Display for PeerAddr {
     }
 }
 
+/// Both ends of an accepted client connection, as accept learnt them: no system call
+/// asks for them again (`getpeername`, and `getsockname` unless the listener is bound
+/// to a wildcard address).
+#[derive(Debug, Clone)]
+pub struct Origin {
+    pub peer: PeerAddr,
+    /// The local end of a TCP connection; None for a UNIX socket.
+    pub local: Option<SocketAddr>,
+}
+
 /// A plain TCP or UNIX-domain socket, registered with the event loop for read
 /// readiness only.
 ///

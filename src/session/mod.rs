@@ -11,12 +11,13 @@ pub mod relay;
 mod run;
 
 use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::BytesMut;
 
 use crate::app::App;
-use crate::net::{PeerAddr, Stream};
+use crate::net::{Origin, PeerAddr, Stream};
 use crate::pool::PoolError;
 use crate::protocol::backend;
 use crate::protocol::sqlstate::*;
@@ -85,12 +86,12 @@ impl Drop for ClientSlot {
 }
 
 /// Serves one accepted client connection to the end.
-pub async fn serve_client(app: Arc<App>, stream: Stream) {
+pub async fn serve_client(app: Arc<App>, stream: Stream, origin: Origin) {
     let id = app
         .client_ids
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let cfg = app.config();
-    let peer = stream.peer_addr();
+    let Origin { peer, local } = origin;
     if !app.try_add_client(cfg.settings.max_client_conn) {
         tracing::warn!("C-{id}: (nodb)/(nouser)@{peer} closing because: no more connections allowed (max_client_conn)");
         let msg = "no more connections allowed (max_client_conn)";
@@ -153,7 +154,8 @@ pub async fn serve_client(app: Arc<App>, stream: Stream) {
             return;
         }
     };
-    let Some((session, welcome)) = open_session(app, &stream, start, id, &peer, slot, &cfg).await
+    let Some((session, welcome)) =
+        open_session(app, &stream, start, id, (&peer, local), slot, &cfg).await
     else {
         return;
     };
@@ -187,7 +189,7 @@ async fn open_session(
     stream: &Stream,
     start: Box<(LoggedIn, BytesMut)>,
     id: u64,
-    peer: &PeerAddr,
+    (peer, local): (&PeerAddr, Option<SocketAddr>),
     slot: ClientSlot,
     cfg: &crate::config::Config,
 ) -> Option<(Box<Session>, Welcome)> {
@@ -205,7 +207,7 @@ async fn open_session(
         database: shared(&who.database, &who.pool.db_name),
         pool_user: who.pool.user_name.clone(),
         peer: peer.clone(),
-        local_addr: stream.local_addr().map(Into::into),
+        local_addr: local.map(Into::into),
         application_name: who.params.get("application_name").unwrap_or("").into(),
         admin: false,
     }));

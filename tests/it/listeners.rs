@@ -64,6 +64,40 @@ async fn listen_on_star_accepts_on_loopback() {
     }
 }
 
+/// SHOW CLIENTS names both ends of a TCP client, whether the listener is bound to one
+/// address (the local end is the listener's) or to all (asked of the socket).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_clients_names_both_ends_on_one_address_and_on_star() {
+    for listen in ["127.0.0.1", "*"] {
+        let s = crate::admin::builder()
+            .setting("listen_addr", listen)
+            .start();
+        let mut cfg = cfg_at("127.0.0.1", s.port());
+        cfg.application_name("ends_test");
+        let c = support::connect(&cfg).await;
+        select(&c, 1).await;
+        let clients = crate::admin::psql_ok(&s, "SHOW CLIENTS");
+        let cell = |col| clients.cell("application_name", "ends_test", col);
+        assert_eq!(
+            cell("addr").as_deref(),
+            Some("127.0.0.1"),
+            "{listen}: {clients:?}"
+        );
+        assert_eq!(
+            cell("local_addr").as_deref(),
+            Some("127.0.0.1"),
+            "{listen}: {clients:?}"
+        );
+        assert_eq!(
+            cell("local_port"),
+            Some(s.port().to_string()),
+            "{listen}: {clients:?}"
+        );
+        let port = cell("port").and_then(|p| p.parse::<u16>().ok());
+        assert!(port.is_some_and(|p| p != 0), "{listen}: {clients:?}");
+    }
+}
+
 fn socket_path(s: &Sluice) -> PathBuf {
     s.socket_dir().join(format!(".s.PGSQL.{}", s.port()))
 }
