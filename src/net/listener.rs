@@ -26,14 +26,58 @@ pub struct Listeners {
     unix_path: Option<PathBuf>,
 }
 
-/// Accepts a client on a TCP listener: a non-blocking socket not yet registered with
+/// A client accepted on a TCP listener: a non-blocking socket not yet registered with
 /// any event loop (`Stream::from_std` registers it, for reads only), and its peer.
-pub async fn accept_tcp(l: &TcpListener) -> io::Result<(std::net::TcpStream, SocketAddr)> {
-    loop {
-        let mut ready = l.readable().await?;
-        if let Ok(r) = ready.try_io(|l| l.get_ref().accept()) {
-            return r.map(|(s, peer)| (s.into(), peer));
+#[derive(Debug)]
+pub struct Accepted {
+    pub socket: std::net::TcpStream,
+    pub peer: SocketAddr,
+    /// No other connection was waiting to be accepted behind this one.
+    pub alone: bool,
+}
+
+/// Accepts the clients of one TCP listener, looking one connection ahead: the accept
+/// that finds the queue empty (which the listener's edge-triggered registration needs
+/// anyway) is made right after each success, so each client is known to have come
+/// alone or in a burst.
+#[derive(Debug)]
+pub struct TcpAcceptor<'a> {
+    listener: &'a TcpListener,
+    next: Option<(mio::net::TcpStream, SocketAddr)>,
+}
+
+impl<'a> TcpAcceptor<'a> {
+    pub fn new(listener: &'a TcpListener) -> TcpAcceptor<'a> {
+        TcpAcceptor {
+            listener,
+            next: None,
         }
+    }
+
+    pub async fn accept(&mut self) -> io::Result<Accepted> {
+        let (socket, peer) = match self.next.take() {
+            Some(c) => c,
+            None => loop {
+                let mut ready = self.listener.readable().await?;
+                if let Ok(r) = ready.try_io(|l| l.get_ref().accept()) {
+                    break r?;
+                }
+            },
+        };
+        // An error other than an empty queue stays for the next accept to meet: the
+        // listener's readiness is cleared only by an empty queue.
+        let alone = match self.listener.try_io(Interest::READABLE, |l| l.accept()) {
+            Ok(c) => {
+                self.next = Some(c);
+                false
+            }
+            Err(_) => true,
+        };
+        Ok(Accepted {
+            socket: socket.into(),
+            peer,
+            alone,
+        })
     }
 }
 

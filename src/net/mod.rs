@@ -5,5 +5,5 @@ pub mod framed;
 pub mod listener;
 pub mod stream;
 
-pub use listener::{accept_tcp, accept_unix, bind_listeners, Listeners};
+pub use listener::{accept_unix, bind_listeners, Accepted, Listeners, TcpAcceptor};
 pub use stream::{Origin, PeerAddr, StdStream, Stream};

@@ -41,6 +41,9 @@ pub struct Origin {
     pub peer: PeerAddr,
     /// The local end of a TCP connection; None for a UNIX socket.
     pub local: Option<SocketAddr>,
+    /// Whether the client's first read is tried before waiting
+    /// ([`Stream::read_first`]).
+    pub read_at_once: bool,
 }
 
 /// A plain TCP or UNIX-domain socket, registered with the event loop for read
@@ -202,20 +205,23 @@ impl Stream {
     /// first packet right after connecting, so it is usually there by the time the
     /// connection is accepted; but a fresh registration knows no readiness yet, and
     /// waiting for it first costs a turn of the event loop (an `epoll_wait`) per
-    /// connection. A drained socket leaves no stale readiness behind: epoll checks a
-    /// socket again before it reports it.
+    /// connection. Once the event loop has seen the socket readable (in a burst of
+    /// connections it may turn before this task runs), the usual read is made, which
+    /// clears that readiness when it drains the socket; otherwise a drained socket
+    /// leaves none behind, as epoll checks a socket again before it reports it.
     pub async fn read_first(&self, dst: &mut [u8]) -> io::Result<usize> {
-        match self.io.get_ref().read_into(dst) {
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) =>
-            {
-                self.read(dst).await
+        let seen = std::future::poll_fn(|cx| Poll::Ready(self.poll_read_ready(cx).is_ready()));
+        if !seen.await {
+            match self.io.get_ref().read_into(dst) {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) => {}
+                r => return r,
             }
-            r => r,
         }
+        self.read(dst).await
     }
 
     /// Writes all of `data`, waiting as needed.

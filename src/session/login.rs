@@ -49,15 +49,16 @@ pub async fn read_startup(
     app: &App,
     stream: &Stream,
     buf: &mut BytesMut,
+    read_at_once: bool,
 ) -> Result<Startup, ClientError> {
-    let mut fresh = true;
+    let mut at_once = read_at_once;
     loop {
         let parsed = if buf.is_empty() {
             // A packet is read into the stack first: a startup packet nearly always
             // fits, so it takes one read and no heap buffer (whose freed space would
             // stay as a hole between the session's lasting allocations).
             let mut first = [0u8; FIRST_READ];
-            let n = if std::mem::take(&mut fresh) {
+            let n = if std::mem::take(&mut at_once) {
                 stream.read_first(&mut first).await
             } else {
                 stream.read(&mut first).await

@@ -91,7 +91,11 @@ pub async fn serve_client(app: Arc<App>, stream: Stream, origin: Origin) {
         .client_ids
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let cfg = app.config();
-    let Origin { peer, local } = origin;
+    let Origin {
+        peer,
+        local,
+        read_at_once,
+    } = origin;
     if !app.try_add_client(cfg.settings.max_client_conn) {
         tracing::warn!("C-{id}: (nodb)/(nouser)@{peer} closing because: no more connections allowed (max_client_conn)");
         let msg = "no more connections allowed (max_client_conn)";
@@ -104,7 +108,7 @@ pub async fn serve_client(app: Arc<App>, stream: Stream, origin: Origin) {
     // Boxed: the login state is big and short-lived; an idle client keeps only the
     // session's (small) state inline in its task.
     let login = Box::pin(async {
-        match login::read_startup(&app, &stream, &mut buf).await? {
+        match login::read_startup(&app, &stream, &mut buf, read_at_once).await? {
             Startup::Cancel => Ok(None),
             Startup::Login { minor, params } => {
                 if cfg.settings.log_connections {

@@ -284,9 +284,8 @@ pub(super) async fn serve(s: &mut Session, stream: &Stream, welcome: Option<Welc
             // A session-mode client that holds its server stays awake.
             let can_sleep = s.server.is_none() && s.app().keeper.running();
             match s.relay.wait_idle(stream, &s.info, s.fresh, can_sleep).await {
-                // From now on only the janitor's sweep puts it to sleep: no timer per
-                // request.
-                Ok(Idle::Request) => s.fresh = false,
+                // `fresh` stays until bytes come (below): a wake may find none.
+                Ok(Idle::Request) => {}
                 Ok(Idle::Sleep) => {
                     s.fresh = false;
                     // A sleeping client keeps only the parked part of its relay. A
@@ -306,8 +305,21 @@ pub(super) async fn serve(s: &mut Session, stream: &Stream, welcome: Option<Welc
             let relay = s.relay.get();
             let read = match relay.try_read_unlinked(stream) {
                 Some(r) => r,
+                None if s.fresh && !relay.has_request() => {
+                    // Readable, yet nothing to read (readiness can be spurious): a
+                    // fresh client still quiet goes back to its idle wait, and to
+                    // sleep when that runs out.
+                    s.relay.rest();
+                    if s.relay.between_requests() {
+                        continue;
+                    }
+                    Box::pin(s.relay.get().read_client_unlinked(stream, &s.pool.stats)).await
+                }
                 None => Box::pin(relay.read_client_unlinked(stream, &s.pool.stats)).await,
             };
+            // From now on only the janitor's sweep puts it to sleep: no timer per
+            // request.
+            s.fresh = false;
             match read {
                 Ok(true) => {}
                 Ok(false) => break "client close request".to_owned(),

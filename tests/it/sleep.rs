@@ -121,3 +121,41 @@ async fn a_session_mode_client_holding_its_server_stays_awake() {
     assert_eq!(asleep(&s), 0, "a client holding a server slept");
     select1(&c).await;
 }
+
+/// A burst of logins, each client quiet after its welcome: every one sleeps. In a
+/// burst the event loop can learn that a new socket is readable before the client's
+/// task reads its first packet; that readiness, gone once the packet is read, must
+/// not count as a request and keep the client awake.
+#[test]
+fn a_burst_of_quiet_logins_all_sleep() {
+    const N: usize = 200;
+    let s = builder()
+        .setting("auth_type", "trust")
+        .setting("max_client_conn", "1000")
+        .userlist(crate::support::TRUST_USER, "")
+        .start();
+    let packet = crate::support::raw::startup_packet(
+        crate::support::raw::PROTOCOL_3_0,
+        &[
+            ("user", crate::support::TRUST_USER),
+            ("database", crate::support::TEST_DB),
+        ],
+    );
+    let mut conns = Vec::with_capacity(N);
+    for _ in 0..N {
+        let mut c = crate::support::raw::RawConn::tcp(s.port());
+        c.send(&packet).expect("send startup");
+        conns.push(c);
+    }
+    for (i, c) in conns.iter_mut().enumerate() {
+        let msgs = c
+            .read_until(b'Z', T)
+            .unwrap_or_else(|e| panic!("client {i}: {e}"));
+        assert_eq!(msgs[0].auth_code(), Some(0), "client {i}: {msgs:?}");
+    }
+    assert!(
+        wait_asleep(&s, N as u64),
+        "{} of {N} quiet clients asleep",
+        asleep(&s)
+    );
+}
