@@ -232,8 +232,7 @@ async fn accept_loops(app: Arc<App>, mut listeners: Listeners) {
                             };
                             match Stream::from_std(StdStream::Tcp(s)) {
                                 Ok(s) => {
-                                    let serve = crate::session::serve_client(app.clone(), s, origin);
-                                    tokio::spawn(serve);
+                                    crate::session::spawn_client(app.clone(), s, origin);
                                 }
                                 Err(e) => tracing::warn!("accept failed: {e}"),
                             }
@@ -258,7 +257,7 @@ async fn accept_loops(app: Arc<App>, mut listeners: Listeners) {
                             local: None,
                             read_at_once: false,
                         };
-                        tokio::spawn(crate::session::serve_client(app.clone(), s, origin));
+                        crate::session::spawn_client(app.clone(), s, origin);
                     }
                     Err(e) => {
                         tracing::warn!("accept failed: {e}");
