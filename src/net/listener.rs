@@ -26,68 +26,68 @@ pub struct Listeners {
     unix_path: Option<PathBuf>,
 }
 
-/// A client accepted on a TCP listener: a non-blocking socket not yet registered with
-/// any event loop (`Stream::from_std` registers it, for reads only), and its peer.
-#[derive(Debug)]
-pub struct Accepted {
-    pub socket: std::net::TcpStream,
-    pub peer: SocketAddr,
-    /// No other connection was waiting to be accepted behind this one.
-    pub alone: bool,
+/// A listening socket's accept, for [`Acceptor`].
+pub trait Accept: std::os::fd::AsRawFd {
+    /// A non-blocking socket not yet registered with any event loop
+    /// (`Stream::from_std` registers it, for reads only), with what accept tells of
+    /// its peer.
+    type Conn;
+    fn accept_one(&self) -> io::Result<Self::Conn>;
 }
 
-/// Accepts the clients of one TCP listener, looking one connection ahead: the accept
-/// that finds the queue empty (which the listener's edge-triggered registration needs
+impl Accept for mio::net::TcpListener {
+    type Conn = (std::net::TcpStream, SocketAddr);
+    fn accept_one(&self) -> io::Result<Self::Conn> {
+        self.accept().map(|(s, peer)| (s.into(), peer))
+    }
+}
+
+impl Accept for mio::net::UnixListener {
+    type Conn = StdStream;
+    fn accept_one(&self) -> io::Result<Self::Conn> {
+        self.accept().map(|(s, _)| StdStream::Unix(s.into()))
+    }
+}
+
+/// Accepts the clients of one listener, looking one connection ahead: the accept that
+/// finds the queue empty (which the listener's edge-triggered registration needs
 /// anyway) is made right after each success, so each client is known to have come
-/// alone or in a burst.
+/// alone (then `accept` says true) or in a burst.
 #[derive(Debug)]
-pub struct TcpAcceptor<'a> {
-    listener: &'a TcpListener,
-    next: Option<(mio::net::TcpStream, SocketAddr)>,
+pub struct Acceptor<'a, L: Accept> {
+    listener: &'a AsyncFd<L>,
+    next: Option<L::Conn>,
 }
 
-impl<'a> TcpAcceptor<'a> {
-    pub fn new(listener: &'a TcpListener) -> TcpAcceptor<'a> {
-        TcpAcceptor {
+impl<'a, L: Accept> Acceptor<'a, L> {
+    pub fn new(listener: &'a AsyncFd<L>) -> Acceptor<'a, L> {
+        Acceptor {
             listener,
             next: None,
         }
     }
 
-    pub async fn accept(&mut self) -> io::Result<Accepted> {
-        let (socket, peer) = match self.next.take() {
+    /// The next client, and whether it came alone.
+    pub async fn accept(&mut self) -> io::Result<(L::Conn, bool)> {
+        let conn = match self.next.take() {
             Some(c) => c,
             None => loop {
                 let mut ready = self.listener.readable().await?;
-                if let Ok(r) = ready.try_io(|l| l.get_ref().accept()) {
+                if let Ok(r) = ready.try_io(|l| l.get_ref().accept_one()) {
                     break r?;
                 }
             },
         };
         // An error other than an empty queue stays for the next accept to meet: the
         // listener's readiness is cleared only by an empty queue.
-        let alone = match self.listener.try_io(Interest::READABLE, |l| l.accept()) {
+        let alone = match self.listener.try_io(Interest::READABLE, L::accept_one) {
             Ok(c) => {
                 self.next = Some(c);
                 false
             }
             Err(_) => true,
         };
-        Ok(Accepted {
-            socket: socket.into(),
-            peer,
-            alone,
-        })
-    }
-}
-
-/// Accepts a client on the UNIX socket; see [`accept_tcp`].
-pub async fn accept_unix(l: &UnixListener) -> io::Result<StdStream> {
-    loop {
-        let mut ready = l.readable().await?;
-        if let Ok(r) = ready.try_io(|l| l.get_ref().accept()) {
-            return r.map(|(s, _)| StdStream::Unix(s.into()));
-        }
+        Ok((conn, alone))
     }
 }
 

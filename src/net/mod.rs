@@ -5,5 +5,5 @@ pub mod framed;
 pub mod listener;
 pub mod stream;
 
-pub use listener::{accept_unix, bind_listeners, Accepted, Listeners, TcpAcceptor};
+pub use listener::{bind_listeners, Acceptor, Listeners};
 pub use stream::{Origin, PeerAddr, StdStream, Stream};

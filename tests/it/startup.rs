@@ -440,6 +440,16 @@ fn startup_packets_long_in_pieces_or_followed_by_a_query_log_in() {
     assert_eq!(msgs[0].auth_code(), Some(0), "quiet at first: {msgs:?}");
     assert_eq!(c.simple_query("SELECT 3").unwrap(), vec![Some("3".into())]);
 
+    // The same two on the UNIX socket (its own accept loop).
+    for pause in [0, 100] {
+        let mut c = RawConn::unix(&sluice.socket_dir(), sluice.port());
+        std::thread::sleep(Duration::from_millis(pause));
+        c.send(&packet).unwrap();
+        let msgs = c.read_until(b'Z', T).unwrap();
+        assert_eq!(msgs[0].auth_code(), Some(0), "unix, {pause} ms: {msgs:?}");
+        assert_eq!(c.simple_query("SELECT 4").unwrap(), vec![Some("4".into())]);
+    }
+
     let mut c = RawConn::tcp(sluice.port());
     let mut both = packet.clone();
     both.extend(raw::query_message("SELECT 6 * 7"));
