@@ -256,3 +256,37 @@ fn bind_tcp(sa: SocketAddr, backlog: u32, reuse_port: bool) -> io::Result<TcpLis
         Interest::READABLE,
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection accepted with another behind it is not alone; the last one is,
+    /// and the one held back is handed out next with its own peer address.
+    #[test]
+    fn the_acceptor_tells_a_burst_from_a_lone_client() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let l = bind_tcp(SocketAddr::from(([127, 0, 0, 1], 0)), 16, false).expect("bind");
+            let addr = l.get_ref().local_addr().expect("addr");
+            let mut acceptor = Acceptor::new(&l);
+
+            let a = std::net::TcpStream::connect(addr).expect("connect a");
+            let ((_, peer), alone) = acceptor.accept().await.expect("accept a");
+            assert_eq!(peer, a.local_addr().expect("a's address"));
+            assert!(alone, "one connection waiting");
+
+            let b = std::net::TcpStream::connect(addr).expect("connect b");
+            let c = std::net::TcpStream::connect(addr).expect("connect c");
+            let ((_, peer), alone) = acceptor.accept().await.expect("accept b");
+            assert_eq!(peer, b.local_addr().expect("b's address"));
+            assert!(!alone, "c waits behind b");
+            let ((_, peer), alone) = acceptor.accept().await.expect("accept c");
+            assert_eq!(peer, c.local_addr().expect("c's address"));
+            assert!(alone, "nothing behind c");
+        });
+    }
+}

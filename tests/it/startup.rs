@@ -442,7 +442,7 @@ fn startup_packets_long_in_pieces_or_followed_by_a_query_log_in() {
 
     // The same two on the UNIX socket (its own accept loop).
     for pause in [0, 100] {
-        let mut c = RawConn::unix(&sluice.socket_dir(), sluice.port());
+        let mut c = RawConn::unix(sluice.socket_dir(), sluice.port());
         std::thread::sleep(Duration::from_millis(pause));
         c.send(&packet).unwrap();
         let msgs = c.read_until(b'Z', T).unwrap();
