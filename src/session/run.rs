@@ -1,4 +1,4 @@
-//! The logged-in part of a client's life: the welcome, then one step per request
+//! The logged-in part of a client's life: the welcome (welcome.rs), then one step per request
 //! (get a server, relay until the release point) until the client leaves or sleeps.
 //!
 //! An idle client waits in `serve`'s loop; everything a request needs (the acquire,
@@ -17,10 +17,9 @@ use bytes::BytesMut;
 
 use super::assign::{acquire_linked, finish_server, link_server};
 use super::cancel::CancelKey;
-use super::login::LoggedIn;
 use super::params::ClientParams;
-use super::relay::{Idle, Outcome, Parked, Relay, RelaySlot, ReleaseAt};
-use super::{fail_client, fail_with, protocol_failure, timeouts, ClientSlot, ClientTag};
+use super::relay::{Idle, Outcome, Relay, RelaySlot, ReleaseAt};
+use super::{fail_client, fail_with, protocol_failure, ClientSlot, ClientTag};
 use crate::app::App;
 use crate::clock::Tick;
 use crate::config::PoolMode;
@@ -29,6 +28,9 @@ use crate::pool::{Checkout, Pool, PoolError, ServerConn, Ticket};
 use crate::protocol::backend;
 use crate::protocol::sqlstate::*;
 use crate::stats::conns::ClientInfo;
+
+mod welcome;
+pub(super) use welcome::{Registrations, Welcome};
 
 /// Why [`Session::try_link_idle`] linked no server.
 enum Pending {
@@ -104,7 +106,7 @@ pub(crate) struct Session {
     reset_always: bool,
     pub(super) log_disconnections: bool,
     log_pooler_errors: bool,
-    /// Just logged in, no request yet (see [`Parked::wait_idle`]).
+    /// Just logged in, no request yet (see [`super::relay::Parked::wait_idle`]).
     fresh: bool,
     // Last: the client counts out of max_client_conn once all else is gone.
     slot: ClientSlot,
@@ -119,134 +121,7 @@ impl Drop for Session {
     }
 }
 
-/// What a new session sends first: the login's greeting, then the welcome; and any
-/// request bytes that came with the login.
-pub(super) struct Welcome {
-    pub greeting: BytesMut,
-    pub leftover: BytesMut,
-}
-
-/// The registrations a session starts from (its count against the database and user
-/// limits is undone when the session drops).
-pub(super) struct Registrations {
-    /// Registered with the console by the caller; the session unregisters it.
-    pub info: Arc<ClientInfo>,
-    pub slot: ClientSlot,
-    pub log_pooler_errors: bool,
-}
-
 impl Session {
-    /// A logged-in client's session, before its welcome.
-    pub(super) fn new(r: Registrations, who: LoggedIn) -> (Box<Session>, BytesMut) {
-        let LoggedIn {
-            pool,
-            params,
-            user,
-            greeting,
-            ..
-        } = who;
-        let app = &r.slot.0;
-        let cfg = app.config();
-        let mode = pool.config().pool_mode;
-        // server_fast_close: a session-mode server retired by RECONNECT or a reload
-        // closes at the end of the current transaction, and the client with it.
-        let fast_close = mode == PoolMode::Session && cfg.settings.server_fast_close;
-        let release_at = match mode {
-            PoolMode::Session if fast_close => ReleaseAt::SessionCheckpoints,
-            PoolMode::Session => ReleaseAt::SessionEnd,
-            PoolMode::Transaction => ReleaseAt::TransactionEnd,
-            PoolMode::Statement => ReleaseAt::StatementEnd,
-        };
-        // An idle client keeps only the parked part of its relay.
-        let mut kept = Parked::new(cfg.settings.max_packet_size, timeouts(&cfg, &user));
-        let max_prepared = cfg.settings.max_prepared_statements;
-        if mode != PoolMode::Session && max_prepared > 0 {
-            kept.enable_prepared(app.statements.clone(), max_prepared);
-        }
-        let s = Session {
-            cancel_key: app.cancels.register(&r.info),
-            reset_always: pool.config().server_reset_query_always,
-            log_disconnections: cfg.settings.log_disconnections,
-            log_pooler_errors: r.log_pooler_errors,
-            info: r.info,
-            pool,
-            params,
-            relay: RelaySlot::new(kept),
-            server: None,
-            mode,
-            release_at,
-            fresh: true,
-            slot: r.slot,
-        };
-        (Box::new(s), greeting)
-    }
-
-    /// The welcome (parameters, cancel key, ReadyForQuery), after the login's greeting.
-    async fn welcome(&mut self, stream: &Stream, w: Welcome) -> Result<(), String> {
-        let Welcome { greeting, leftover } = w;
-        let pool = &self.pool;
-        // The welcome needs the server's parameters; the first client of a pool waits
-        // for a server login to learn them.
-        let welcome = match pool
-            .welcome()
-            .or_else(|| self.app().pools.sibling_welcome(pool))
-        {
-            Some(w) => w,
-            None => match Box::pin(pool.acquire()).await {
-                Ok(server) => {
-                    pool.release(server, true);
-                    match pool.welcome() {
-                        Some(w) => w,
-                        None => Arc::new(Vec::new()),
-                    }
-                }
-                Err(e) => return Err(Box::pin(fail_client(stream, self.tag(), &e)).await),
-            },
-        };
-        // AuthenticationOk and the welcome go out in one write.
-        let mut out = greeting;
-        // The ParameterStatus messages, key data and ReadyForQuery: ~400 bytes.
-        out.reserve(768);
-        self.params.settle(&welcome, &pool.shared_params, &mut out);
-        drop(welcome);
-        backend::backend_key_data(&mut out, self.cancel_key.pid, self.cancel_key.key);
-        backend::ready_for_query(&mut out, b'I');
-        // Nearly always taken whole by the socket at once; the wait is boxed only if not.
-        let sent = match stream.try_write(&out) {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
-            Err(e) => return Err(format!("client I/O error: {e}")),
-        };
-        if sent < out.len() {
-            if let Err(e) = Box::pin(stream.write_all(&out[sent..])).await {
-                return Err(format!("client I/O error: {e}"));
-            }
-        }
-        drop(out);
-        self.pool.stats.count_login();
-        if leftover.is_empty() {
-            // The usual case: no relay is made (nor the prepared-statement state it
-            // would take) until the client sends something.
-            return Ok(());
-        }
-        let first = self.relay.get();
-        if let Err(e) = first.preload(&leftover) {
-            let why = e.to_string();
-            return Err(Box::pin(protocol_failure(
-                stream,
-                first,
-                ClientTag::new(&self.info, self.log_pooler_errors),
-                &why,
-            ))
-            .await);
-        }
-        drop(leftover);
-        self.pool.stats.flush(&mut first.stats);
-        // Parked unless the client already sent a request with its login.
-        self.relay.park();
-        Ok(())
-    }
-
     /// Its log prefix.
     pub(super) fn tag(&self) -> ClientTag<'_> {
         ClientTag::new(&self.info, self.log_pooler_errors)
