@@ -205,23 +205,21 @@ impl Stream {
     /// first packet right after connecting, so it is usually there by the time the
     /// connection is accepted; but a fresh registration knows no readiness yet, and
     /// waiting for it first costs a turn of the event loop (an `epoll_wait`) per
-    /// connection. Once the event loop has seen the socket readable (in a burst of
-    /// connections it may turn before this task runs), the usual read is made, which
-    /// clears that readiness when it drains the socket; otherwise a drained socket
-    /// leaves none behind, as epoll checks a socket again before it reports it.
+    /// connection. A drained socket leaves no readiness behind (epoll checks a socket
+    /// again before it reports it), unless the loop learnt it before this read: then
+    /// the next wait wakes once for nothing, which the session's idle wait allows for.
     pub async fn read_first(&self, dst: &mut [u8]) -> io::Result<usize> {
-        let seen = std::future::poll_fn(|cx| Poll::Ready(self.poll_read_ready(cx).is_ready()));
-        if !seen.await {
-            match self.io.get_ref().read_into(dst) {
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                    ) => {}
-                r => return r,
+        match self.io.get_ref().read_into(dst) {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) =>
+            {
+                self.read(dst).await
             }
+            r => r,
         }
-        self.read(dst).await
     }
 
     /// Writes all of `data`, waiting as needed.
