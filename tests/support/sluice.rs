@@ -376,15 +376,24 @@ impl Sluice {
     }
 
     fn is_ready(&self) -> bool {
-        if self.listen_addr.trim().is_empty() {
-            // A connect, not the file's existence: the file appears at bind(), a
-            // moment before listen(), and a client in between is refused.
-            self.socket_dir.as_ref().is_some_and(|d| {
+        // A connect, not the file's existence: the file appears at bind(), a moment
+        // before listen(), and a client in between is refused. Both listeners when
+        // there are both: the UNIX socket is bound after the TCP ones, and a test
+        // connecting through it as soon as TCP answered was once refused.
+        let unix_dir = self
+            .socket_dir
+            .as_ref()
+            .filter(|d| !d.as_os_str().is_empty());
+        let unix_ready = || {
+            unix_dir.is_some_and(|d| {
                 std::os::unix::net::UnixStream::connect(d.join(format!(".s.PGSQL.{}", self.port)))
                     .is_ok()
             })
+        };
+        if self.listen_addr.trim().is_empty() {
+            unix_ready()
         } else {
-            tcp_listening(self.port)
+            tcp_listening(self.port) && (unix_dir.is_none() || unix_ready())
         }
     }
 
