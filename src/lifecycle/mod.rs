@@ -71,12 +71,13 @@ pub fn main_with(args: Args) -> i32 {
         std::thread::available_parallelism().map_or(1, |n| n.get()),
     );
     let mut builder = match workers {
-        Some(0) => tokio::runtime::Builder::new_current_thread(),
-        _ => tokio::runtime::Builder::new_multi_thread(),
+        0 => tokio::runtime::Builder::new_current_thread(),
+        n => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
     };
-    if let Some(n) = workers.filter(|n| *n > 0) {
-        builder.worker_threads(n);
-    }
     let runtime = match builder.enable_io().build() {
         Ok(r) => r,
         Err(e) => {
@@ -94,18 +95,24 @@ pub fn main_with(args: Args) -> i32 {
 
 /// How many worker threads to run: `SLUICE_WORKERS` if set (0: everything on the
 /// main thread, like PgBouncer), else none on machines of up to 2 cores and one per
-/// core above. On 2 cores the pooler shares the CPUs with the database and its
-/// clients, and a second worker costs more in cross-thread wake-ups (a server handed
-/// from a client on one worker to a waiter on the other) than it gains: measured
-/// there, one event loop used 1.0-1.2x PgBouncer's CPU per transaction, two workers
-/// 1.3-1.7x (docs/performance.md).
-fn worker_threads(env: Option<&str>, cores: usize) -> Option<usize> {
+/// core above, at most [`MAX_DEFAULT_WORKERS`]. On 2 cores the pooler shares the CPUs
+/// with the database and its clients, and a second worker costs more in cross-thread
+/// wake-ups (a server handed from a client on one worker to a waiter on the other)
+/// than it gains: measured there, one event loop used 1.0-1.2x PgBouncer's CPU per
+/// transaction, two workers 1.3-1.7x (docs/performance.md).
+fn worker_threads(env: Option<&str>, cores: usize) -> usize {
     match env.and_then(|v| v.trim().parse::<usize>().ok()) {
-        Some(n) => Some(n),
-        None if cores <= 2 => Some(0),
-        None => None,
+        Some(n) => n,
+        None if cores <= 2 => 0,
+        None => cores.min(MAX_DEFAULT_WORKERS),
     }
 }
+
+/// The most worker threads chosen by default. The threads share one pool, which
+/// keeps no more than about 3.5 cores busy: on 16 cores, three sessions measured 4
+/// workers at the tps of 8 or 16 or above it, at 5-10% less CPU per transaction
+/// (docs/performance.md, eighth, eleventh and seventeenth rounds).
+const MAX_DEFAULT_WORKERS: usize = 4;
 
 /// Binds, serves, and returns the exit code once shut down.
 async fn run(path: PathBuf, config: Config, sink: Arc<LogSink>, user: Option<String>) -> i32 {
@@ -454,12 +461,15 @@ mod tests {
 
     #[test]
     fn worker_threads_by_cores_and_override() {
-        assert_eq!(worker_threads(None, 1), Some(0));
-        assert_eq!(worker_threads(None, 2), Some(0));
-        assert_eq!(worker_threads(None, 16), None);
-        assert_eq!(worker_threads(Some("4"), 2), Some(4));
-        assert_eq!(worker_threads(Some("0"), 16), Some(0));
+        assert_eq!(worker_threads(None, 1), 0);
+        assert_eq!(worker_threads(None, 2), 0);
+        assert_eq!(worker_threads(None, 3), 3);
+        assert_eq!(worker_threads(None, 4), 4);
+        assert_eq!(worker_threads(None, 16), 4);
+        assert_eq!(worker_threads(Some("16"), 16), 16);
+        assert_eq!(worker_threads(Some("4"), 2), 4);
+        assert_eq!(worker_threads(Some("0"), 16), 0);
         // A value that is not a number is ignored, as before.
-        assert_eq!(worker_threads(Some("many"), 16), None);
+        assert_eq!(worker_threads(Some("many"), 16), 4);
     }
 }
