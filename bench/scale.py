@@ -63,14 +63,17 @@ def targets_from(args, runner, pg, userlist):
 
     for n in args.pgbouncer_procs:
         out.append(Target("PgBouncer x%d" % n, processes("pgbouncer", args.pgbouncer, n)))
-    for n in args.sluice_procs:
-        # One event loop each, as PgBouncer's processes.
-        out.append(Target("Sluice x%d" % n, processes("sluice", args.sluice, n), workers=0))
-    def one_sluice(turn_dir):
-        return Pooler("sluice", args.sluice, turn_dir, runner, pg, userlist)
+    builds = [("Sluice", args.sluice)] + ([("Sluice B", args.compare)] if args.compare else [])
+    for name, binary in builds:
+        for n in args.sluice_procs:
+            # One event loop each, as PgBouncer's processes.
+            out.append(Target("%s x%d" % (name, n), processes("sluice", binary, n), workers=0))
 
-    for w in args.workers:
-        out.append(Target("Sluice %dw" % w, one_sluice, workers=w))
+        def one_sluice(turn_dir, binary=binary):
+            return Pooler("sluice", binary, turn_dir, runner, pg, userlist)
+
+        for w in args.workers:
+            out.append(Target("%s %dw" % (name, w), one_sluice, workers=w))
     return out
 
 
@@ -171,6 +174,9 @@ def main():
     ap.add_argument("--sluice", default=os.environ.get("SLUICE_BIN",
                                                        os.path.join(BENCH_DIR, "..", "target/release/sluice")))
     ap.add_argument("--pgbouncer", default=os.environ.get("PGBOUNCER_BIN") or which("pgbouncer", ["/usr/sbin"]))
+    ap.add_argument("--compare", metavar="PATH",
+                    help="a second Sluice binary, run as the first is ('Sluice B' rows), "
+                         "interleaved with it: a change measured before and after")
     ap.add_argument("--out", default=os.path.join(BENCH_DIR, "results"))
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs) at the end")
     args = ap.parse_args()
@@ -185,8 +191,9 @@ def main():
     OPT.scenarios = [known[k] for k in keys]
     if any(s.clients < OPT.jobs for s in OPT.scenarios):
         die("pgbench -j %d needs at least as many clients in every scenario" % OPT.jobs)
-    if not os.access(args.sluice, os.X_OK):
-        die("%s not found; run 'cargo build --release'" % args.sluice)
+    for b in [args.sluice] + ([args.compare] if args.compare else []):
+        if not os.access(b, os.X_OK):
+            die("%s not found; run 'cargo build --release'" % b)
     if args.pgbouncer_procs and not args.pgbouncer:
         die("pgbouncer not found; run bench/install-deps.sh")
     pooler_cpus = rest_cpus = None
@@ -239,7 +246,8 @@ def main():
         meta = {
             "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
             "machine": machine_text(),
-            "sluice": version_of([args.sluice, "-V"]),
+            "sluice": version_of([args.sluice, "-V"]) + (
+                " (B: %s)" % args.compare if args.compare else ""),
             "pgbouncer": version_of([args.pgbouncer, "--version"]) if args.pgbouncer else "-",
             "postgres": version_of([os.path.join(bindir, "postgres"), "--version"]),
             "jobs": OPT.jobs, "seconds": args.seconds, "rounds": args.rounds,
