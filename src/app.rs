@@ -78,6 +78,12 @@ pub struct App {
     client_counts: Mutex<ClientCounts>,
     /// Idle clients asleep without a task (session/keeper.rs).
     pub keeper: crate::session::keeper::Keeper,
+    /// Whether a client waiting in line leaves its request for the releasing side to
+    /// write (`pool::Request`): on a single event loop, where the woken waiter runs
+    /// only after every task already queued. With worker threads a woken task runs
+    /// next on the waking thread anyway, and the write would be made holding the
+    /// pool's lock, which the other threads wait on.
+    pub hand_over_requests: bool,
 }
 
 /// Logged-in clients per database and per user (max_db_client_connections,
@@ -129,6 +135,8 @@ impl App {
             admin: AdminState::default(),
             client_counts: Mutex::default(),
             keeper: Default::default(),
+            hand_over_requests: tokio::runtime::Handle::try_current()
+                .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread),
         })
     }
 

@@ -141,7 +141,7 @@ impl Pool {
     /// # Cancel safety
     /// As [`Pool::acquire`]'s: a connection granted to a dropped ticket goes back to
     /// the pool (the next in line), a slot to the next in line.
-    pub async fn redeem(self: &Arc<Self>, mut ticket: Ticket) -> Result<ServerConn, PoolError> {
+    pub async fn redeem(self: &Arc<Self>, ticket: &mut Ticket) -> Result<ServerConn, PoolError> {
         match ticket.answer().await {
             Answer::Granted(Grant::Server(conn)) => Ok(self.handed_over(conn)),
             Answer::Granted(Grant::Slot(slot)) => {

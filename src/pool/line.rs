@@ -7,12 +7,21 @@
 //! (docs/performance.md, fourteenth round). A place that is given up (its [`Ticket`]
 //! dropped) leaves the line at once, so every place in line is live and an answer is
 //! never sent to a waiter that has gone.
+//!
+//! A waiter may leave its request with its place ([`Ticket::leave_request`]): the
+//! releasing side then writes it to the connection it hands over before waking the
+//! waiter, as PgBouncer does in the same callback, so the server is not idle while
+//! the waiter's task waits its turn on the loop (docs/performance.md, seventeenth
+//! round).
 
 use std::sync::Arc;
 use std::task::{Poll, Waker};
 
-use super::{Grant, Pool, PoolState};
+use bytes::{Buf, BytesMut};
+
+use super::{Grant, Pool, PoolState, ServerConn};
 use crate::clock::Tick;
+use crate::session::params::ParamSet;
 
 /// A client waiting in line.
 #[derive(Debug)]
@@ -20,6 +29,41 @@ pub(super) struct Waiter {
     pub(super) id: u64,
     pub(super) since: Tick,
     waker: Waker,
+    pub(super) request: Option<Request>,
+}
+
+/// A waiting client's request, ready for any server whose tracked parameters match
+/// `params`: client bytes exactly as the relay would write them.
+#[derive(Debug)]
+pub struct Request {
+    pub bytes: BytesMut,
+    pub params: Arc<ParamSet>,
+    /// Some of `bytes` went to the server: the connection is no longer clean.
+    pub sent: bool,
+}
+
+impl Request {
+    /// Writes as much of the request to `conn` as it takes without waiting, if the
+    /// server's parameters match. What is not written stays, for the relay; a write
+    /// error leaves the bytes too, for the relay to meet.
+    pub(super) fn send_on(&mut self, conn: &mut ServerConn) {
+        if !crate::session::params::matches(&self.params, conn) {
+            return;
+        }
+        while !self.bytes.is_empty() {
+            match conn.stream.try_write(&self.bytes) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    self.sent = true;
+                    if n == self.bytes.len() {
+                        self.bytes.clear();
+                    } else {
+                        self.bytes.advance(n);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// How a place in line ends.
@@ -39,6 +83,8 @@ pub struct Ticket {
     pub(super) since: Tick,
     /// Its answer was taken.
     answered: bool,
+    /// The request left with the place, back with the answer.
+    request: Option<Request>,
 }
 
 /// Takes a place at the end of the line for the task of `waker`.
@@ -49,12 +95,14 @@ pub(super) fn join(pool: &Arc<Pool>, st: &mut PoolState, now: Tick, waker: &Wake
         id,
         since: now,
         waker: waker.clone(),
+        request: None,
     });
     Ticket {
         pool: pool.clone(),
         id,
         since: now,
         answered: false,
+        request: None,
     }
 }
 
@@ -62,7 +110,7 @@ impl Waiter {
     /// Leaves `answer` for this waiter (taken out of line) in the pool's state: the
     /// waker to wake once the lock is released.
     pub(super) fn answer(self, st: &mut PoolState, answer: Answer) -> Waker {
-        st.answers.push((self.id, answer));
+        st.answers.push((self.id, answer, self.request));
         self.waker
     }
 }
@@ -82,14 +130,35 @@ impl Ticket {
         // The waker was kept when the place was taken: a wait never moves to
         // another task (it is awaited where it was taken).
         let mut st = self.pool.lock_state();
-        match st.answers.iter().position(|(id, _)| *id == self.id) {
+        match st.answers.iter().position(|(id, ..)| *id == self.id) {
             Some(i) => {
-                let (_, answer) = st.answers.swap_remove(i);
+                let (_, answer, request) = st.answers.swap_remove(i);
                 self.answered = true;
+                self.request = request;
                 Poll::Ready(answer)
             }
             None => Poll::Pending,
         }
+    }
+
+    /// Leaves the client's request with its place, for the releasing side to write
+    /// to the connection it hands over; given back if the place was answered
+    /// meanwhile (another thread) or is gone.
+    pub fn leave_request(&mut self, request: Request) -> Result<(), Request> {
+        let mut st = self.pool.lock_state();
+        // The newest place is at the back.
+        match st.waiters.iter_mut().rev().find(|w| w.id == self.id) {
+            Some(w) => {
+                w.request = Some(request);
+                Ok(())
+            }
+            None => Err(request),
+        }
+    }
+
+    /// The request left with the place, once answered: what of it was not written.
+    pub fn take_request(&mut self) -> Option<Request> {
+        self.request.take()
     }
 
     /// Waits for the answer.
@@ -100,9 +169,12 @@ impl Ticket {
     /// Leaves the line if still in it, under the pool's lock held as `st`; true if it
     /// was (false: answered meanwhile, or taken out).
     pub(super) fn leave(&mut self, st: &mut PoolState) -> bool {
-        let left = leave(st, self.id);
-        self.answered |= left;
-        left
+        let Some(w) = leave(st, self.id) else {
+            return false;
+        };
+        self.answered = true;
+        self.request = w.request;
+        true
     }
 }
 
@@ -113,32 +185,33 @@ impl Drop for Ticket {
         }
         let answer = {
             let mut st = self.pool.lock_state();
-            if leave(&mut st, self.id) {
+            if leave(&mut st, self.id).is_some() {
                 return;
             }
-            match st.answers.iter().position(|(id, _)| *id == self.id) {
-                Some(i) => st.answers.swap_remove(i).1,
+            match st.answers.iter().position(|(id, ..)| *id == self.id) {
+                Some(i) => {
+                    let (_, answer, request) = st.answers.swap_remove(i);
+                    (answer, request)
+                }
                 None => return,
             }
         };
         // Answered, but the waiter is gone (its client left, say): a connection goes
         // back as it came (clean, never used by this client), a slot to the next
-        // waiter as its token drops.
+        // waiter as its token drops. A connection its request was written to is
+        // closed: the answer to it is on the way, and nobody would read it.
+        let (answer, request) = answer;
         if let Answer::Granted(Grant::Server(conn)) = answer {
-            self.pool.release(conn, true);
+            let clean = !request.is_some_and(|r| r.sent);
+            self.pool.release(conn, clean);
         }
     }
 }
 
 /// Takes place `id` out of line if it is still there.
-fn leave(st: &mut PoolState, id: u64) -> bool {
-    match st.waiters.iter().position(|w| w.id == id) {
-        Some(pos) => {
-            st.waiters.remove(pos);
-            true
-        }
-        None => false,
-    }
+fn leave(st: &mut PoolState, id: u64) -> Option<Waiter> {
+    let pos = st.waiters.iter().position(|w| w.id == id)?;
+    st.waiters.remove(pos)
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 pub use acquire::{Checkout, Ticket};
 pub use error::PoolError;
+pub use line::Request;
 pub use registry::{PoolKey, Pools};
 pub use server::{ScramKeys, ServerConn, ServerIdent};
 use target::Reuse;
@@ -56,7 +57,7 @@ pub(crate) struct PoolState {
     waiters: VecDeque<line::Waiter>,
     /// Answers not yet taken by their waiters, by place id (a few at most: a woken
     /// waiter takes its own at once).
-    answers: Vec<(u64, line::Answer)>,
+    answers: Vec<(u64, line::Answer, Option<line::Request>)>,
     next_waiter: u64,
     /// Connections counted against `pool_size`: idle + lent out + connecting.
     total: u32,
@@ -278,7 +279,11 @@ impl Pool {
         // mark: the console never sees it neither idle nor lent, and the waiter need
         // not take the lock again to count it.
         match st.waiters.pop_front() {
-            Some(w) => {
+            Some(mut w) => {
+                let mut conn = conn;
+                if let Some(r) = w.request.as_mut() {
+                    r.send_on(&mut conn);
+                }
                 let waker = w.answer(&mut st, line::Answer::Granted(Grant::Server(conn)));
                 drop(st);
                 waker.wake();

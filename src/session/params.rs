@@ -80,6 +80,27 @@ impl<'a> StartupTracked<'a> {
     }
 }
 
+/// Whether `server` has every tracked parameter of `set` at its value. A match is
+/// remembered on the server, so the next check is a pointer compare.
+pub fn matches(set: &Arc<ParamSet>, server: &mut ServerConn) -> bool {
+    if server
+        .params
+        .matched
+        .as_ref()
+        .is_some_and(|m| Arc::ptr_eq(m, set))
+    {
+        return true;
+    }
+    let matches = set
+        .values
+        .iter()
+        .all(|(k, v)| server.param(k) == Some(v.as_str()));
+    if matches {
+        server.params.matched = Some(set.clone());
+    }
+    matches
+}
+
 /// Tracked parameter values, shared between clients and remembered by servers.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ParamSet {
@@ -251,23 +272,12 @@ impl ClientParams {
     /// Whether `server` has some tracked parameter at another value than this client.
     /// A match is remembered on the server, so the next check is a pointer compare.
     pub fn differs(&self, server: &mut ServerConn) -> bool {
-        if server
-            .params
-            .matched
-            .as_ref()
-            .is_some_and(|m| Arc::ptr_eq(m, &self.set))
-        {
-            return false;
-        }
-        let differs = self
-            .set
-            .values
-            .iter()
-            .any(|(k, v)| server.param(k) != Some(v.as_str()));
-        if !differs {
-            server.params.matched = Some(self.set.clone());
-        }
-        differs
+        !matches(&self.set, server)
+    }
+
+    /// The tracked values this client wants, for a request left in a pool's line.
+    pub fn wanted(&self) -> &Arc<ParamSet> {
+        &self.set
     }
 
     /// The SET statements that make `server` match this client, or None if it does.

@@ -24,7 +24,7 @@ use crate::app::App;
 use crate::clock::Tick;
 use crate::config::PoolMode;
 use crate::net::Stream;
-use crate::pool::{Checkout, Pool, PoolError, ServerConn, Ticket};
+use crate::pool::{Checkout, Pool, PoolError, Request, ServerConn, Ticket};
 use crate::protocol::backend;
 use crate::protocol::sqlstate::*;
 use crate::stats::conns::ClientInfo;
@@ -305,14 +305,38 @@ impl Session {
     }
 
     /// Waits in the pool's line for a server (see [`Session::link`] for the rest).
-    async fn wait_in_line(&mut self, stream: &Stream, ticket: Ticket) -> Option<Step> {
+    /// On a single loop the request waits with its place, and whoever releases a
+    /// server to this client writes it at once (`pool::Request`); what was not
+    /// written comes back, and the relay sends it as usual.
+    async fn wait_in_line(&mut self, stream: &Stream, mut ticket: Ticket) -> Option<Step> {
         let asked = Tick::now();
+        if self.slot.0.hand_over_requests {
+            match self.relay.get().take_request() {
+                Ok(Some(bytes)) => {
+                    let params = self.params.wanted().clone();
+                    let request = Request {
+                        bytes,
+                        params,
+                        sent: false,
+                    };
+                    if let Err(r) = ticket.leave_request(request) {
+                        self.relay.get().restore_request(r.bytes);
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    drop(ticket);
+                    return Some(Box::pin(self.after(stream, e)).await);
+                }
+            }
+        }
         let (pool, relay, params) = (&self.pool, self.relay.get(), &mut self.params);
+        let place = &mut ticket;
         let acquired = watch_client(
             stream,
             relay,
             std::pin::pin!(async move {
-                let mut s = pool.redeem(ticket).await?;
+                let mut s = pool.redeem(place).await?;
                 if params.differs(&mut s) {
                     return Box::pin(acquire_linked(pool, params, Some(s))).await;
                 }
@@ -320,6 +344,9 @@ impl Session {
             }),
         )
         .await;
+        if let Some(r) = ticket.take_request() {
+            self.relay.get().restore_request(r.bytes);
+        }
         match self.linked(asked, acquired) {
             Ok(()) => None,
             Err(e) => Some(Box::pin(self.not_linked(stream, e)).await),

@@ -199,6 +199,54 @@ impl Relay {
             .map_err(|_| Outcome::ClientProtocol(ProtocolError::Malformed("replayed batch")))
     }
 
+    /// Passes buffered client bytes into `c2s` as they are if they need no rewrite
+    /// (no prepared statement in them, nor any before): true if it did.
+    fn pass_plain(&mut self) -> Result<bool, Outcome> {
+        let Some(p) = self.prepared.as_mut() else {
+            return Ok(false);
+        };
+        let plain = matches!(p.mode, Mode::Fresh | Mode::Plain)
+            && plain_request(&p.input, self.max_packet, !p.kept.client.is_empty());
+        if !plain {
+            return Ok(false);
+        }
+        if self.c2s.capacity() == 0 {
+            self.c2s = crate::net::bufpool::take();
+        }
+        let pending_before = self.pending;
+        p.mode = Mode::Plain;
+        let start = self.c2s.len();
+        let n = p.input.len();
+        pass(&mut p.input, n, &mut self.c2s);
+        self.scan_client(start).map_err(Outcome::ClientProtocol)?;
+        self.note_client_activity(pending_before, self.last_read);
+        Ok(true)
+    }
+
+    /// The pending request, for a pool's line to write to the server it hands this
+    /// client (`pool::Request`), if it needs nothing of that server: no prepared
+    /// statement to rewrite, no Terminate, nothing out of step. `c2s` is left empty
+    /// for bytes that come while the client waits; [`Relay::restore_request`] puts
+    /// back what was not written, in front of them.
+    pub fn take_request(&mut self) -> Result<Option<BytesMut>, Outcome> {
+        if self.prepared.as_ref().is_some_and(|p| !p.input.is_empty()) && !self.pass_plain()? {
+            return Ok(None);
+        }
+        if self.c2s.is_empty() || self.terminated || self.desync {
+            return Ok(None);
+        }
+        Ok(Some(std::mem::take(&mut self.c2s)))
+    }
+
+    /// Puts back what a pool's line did not write of the request
+    /// [`Relay::take_request`] took, ahead of any bytes read since.
+    pub fn restore_request(&mut self, mut bytes: BytesMut) {
+        if !self.c2s.is_empty() {
+            bytes.extend_from_slice(&self.c2s);
+        }
+        crate::net::bufpool::give(std::mem::replace(&mut self.c2s, bytes));
+    }
+
     /// Rewrites buffered client bytes for the linked server into `c2s`, and queues
     /// any answer Sluice gives itself that is due now.
     pub(super) fn rewrite_pending(&mut self, server: &mut ServerConn) -> Result<(), Outcome> {
@@ -212,20 +260,15 @@ impl Relay {
             // A pooled buffer rather than one grown (and freed) per request.
             self.c2s = crate::net::bufpool::take();
         }
+        if self.pass_plain()? {
+            return Ok(());
+        }
+        let Some(p) = self.prepared.as_mut() else {
+            return Ok(());
+        };
         let pending_before = self.pending;
         match p.mode {
             Mode::Tracked => {}
-            Mode::Fresh | Mode::Plain
-                if plain_request(&p.input, self.max_packet, !p.kept.client.is_empty()) =>
-            {
-                p.mode = Mode::Plain;
-                let start = self.c2s.len();
-                let n = p.input.len();
-                pass(&mut p.input, n, &mut self.c2s);
-                self.scan_client(start).map_err(Outcome::ClientProtocol)?;
-                self.note_client_activity(pending_before, self.last_read);
-                return Ok(());
-            }
             Mode::Fresh => p.mode = Mode::Tracked,
             Mode::Plain => {
                 // Something to rewrite after plain queries: the answers they are still

@@ -239,3 +239,40 @@ async fn a_client_served_from_the_line_gets_its_own_parameters() {
     assert_eq!((tz.as_str(), app.as_str()), ("America/New_York", "holder"));
     assert_eq!(pid, v[4], "a pool of one used two servers");
 }
+
+/// A client waiting in line leaves its request with its place, and the client that
+/// releases the server writes it there at once (`pool::Request`), but only to a
+/// server whose parameters are the waiter's: a waiter with other values gets its
+/// SETs first, and sees its own values.
+#[tokio::test]
+async fn waiting_requests_are_sent_only_to_a_server_with_their_parameters() {
+    const ASK: &str = "SHOW TimeZone; SELECT current_setting('application_name')";
+    let db = fresh_db("txn_params_wait");
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let a_params = [
+        ("TimeZone", "America/New_York"),
+        ("application_name", "same"),
+    ];
+    let b_params = [("TimeZone", "Asia/Tokyo"), ("application_name", "other")];
+    let mut holder = raw(&s, &db, &a_params).await;
+    let mut same = raw(&s, &db, &a_params).await;
+    let mut other = raw(&s, &db, &b_params).await;
+    for round in 0..3 {
+        // The holder keeps the one server in a transaction...
+        let r = holder.simple("BEGIN; SELECT 1", STEP).await;
+        assert_eq!(status(&r), b'T', "round {round}: {r:?}");
+        // ... while a client with its values, then one with others, ask.
+        same.query(ASK).await.expect("send");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        other.query(ASK).await.expect("send");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let r = holder.simple("COMMIT", STEP).await;
+        assert_eq!(status(&r), b'I', "round {round}: {r:?}");
+        let r = same.until_ready(STEP).await;
+        assert!(first_error(&r).is_none(), "{r:?}");
+        assert_eq!(col(&r), ["America/New_York", "same"], "round {round}");
+        let r = other.until_ready(STEP).await;
+        assert!(first_error(&r).is_none(), "{r:?}");
+        assert_eq!(col(&r), ["Asia/Tokyo", "other"], "round {round}");
+    }
+}
