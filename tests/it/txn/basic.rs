@@ -238,3 +238,35 @@ async fn implicit_transactions_in_multi_statement_queries() {
     let n = within(STEP, "B after A's COMMIT", waiting).await.unwrap();
     assert_eq!(n, "4");
 }
+
+/// A 3 MB request from a client waiting in line: the releasing side writes what the
+/// client had sent when it took its place (`pool::Request`), and the client's relay
+/// sends what came while it waited and after, in order. With prepared statements
+/// off (the bytes go to the line as read) and on (only whole plain requests do).
+#[tokio::test]
+async fn a_large_request_left_in_line_arrives_whole() {
+    for prepared in ["0", "200"] {
+        let db = fresh_db("txn_large_wait");
+        let s = txn_sluice(&db)
+            .setting("default_pool_size", "1")
+            .setting("max_prepared_statements", prepared)
+            .start();
+        let mut holder = raw(&s, &db, &[]).await;
+        let mut waiter = raw(&s, &db, &[]).await;
+        let r = holder.simple("BEGIN; SELECT 1", STEP).await;
+        assert_eq!(status(&r), b'T', "{r:?}");
+        // 3 MB of query text, more than the loopback socket takes in one write.
+        let big = "x".repeat(3 << 20);
+        let sql = format!("SELECT length('{big}'); SELECT 'after'");
+        waiter.query(&sql).await.expect("send");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let r = holder.simple("COMMIT", STEP).await;
+        assert_eq!(status(&r), b'I', "{r:?}");
+        let r = waiter.until_ready(STEP).await;
+        assert!(first_error(&r).is_none(), "prepared={prepared}: {r:?}");
+        assert_eq!(col(&r), ["3145728", "after"], "prepared={prepared}");
+        // The server is clean for the next client.
+        let r = holder.simple("SELECT 'next'", STEP).await;
+        assert_eq!(col(&r), ["next"], "prepared={prepared}");
+    }
+}
