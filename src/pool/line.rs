@@ -22,6 +22,7 @@ use bytes::{Buf, BytesMut};
 use super::{Grant, Pool, PoolState, ServerConn};
 use crate::clock::Tick;
 use crate::session::params::ParamSet;
+use crate::stats::conns::ClientInfo;
 
 /// A client waiting in line.
 #[derive(Debug)]
@@ -38,6 +39,9 @@ pub(super) struct Waiter {
 pub struct Request {
     pub bytes: BytesMut,
     pub params: Arc<ParamSet>,
+    /// The waiting client's console entry: linked to the server as soon as its
+    /// request is there, so a cancel request finds the backend at once.
+    pub client: Arc<ClientInfo>,
     /// Some of `bytes` went to the server: the connection is no longer clean.
     pub sent: bool,
 }
@@ -54,7 +58,10 @@ impl Request {
             match conn.stream.try_write(&self.bytes) {
                 Ok(0) | Err(_) => return,
                 Ok(n) => {
-                    self.sent = true;
+                    if !self.sent {
+                        self.sent = true;
+                        self.client.link(&conn.ident, conn.prepared.len() as u32);
+                    }
                     if n == self.bytes.len() {
                         self.bytes.clear();
                     } else {

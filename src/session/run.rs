@@ -317,6 +317,7 @@ impl Session {
                     let request = Request {
                         bytes,
                         params,
+                        client: self.info.clone(),
                         sent: false,
                     };
                     if let Err(r) = ticket.leave_request(request) {
