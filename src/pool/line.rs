@@ -295,6 +295,49 @@ mod tests {
         assert!(matches!(p.checkout(now, Waker::noop()), Checkout::Slow));
     }
 
+    fn request(text: &str) -> Request {
+        let meta = crate::stats::conns::ClientMeta {
+            id: 1,
+            user: "u".into(),
+            database: "db".into(),
+            pool_user: "u".into(),
+            peer: crate::net::PeerAddr::Unix,
+            local_addr: None,
+            application_name: "".into(),
+            admin: false,
+        };
+        Request {
+            bytes: BytesMut::from(text),
+            params: Arc::default(),
+            client: Arc::new(ClientInfo::new(meta)),
+            sent: false,
+        }
+    }
+
+    #[test]
+    fn a_request_left_in_line_comes_back_with_any_answer_but_a_server() {
+        let p = pool();
+        p.lock_state().total = 1;
+        let (mut first, mut second) = (queue(&p), queue(&p));
+        assert!(first.leave_request(request("one")).is_ok());
+        assert!(second.leave_request(request("two")).is_ok());
+        // A slot (no server to write to) comes with the request as it was.
+        drop(SlotToken::counted(p.clone()));
+        let Poll::Ready(Answer::Granted(Grant::Slot(slot))) = first.poll_answer() else {
+            panic!("the first in line got no slot");
+        };
+        let r = first.take_request().expect("the request comes back");
+        assert_eq!((&r.bytes[..], r.sent), (&b"one"[..], false));
+        // So does a refusal.
+        p.close();
+        assert!(matches!(second.poll_answer(), Poll::Ready(Answer::Refused)));
+        assert_eq!(&second.take_request().expect("back").bytes[..], b"two");
+        // A place that was answered takes no request.
+        assert!(second.leave_request(request("late")).is_err());
+        drop((slot, first, second));
+        assert!(p.lock_state().answers.is_empty());
+    }
+
     #[test]
     fn a_place_given_up_leaves_the_line_and_a_closed_pool_refuses_the_rest() {
         let p = pool();
