@@ -255,7 +255,8 @@ async fn a_large_request_left_in_line_arrives_whole() {
         let mut waiter = raw(&s, &db, &[]).await;
         let r = holder.simple("BEGIN; SELECT 1", STEP).await;
         assert_eq!(status(&r), b'T', "{r:?}");
-        // 3 MB of query text, more than the loopback socket takes in one write.
+        // 3 MB of query text: more than is read before the client takes its place,
+        // and more than is buffered while it waits.
         let big = "x".repeat(3 << 20);
         let sql = format!("SELECT length('{big}'); SELECT 'after'");
         waiter.query(&sql).await.expect("send");
