@@ -69,7 +69,7 @@ def lat_cell(agg_s, field):
     return " / ".join(vals)
 
 
-def render_markdown(meta, agg, idle, chart_name):
+def render_markdown(meta, agg, raw, idle, chart_name):
     L = []
     L.append("# Sluice vs PgBouncer vs PostgreSQL")
     L.append("")
@@ -136,6 +136,7 @@ def render_markdown(meta, agg, idle, chart_name):
         if meta.get("idle_note"):
             L.append(meta["idle_note"])
         L.append("")
+    L.extend(render_rounds(raw))
     fails = []
     for scen in OPT.scenarios:
         for t in TARGETS:
@@ -158,6 +159,40 @@ def render_markdown(meta, agg, idle, chart_name):
         L.append("![tps by client count](%s)" % chart_name)
     L.append("")
     return "\n".join(L)
+
+
+def render_rounds(raw):
+    """Each round's Sluice/PgBouncer tps ratio, the two runs of a round having
+    been made back to back, and each pooler's spread over the rounds: on a shared
+    2-core machine one round can differ from the next by 10-20%, and the median
+    alone does not show whether a ratio near 1.0x is the code or the spread."""
+    rows = []
+    for scen in OPT.scenarios:
+        s_runs = raw.get(scen.key, {}).get("sluice", [])
+        b_runs = raw.get(scen.key, {}).get("pgbouncer", [])
+        if len(s_runs) < 2:
+            continue
+        pairs = []
+        for s, b in zip(s_runs, b_runs):
+            ok = "error" not in s and "error" not in b and b.get("tps")
+            pairs.append("%.2fx" % (s["tps"] / b["tps"]) if ok else "-")
+
+        def spread(runs):
+            vals = [r["tps"] for r in runs if "error" not in r]
+            if not vals:
+                return "-"
+            return "%s-%s" % (fmt_num(min(vals)), fmt_num(max(vals)))
+
+        rows.append("| %s | %s | %s | %s |" % (scen.title, " / ".join(pairs), spread(s_runs), spread(b_runs)))
+    if not rows:
+        return []
+    return ["## Round by round", "",
+            "| scenario | Sluice/PgBouncer tps, each round | Sluice tps, lowest-highest "
+            "| PgBouncer tps, lowest-highest |",
+            "|---|--:|--:|--:|"] + rows + [
+            "", "Each round runs Sluice and then PgBouncer back to back, so a round's ratio "
+            "compares the two under the same load on the machine; the spread shows how far "
+            "one round lies from the next.", ""]
 
 
 def render_svg(agg, subtitle):

@@ -156,7 +156,7 @@ def main():
         }
         os.makedirs(args.out, exist_ok=True)
         charted = all(k in raw for k, _ in CHART)
-        md = render_markdown(meta, agg, idle_rows, "clients.svg" if charted else None)
+        md = render_markdown(meta, agg, raw, idle_rows, "clients.svg" if charted else None)
         with open(os.path.join(args.out, "results.md"), "w") as f:
             f.write(md)
         svg = os.path.join(args.out, "clients.svg")
