@@ -172,10 +172,12 @@ def render_rounds(raw):
         b_runs = raw.get(scen.key, {}).get("pgbouncer", [])
         if len(s_runs) < 2:
             continue
-        pairs = []
+        pairs, ratios = [], []
         for s, b in zip(s_runs, b_runs):
             ok = "error" not in s and "error" not in b and b.get("tps")
-            pairs.append("%.2fx" % (s["tps"] / b["tps"]) if ok else "-")
+            if ok:
+                ratios.append(s["tps"] / b["tps"])
+            pairs.append("%.2fx" % ratios[-1] if ok else "-")
 
         def spread(runs):
             vals = [r["tps"] for r in runs if "error" not in r]
@@ -183,16 +185,20 @@ def render_rounds(raw):
                 return "-"
             return "%s-%s" % (fmt_num(min(vals)), fmt_num(max(vals)))
 
-        rows.append("| %s | %s | %s | %s |" % (scen.title, " / ".join(pairs), spread(s_runs), spread(b_runs)))
+        paired = "%.2fx" % statistics.median(ratios) if ratios else "-"
+        rows.append("| %s | %s | %s | %s | %s |" % (
+            scen.title, " / ".join(pairs), paired, spread(s_runs), spread(b_runs)))
     if not rows:
         return []
     return ["## Round by round", "",
-            "| scenario | Sluice/PgBouncer tps, each round | Sluice tps, lowest-highest "
-            "| PgBouncer tps, lowest-highest |",
-            "|---|--:|--:|--:|"] + rows + [
+            "| scenario | Sluice/PgBouncer tps, each round | median of the rounds' ratios "
+            "| Sluice tps, lowest-highest | PgBouncer tps, lowest-highest |",
+            "|---|--:|--:|--:|--:|"] + rows + [
             "", "Each round runs Sluice and then PgBouncer back to back, so a round's ratio "
             "compares the two under the same load on the machine; the spread shows how far "
-            "one round lies from the next.", ""]
+            "one round lies from the next. The table above divides the medians, which may "
+            "come from different rounds; the median of the rounds' ratios pairs each run "
+            "with its neighbour.", ""]
 
 
 def render_svg(agg, subtitle):
