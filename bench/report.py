@@ -161,6 +161,14 @@ def render_markdown(meta, agg, raw, idle, chart_name):
     return "\n".join(L)
 
 
+def tps_spread(runs):
+    """The lowest and highest tps of the runs that succeeded."""
+    vals = [r["tps"] for r in runs if "error" not in r]
+    if not vals:
+        return "-"
+    return "%s-%s" % (fmt_num(min(vals)), fmt_num(max(vals)))
+
+
 def render_rounds(raw):
     """Each round's Sluice/PgBouncer tps ratio, the two runs of a round having
     been made back to back, and each pooler's spread over the rounds: on a shared
@@ -179,15 +187,9 @@ def render_rounds(raw):
                 ratios.append(s["tps"] / b["tps"])
             pairs.append("%.2fx" % ratios[-1] if ok else "-")
 
-        def spread(runs):
-            vals = [r["tps"] for r in runs if "error" not in r]
-            if not vals:
-                return "-"
-            return "%s-%s" % (fmt_num(min(vals)), fmt_num(max(vals)))
-
         paired = "%.2fx" % statistics.median(ratios) if ratios else "-"
         rows.append("| %s | %s | %s | %s | %s |" % (
-            scen.title, " / ".join(pairs), paired, spread(s_runs), spread(b_runs)))
+            scen.title, " / ".join(pairs), paired, tps_spread(s_runs), tps_spread(b_runs)))
     if not rows:
         return []
     return ["## Round by round", "",
@@ -196,7 +198,7 @@ def render_rounds(raw):
             "|---|--:|--:|--:|--:|"] + rows + [
             "", "Each round runs Sluice and then PgBouncer back to back, so a round's ratio "
             "compares the two under the same load on the machine; the spread shows how far "
-            "one round lies from the next. The table above divides the medians, which may "
+            "one round lies from the next. The main table divides the medians, which may "
             "come from different rounds; the median of the rounds' ratios pairs each run "
             "with its neighbour.", ""]
 
