@@ -10,7 +10,8 @@
 //! connection and a lost server is not replaced. Never for real use.
 //!
 //! Usage: floor PGBOUNCER_INI (it reads the listeners, `default_pool_size` and the
-//! first `[databases]` entry, which must name a socket directory as its host).
+//! first `[databases]` entry, which must name a socket directory as its host; its
+//! `user`, else the first client's, logs the servers in).
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
@@ -164,6 +165,7 @@ struct Floor {
     pool: usize,
     pg_path: String,
     dbname: String,
+    user: Option<String>,
 }
 
 fn die(what: &str) -> ! {
@@ -180,6 +182,8 @@ struct Settings {
     /// `{host}/.s.PGSQL.{port}` of the first `[databases]` entry (a socket directory).
     pg_path: String,
     dbname: String,
+    /// The entry's `user`, else the first client's.
+    user: Option<String>,
 }
 
 fn read_ini(path: &str) -> Settings {
@@ -210,21 +214,28 @@ fn read_ini(path: &str) -> Settings {
             }
             ("databases", name) if db.is_none() => {
                 let (mut host, mut pgport, mut dbname) = ("/tmp", "5432", name);
+                let mut user = None;
                 for kv in value.split_whitespace() {
                     match kv.split_once('=') {
                         Some(("host", v)) => host = v,
                         Some(("port", v)) => pgport = v,
                         Some(("dbname", v)) => dbname = v,
+                        Some(("user", v)) => user = Some(v.to_string()),
                         _ => {}
                     }
                 }
-                db = Some((format!("{host}/.s.PGSQL.{pgport}"), dbname.to_string()));
+                db = Some((
+                    format!("{host}/.s.PGSQL.{pgport}"),
+                    dbname.to_string(),
+                    user,
+                ));
             }
             _ => {}
         }
     }
-    let (pg_path, dbname) = db.unwrap_or_else(|| die("no [databases] entry"));
+    let (pg_path, dbname, user) = db.unwrap_or_else(|| die("no [databases] entry"));
     Settings {
+        user,
         port,
         unix_dir,
         pool,
@@ -263,6 +274,7 @@ fn main() {
         pool: set.pool,
         pg_path: set.pg_path,
         dbname: set.dbname,
+        user: set.user,
     };
     let tcp = std::net::TcpListener::bind(("127.0.0.1", set.port)).unwrap_or_else(|_| die("bind"));
     tcp.set_nonblocking(true)
@@ -284,7 +296,8 @@ fn main() {
 }
 
 impl Floor {
-    /// Opens the whole pool at once, blocking: only the first login waits for it.
+    /// Opens the whole pool at once, blocking: only the first login waits for it, and
+    /// any failure ends the process.
     fn open_pool(&mut self, user: &str) {
         let (path, db) = (self.pg_path.clone(), self.dbname.clone());
         for i in 0..self.pool {
@@ -525,7 +538,10 @@ impl Floor {
         }
         c.kind = Kind::Client;
         if self.servers == 0 {
-            let user = startup_user(&self.conn(fd).req[8..len]).ok_or(())?;
+            let user = match self.user.clone() {
+                Some(u) => u,
+                None => startup_user(&self.conn(fd).req[8..len]).ok_or(())?,
+            };
             self.open_pool(&user);
         }
         let c = self.conn(fd);
