@@ -133,6 +133,65 @@ struct Conn {
     req_syncs: u32,
     /// Bytes a write could not take yet; write readiness is asked for meanwhile.
     out: Vec<u8>,
+    /// Client: the first of its `FLOOR_COLD_LINES` lines of ballast (see [`Ballast`]).
+    ballast: u32,
+}
+
+/// One cache line of ballast: a count, and the index of the client's next line.
+#[repr(align(64))]
+struct Line {
+    count: u64,
+    next: u32,
+}
+
+/// `FLOOR_COLD_LINES` cache lines per client, scattered over an arena and chained, each
+/// line's address read from the one before: a stand-in for a real pooler's per-client
+/// state reached pointer by pointer (task, future, session, console entry, ...). A
+/// client's chain is walked when its request and when its answer pass.
+struct Ballast {
+    lines: Vec<Line>,
+    per_client: usize,
+}
+
+impl Ballast {
+    fn new(per_client: usize) -> Ballast {
+        const CLIENTS: usize = 1024;
+        let n = CLIENTS * per_client;
+        // A fixed scatter: line k of client c sits at a multiplicative hash of
+        // c * per_client + k (an odd multiplier is a permutation modulo a power of 2).
+        let size = n.next_power_of_two().max(1);
+        let at = |i: usize| (i.wrapping_mul(0x9E37_79B1) & (size - 1)) as u32;
+        let mut lines: Vec<Line> = (0..size).map(|_| Line { count: 0, next: 0 }).collect();
+        for c in 0..CLIENTS {
+            for k in 0..per_client {
+                let i = c * per_client + k;
+                let next = if k + 1 < per_client {
+                    at(i + 1)
+                } else {
+                    u32::MAX
+                };
+                lines[at(i) as usize].next = next;
+            }
+        }
+        Ballast { lines, per_client }
+    }
+
+    /// The first line of client number `c` (clients past the arena share chains).
+    fn head(&self, c: usize) -> u32 {
+        let size = self.lines.len();
+        ((c % 1024 * self.per_client).wrapping_mul(0x9E37_79B1) & (size - 1)) as u32
+    }
+
+    fn touch(&mut self, head: u32) {
+        if self.per_client == 0 {
+            return;
+        }
+        let mut i = head;
+        while let Some(l) = self.lines.get_mut(i as usize) {
+            l.count = std::hint::black_box(l.count.wrapping_add(1));
+            i = l.next;
+        }
+    }
 }
 
 impl Conn {
@@ -147,6 +206,7 @@ impl Conn {
             req: Vec::new(),
             req_syncs: 0,
             out: Vec::new(),
+            ballast: 0,
         }
     }
 }
@@ -166,6 +226,8 @@ struct Floor {
     pg_path: String,
     dbname: String,
     user: Option<String>,
+    ballast: Ballast,
+    logins: usize,
 }
 
 fn die(what: &str) -> ! {
@@ -275,6 +337,13 @@ fn main() {
         pg_path: set.pg_path,
         dbname: set.dbname,
         user: set.user,
+        ballast: Ballast::new(
+            std::env::var("FLOOR_COLD_LINES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+        ),
+        logins: 0,
     };
     let tcp = std::net::TcpListener::bind(("127.0.0.1", set.port)).unwrap_or_else(|_| die("bind"));
     tcp.set_nonblocking(true)
@@ -473,6 +542,8 @@ impl Floor {
                     c.status = s;
                 }
                 let client = c.peer.ok_or(())?;
+                let head = self.conn(client).ballast;
+                self.ballast.touch(head);
                 self.send(client, d);
                 let c = self.conn(fd);
                 if c.pending == 0 && c.status == b'I' && c.out.is_empty() {
@@ -485,6 +556,9 @@ impl Floor {
                 Ok(())
             }
             _ => {
+                let head = c.ballast;
+                self.ballast.touch(head);
+                let c = self.conn(fd);
                 let mut seen = Seen::default();
                 c.framer.scan(d, false, &mut seen)?;
                 if seen.terminate {
@@ -516,6 +590,7 @@ impl Floor {
     }
 
     fn startup(&mut self, fd: RawFd) -> Result<(), ()> {
+        let head = self.ballast.head(self.logins);
         let c = self.conn(fd);
         if c.req.len() < 8 {
             return Ok(());
@@ -537,6 +612,8 @@ impl Floor {
             return Err(());
         }
         c.kind = Kind::Client;
+        c.ballast = head;
+        self.logins += 1;
         if self.servers == 0 {
             let user = match self.user.clone() {
                 Some(u) => u,
