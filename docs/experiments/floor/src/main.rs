@@ -18,96 +18,17 @@ use std::io::{Read, Write};
 use std::os::fd::{IntoRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 
+mod ballast;
+mod framer;
+mod ini;
+
+use ballast::Ballast;
+use framer::{startup_user, Framer, Seen};
+use ini::read_ini;
+
 const SCRATCH: usize = 64 * 1024;
 const SSL_REQUEST: u32 = 80877103;
 const EV_READ: u32 = (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
-
-/// Follows message boundaries in one direction, headers only.
-#[derive(Default)]
-struct Framer {
-    /// Body bytes of the current message not yet seen.
-    skip: u32,
-    /// Header bytes gathered so far (a header may straddle reads).
-    hdr: [u8; 5],
-    have: u8,
-    /// The next body byte is ReadyForQuery's status.
-    want_status: bool,
-}
-
-/// What one scan of client or server bytes found.
-#[derive(Default)]
-struct Seen {
-    /// Client: Query, Sync and FunctionCall, each owed a ReadyForQuery.
-    syncs: u32,
-    /// Client: a message other than those since the last of them.
-    unsynced: Option<bool>,
-    terminate: bool,
-    /// Server: ReadyForQuery messages, and the last one's status.
-    readies: u32,
-    status: Option<u8>,
-}
-
-impl Framer {
-    fn scan(&mut self, mut d: &[u8], server: bool, seen: &mut Seen) -> Result<(), ()> {
-        while !d.is_empty() {
-            if self.skip > 0 {
-                if self.want_status {
-                    seen.status = Some(d[0]);
-                    self.want_status = false;
-                }
-                let n = (self.skip as usize).min(d.len());
-                self.skip -= n as u32;
-                d = &d[n..];
-                continue;
-            }
-            let have = self.have as usize;
-            let n = (5 - have).min(d.len());
-            self.hdr[have..have + n].copy_from_slice(&d[..n]);
-            self.have += n as u8;
-            d = &d[n..];
-            if self.have < 5 {
-                break;
-            }
-            self.have = 0;
-            let len = u32::from_be_bytes([self.hdr[1], self.hdr[2], self.hdr[3], self.hdr[4]]);
-            if len < 4 {
-                return Err(());
-            }
-            self.skip = len - 4;
-            match (server, self.hdr[0]) {
-                (true, b'Z') => {
-                    seen.readies += 1;
-                    self.want_status = true;
-                }
-                (false, b'Q' | b'S' | b'F') => {
-                    seen.syncs += 1;
-                    seen.unsynced = Some(false);
-                }
-                (false, b'X') => seen.terminate = true,
-                (false, _) => seen.unsynced = Some(true),
-                _ => {}
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The `user` parameter of a startup packet's body (after the protocol version).
-fn startup_user(mut body: &[u8]) -> Option<String> {
-    let mut next = || {
-        let end = body.iter().position(|&b| b == 0)?;
-        let s = String::from_utf8_lossy(&body[..end]).into_owned();
-        body = &body[end + 1..];
-        Some(s)
-    };
-    loop {
-        let key = next()?;
-        let value = next()?;
-        if key == "user" {
-            return Some(value);
-        }
-    }
-}
 
 #[derive(PartialEq)]
 enum Kind {
@@ -135,63 +56,6 @@ struct Conn {
     out: Vec<u8>,
     /// Client: the first of its `FLOOR_COLD_LINES` lines of ballast (see [`Ballast`]).
     ballast: u32,
-}
-
-/// One cache line of ballast: a count, and the index of the client's next line.
-#[repr(align(64))]
-struct Line {
-    count: u64,
-    next: u32,
-}
-
-/// `FLOOR_COLD_LINES` cache lines per client, scattered over an arena and chained, each
-/// line's address read from the one before: a stand-in for a real pooler's per-client
-/// state reached pointer by pointer (task, future, session, console entry, ...). A
-/// client's chain is walked when its request and when its answer pass.
-struct Ballast {
-    lines: Vec<Line>,
-    per_client: usize,
-}
-
-impl Ballast {
-    fn new(per_client: usize) -> Ballast {
-        const CLIENTS: usize = 1024;
-        let n = CLIENTS * per_client;
-        // A fixed scatter: line k of client c sits at a multiplicative hash of
-        // c * per_client + k (an odd multiplier is a permutation modulo a power of 2).
-        let size = n.next_power_of_two().max(1);
-        let at = |i: usize| (i.wrapping_mul(0x9E37_79B1) & (size - 1)) as u32;
-        let mut lines: Vec<Line> = (0..size).map(|_| Line { count: 0, next: 0 }).collect();
-        for c in 0..CLIENTS {
-            for k in 0..per_client {
-                let i = c * per_client + k;
-                let next = if k + 1 < per_client {
-                    at(i + 1)
-                } else {
-                    u32::MAX
-                };
-                lines[at(i) as usize].next = next;
-            }
-        }
-        Ballast { lines, per_client }
-    }
-
-    /// The first line of client number `c` (clients past the arena share chains).
-    fn head(&self, c: usize) -> u32 {
-        let size = self.lines.len();
-        ((c % 1024 * self.per_client).wrapping_mul(0x9E37_79B1) & (size - 1)) as u32
-    }
-
-    fn touch(&mut self, head: u32) {
-        if self.per_client == 0 {
-            return;
-        }
-        let mut i = head;
-        while let Some(l) = self.lines.get_mut(i as usize) {
-            l.count = std::hint::black_box(l.count.wrapping_add(1));
-            i = l.next;
-        }
-    }
 }
 
 impl Conn {
@@ -233,77 +97,6 @@ struct Floor {
 fn die(what: &str) -> ! {
     eprintln!("floor: {what}: {}", std::io::Error::last_os_error());
     std::process::exit(1)
-}
-
-/// What floor reads of a pgbouncer.ini: the listeners, the pool size, and where the
-/// first database lives. Everything else is ignored.
-struct Settings {
-    port: u16,
-    unix_dir: Option<String>,
-    pool: usize,
-    /// `{host}/.s.PGSQL.{port}` of the first `[databases]` entry (a socket directory).
-    pg_path: String,
-    dbname: String,
-    /// The entry's `user`, else the first client's.
-    user: Option<String>,
-}
-
-fn read_ini(path: &str) -> Settings {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|_| die("read the ini"));
-    let (mut section, mut port, mut unix_dir, mut pool) = (String::new(), 6432, None, 20);
-    let mut db = None;
-    for line in text.lines().map(str::trim) {
-        if line.starts_with([';', '#']) || line.is_empty() {
-            continue;
-        }
-        if let Some(name) = line.strip_prefix('[') {
-            section = name.trim_end_matches(']').to_string();
-            continue;
-        }
-        let Some((key, value)) = line.split_once('=') else {
-            continue;
-        };
-        let (key, value) = (key.trim(), value.trim());
-        match (section.as_str(), key) {
-            ("pgbouncer", "listen_port") => {
-                port = value.parse().unwrap_or_else(|_| die("listen_port"))
-            }
-            ("pgbouncer", "unix_socket_dir") if !value.is_empty() => {
-                unix_dir = Some(value.to_string())
-            }
-            ("pgbouncer", "default_pool_size") => {
-                pool = value.parse().unwrap_or_else(|_| die("pool size"))
-            }
-            ("databases", name) if db.is_none() => {
-                let (mut host, mut pgport, mut dbname) = ("/tmp", "5432", name);
-                let mut user = None;
-                for kv in value.split_whitespace() {
-                    match kv.split_once('=') {
-                        Some(("host", v)) => host = v,
-                        Some(("port", v)) => pgport = v,
-                        Some(("dbname", v)) => dbname = v,
-                        Some(("user", v)) => user = Some(v.to_string()),
-                        _ => {}
-                    }
-                }
-                db = Some((
-                    format!("{host}/.s.PGSQL.{pgport}"),
-                    dbname.to_string(),
-                    user,
-                ));
-            }
-            _ => {}
-        }
-    }
-    let (pg_path, dbname, user) = db.unwrap_or_else(|| die("no [databases] entry"));
-    Settings {
-        user,
-        port,
-        unix_dir,
-        pool,
-        pg_path,
-        dbname,
-    }
 }
 
 fn main() {
