@@ -3,10 +3,10 @@
 //!
 //! One thread, one raw edge-triggered epoll set, one scratch buffer, sockets in a
 //! table indexed by descriptor. It does what a transaction pooler must (log clients
-//! in, hand them one of `POOL_SIZE` server connections per transaction, follow
-//! message headers to find the transaction's end, queue clients while every server is
-//! busy) and nothing else: `trust` only, one database, no config file, no timeouts,
-//! no COPY, no cancel, no TLS, no console, no statistics; a protocol error closes the
+//! in, hand them one of `default_pool_size` server connections per transaction,
+//! follow message headers to find the transaction's end, queue clients while every
+//! server is busy) and nothing else: `trust` only, one database, no timeouts, no
+//! COPY, no cancel, no TLS, no console, no statistics; a protocol error closes the
 //! connection and a lost server is not replaced. Never for real use.
 //!
 //! Usage: floor PGBOUNCER_INI (it reads the listeners, `default_pool_size` and the
@@ -84,8 +84,8 @@ struct Floor {
     /// and ReadyForQuery: every client's welcome.
     welcome: Vec<u8>,
     scratch: Box<[u8]>,
-    /// Server connections opened (all at the first login, as that client's user).
-    servers: usize,
+    /// Whether the pool is open (all of it at the first login).
+    pool_open: bool,
     pool: usize,
     pg_path: String,
     dbname: String,
@@ -125,7 +125,7 @@ fn main() {
         line: VecDeque::new(),
         welcome: Vec::new(),
         scratch: vec![0u8; SCRATCH].into_boxed_slice(),
-        servers: 0,
+        pool_open: false,
         pool: set.pool,
         pg_path: set.pg_path,
         dbname: set.dbname,
@@ -167,7 +167,7 @@ impl Floor {
             self.add(fd, Conn::new(Kind::Server));
             self.idle.push(fd);
         }
-        self.servers = self.pool;
+        self.pool_open = true;
         self.welcome
             .extend_from_slice(&[b'K', 0, 0, 0, 12, 0, 0, 0, 1, 0, 0, 0, 1]);
         self.welcome.extend_from_slice(&[b'Z', 0, 0, 0, 5, b'I']);
@@ -407,7 +407,7 @@ impl Floor {
         c.kind = Kind::Client;
         c.ballast = head;
         self.logins += 1;
-        if self.servers == 0 {
+        if !self.pool_open {
             let user = match self.user.clone() {
                 Some(u) => u,
                 None => startup_user(&self.conn(fd).req[8..len]).ok_or(())?,
