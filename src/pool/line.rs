@@ -15,7 +15,7 @@
 //! round).
 
 use std::sync::Arc;
-use std::task::{Poll, Waker};
+use std::task::{Context, Poll, Waker};
 
 use bytes::{Buf, BytesMut};
 
@@ -44,6 +44,13 @@ pub struct Request {
     pub client: Arc<ClientInfo>,
     /// Some of `bytes` went to the server: the connection is no longer clean.
     pub sent: bool,
+    /// When the connection was handed over, if the waiter was left asleep until the
+    /// server answers ([`Waiter::wake_on_answer`]): its wait ended then, not when
+    /// its task runs.
+    pub granted: Option<Tick>,
+    /// The client sent more after leaving the request ([`Pool::more_input`]): its
+    /// task has bytes of its own to send, so it must be woken at the hand-over.
+    pub more: bool,
 }
 
 impl Request {
@@ -114,6 +121,26 @@ pub(super) fn join(pool: &Arc<Pool>, st: &mut PoolState, now: Tick, waker: &Wake
 }
 
 impl Waiter {
+    /// After its whole request went to `conn`, the waiter has nothing to do until the
+    /// server answers: its task is left asleep, and the server's answer wakes it
+    /// (the socket's read waker becomes the waiter's), which saves the task one turn
+    /// per transaction when every server is busy. False, and nothing changed, unless
+    /// the request was all written and the server has not answered yet.
+    pub(super) fn wake_on_answer(&mut self, conn: &ServerConn, now: Tick) -> bool {
+        let Some(r) = self.request.as_mut() else {
+            return false;
+        };
+        if !r.sent || !r.bytes.is_empty() || r.more {
+            return false;
+        }
+        let mut cx = Context::from_waker(&self.waker);
+        if conn.stream.poll_read_ready(&mut cx).is_ready() {
+            return false;
+        }
+        r.granted = Some(now);
+        true
+    }
+
     /// Leaves `answer` for this waiter (taken out of line) in the pool's state: the
     /// waker to wake once the lock is released.
     pub(super) fn answer(self, st: &mut PoolState, answer: Answer) -> Waker {
@@ -168,6 +195,11 @@ impl Ticket {
         self.request.take()
     }
 
+    /// The place's number in its pool's line, for [`Pool::more_input`].
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     /// Waits for the answer.
     pub(super) async fn answer(&mut self) -> Answer {
         std::future::poll_fn(|_| self.poll_answer()).await
@@ -211,6 +243,20 @@ impl Drop for Ticket {
         if let Answer::Granted(Grant::Server(conn)) = answer {
             let clean = !request.is_some_and(|r| r.sent);
             self.pool.release(conn, clean);
+        }
+    }
+}
+
+impl Pool {
+    /// The client at place `id` read more bytes after leaving its request there:
+    /// whoever answers the place must wake it, since the server cannot answer before
+    /// those bytes are sent too (the rest of a long message, say). Nothing to do
+    /// once the place was answered: the client's task runs then anyway.
+    pub fn more_input(&self, id: u64) {
+        let mut st = self.lock_state();
+        let place = st.waiters.iter_mut().rev().find(|w| w.id == id);
+        if let Some(r) = place.and_then(|w| w.request.as_mut()) {
+            r.more = true;
         }
     }
 }
@@ -311,6 +357,8 @@ mod tests {
             params: Arc::default(),
             client: Arc::new(ClientInfo::new(meta)),
             sent: false,
+            granted: None,
+            more: false,
         }
     }
 

@@ -56,7 +56,8 @@ pub(crate) struct PoolState {
     /// leave the line (to take a reserve slot).
     waiters: VecDeque<line::Waiter>,
     /// Answers not yet taken by their waiters, by place id (a few at most: a woken
-    /// waiter takes its own at once).
+    /// waiter takes its own at once, one left asleep until its server answers
+    /// (`line::Waiter::wake_on_answer`) when that answer comes).
     answers: Vec<(u64, line::Answer, Option<line::Request>)>,
     next_waiter: u64,
     /// Connections counted against `pool_size`: idle + lent out + connecting.
@@ -284,9 +285,12 @@ impl Pool {
                 if let Some(r) = w.request.as_mut() {
                     r.send_on(&mut conn);
                 }
+                let asleep = w.wake_on_answer(&conn, now);
                 let waker = w.answer(&mut st, line::Answer::Granted(Grant::Server(conn)));
                 drop(st);
-                waker.wake();
+                if !asleep {
+                    waker.wake();
+                }
             }
             None => {
                 let mut conn = conn;

@@ -41,11 +41,13 @@ enum Pending {
 }
 
 /// Waits for `acquire` while watching the client: one that leaves gives up its place
-/// at once (`None`) and its buffered query never runs. A plain readiness poll, not a
-/// `readable()` future, which would queue a waker on the socket per turn.
+/// at once (`None`) and its buffered query never runs; `on_more` is told when client
+/// bytes are read meanwhile. A plain readiness poll, not a `readable()` future, which
+/// would queue a waker on the socket per turn.
 async fn watch_client<T>(
     stream: &Stream,
     relay: &mut Relay,
+    mut on_more: impl FnMut(),
     mut acquire: std::pin::Pin<&mut impl Future<Output = T>>,
 ) -> Option<T> {
     poll_fn(|cx| loop {
@@ -59,7 +61,7 @@ async fn watch_client<T>(
             Err(_) => return Poll::Ready(None),
             Ok(()) => match relay.read_while_waiting(stream) {
                 // More may come (or the read cleared readiness): look again.
-                Ok(true) => {}
+                Ok(true) => on_more(),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Ok(false) | Err(_) => return Poll::Ready(None),
             },
@@ -310,6 +312,7 @@ impl Session {
     /// written comes back, and the relay sends it as usual.
     async fn wait_in_line(&mut self, stream: &Stream, mut ticket: Ticket) -> Option<Step> {
         let asked = Tick::now();
+        let mut left = false;
         if self.slot.0.hand_over_requests {
             match self.relay.get().take_request() {
                 Ok(Some(bytes)) => {
@@ -319,9 +322,12 @@ impl Session {
                         params,
                         client: self.info.clone(),
                         sent: false,
+                        granted: None,
+                        more: false,
                     };
-                    if let Err(r) = ticket.leave_request(request) {
-                        self.relay.get().restore_request(r.bytes);
+                    match ticket.leave_request(request) {
+                        Ok(()) => left = true,
+                        Err(r) => self.relay.get().restore_request(r.bytes),
                     }
                 }
                 Ok(None) => {}
@@ -332,10 +338,21 @@ impl Session {
             }
         }
         let (pool, relay, params) = (&self.pool, self.relay.get(), &mut self.params);
+        // Bytes read after the request was left must wake this task at the
+        // hand-over (`Pool::more_input`); telling the line once is enough.
+        let id = ticket.id();
+        let mut told = !left;
+        let more = move || {
+            if !told {
+                told = true;
+                pool.more_input(id);
+            }
+        };
         let place = &mut ticket;
         let acquired = watch_client(
             stream,
             relay,
+            more,
             std::pin::pin!(async move {
                 let mut s = pool.redeem(place).await?;
                 if params.differs(&mut s) {
@@ -345,10 +362,12 @@ impl Session {
             }),
         )
         .await;
+        let mut granted = None;
         if let Some(r) = ticket.take_request() {
+            granted = r.granted;
             self.relay.get().restore_request(r.bytes);
         }
-        match self.linked(asked, acquired) {
+        match self.linked(asked, granted, acquired) {
             Ok(()) => None,
             Err(e) => Some(Box::pin(self.not_linked(stream, e)).await),
         }
@@ -380,25 +399,28 @@ impl Session {
         let acquired = watch_client(
             stream,
             relay,
+            || {},
             std::pin::pin!(acquire_linked(pool, &mut self.params, fast)),
         )
         .await;
-        match self.linked(asked, acquired) {
+        match self.linked(asked, None, acquired) {
             Ok(()) => None,
             Err(e) => Some(Box::pin(self.not_linked(stream, e)).await),
         }
     }
 
-    /// Links the server a wait that began at `asked` got; or, if it got none, how
-    /// the session ends (`None`: the client left), for [`Session::not_linked`]. Not
-    /// async, and the failure boxed, so that a waiting client's task stays small.
+    /// Links the server a wait that began at `asked` got (at `granted`, if that was
+    /// before the task ran); or, if it got none, how the session ends (`None`: the
+    /// client left), for [`Session::not_linked`]. Not async, and the failure boxed,
+    /// so that a waiting client's task stays small.
     fn linked(
         &mut self,
         asked: Tick,
+        granted: Option<Tick>,
         acquired: Option<Result<ServerConn, PoolError>>,
     ) -> Result<(), Option<PoolError>> {
         let s = acquired.ok_or(None)?.map_err(Some)?;
-        let waited = Tick::now().micros_since(asked);
+        let waited = granted.unwrap_or_else(Tick::now).micros_since(asked);
         let relay = self.relay.get();
         relay.stats.counts.wait_time_us += waited;
         self.pool.stats.wait_hist.record(waited);

@@ -22,7 +22,7 @@ pub const ADMIN: &str = "postgres";
 pub const ADMIN_PW: &str = "adminpw";
 pub const STATS: &str = "stats";
 pub const STATS_PW: &str = "statspw";
-const T: Duration = Duration::from_secs(30);
+pub const T: Duration = Duration::from_secs(30);
 
 /// A Sluice with the console users above and the pooled md5 user.
 pub fn builder() -> SluiceBuilder {

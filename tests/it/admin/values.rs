@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{builder, pooled, psql_ok, select1, ADMIN, STATS};
+use super::{builder, pooled, psql_ok, select1, ADMIN, STATS, T};
 use crate::support::probe::within;
 use crate::support::{wait_until, MD5_USER, TEST_DB};
 
@@ -352,5 +352,48 @@ fn peers_and_lists_follow_the_peers_section() {
     assert_eq!(
         config.cell("key", "peer_id", "changeable").as_deref(),
         Some("no")
+    );
+}
+
+/// A client waiting in line on the single event loop is left asleep when its request
+/// is written to the server handed over, until the server answers (pool/line.rs):
+/// its wait still ends at the hand-over, so `wait_time` counts the time in line and
+/// not the query's run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_time_ends_when_the_server_is_handed_over() {
+    let s = builder()
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "1")
+        .env("SLUICE_WORKERS", "0")
+        .start();
+    let holder = pooled(&s, None).await;
+    let waiter = pooled(&s, None).await;
+    select1(&waiter).await;
+    within(T, "BEGIN", holder.batch_execute("BEGIN; SELECT 1"))
+        .await
+        .expect("BEGIN");
+    let settle = || std::thread::sleep(Duration::from_millis(300));
+    settle();
+    let before = total(&s, "wait_time");
+    let waiting = tokio::spawn(async move {
+        waiter
+            .simple_query("SELECT pg_sleep(1.5)")
+            .await
+            .map(|_| ())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    within(T, "COMMIT", holder.batch_execute("COMMIT"))
+        .await
+        .expect("COMMIT");
+    within(T, "the waiter's answer", waiting)
+        .await
+        .expect("join")
+        .expect("the waiter's query");
+    settle();
+    let waited = total(&s, "wait_time") - before;
+    // ~300 ms in line; 1.8 s if the query's run were counted.
+    assert!(
+        (200_000..1_200_000).contains(&waited),
+        "wait_time grew by {waited} us"
     );
 }

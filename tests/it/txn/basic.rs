@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::common::*;
 use crate::support::probe::within;
+use crate::support::wire::send_cancel_tcp;
 use crate::support::{Sluice, SluiceBuilder, MD5_PASSWORD, MD5_USER};
 
 /// Two clients connected at once over a pool of one server both get answers, from
@@ -250,6 +251,8 @@ async fn a_large_request_left_in_line_arrives_whole() {
         let s = txn_sluice(&db)
             .setting("default_pool_size", "1")
             .setting("max_prepared_statements", prepared)
+            // The single loop, where the request waits with the place.
+            .env("SLUICE_WORKERS", "0")
             .start();
         let mut holder = raw(&s, &db, &[]).await;
         let mut waiter = raw(&s, &db, &[]).await;
@@ -269,5 +272,41 @@ async fn a_large_request_left_in_line_arrives_whole() {
         // The server is clean for the next client.
         let r = holder.simple("SELECT 'next'", STEP).await;
         assert_eq!(col(&r), ["next"], "prepared={prepared}");
+    }
+}
+
+/// On the single event loop, a client waiting in line whose request was written to
+/// the server handed over is left asleep until the server answers (pool/line.rs):
+/// meanwhile its cancel key reaches that server, and the answer, an error here, wakes
+/// it and reaches it; the server is then clean for the next client.
+#[tokio::test]
+async fn a_request_written_in_line_can_be_cancelled_before_its_answer() {
+    let db = fresh_db("txn_wait_cancel");
+    let s = txn_sluice(&db)
+        .setting("default_pool_size", "1")
+        .env("SLUICE_WORKERS", "0")
+        .start();
+    let mut holder = raw(&s, &db, &[]).await;
+    let mut waiter = raw(&s, &db, &[]).await;
+    for round in 0..2 {
+        let r = holder.simple("BEGIN; SELECT 1", STEP).await;
+        assert_eq!(status(&r), b'T', "round {round}: {r:?}");
+        waiter.query("SELECT pg_sleep(60)").await.expect("send");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let r = holder.simple("COMMIT", STEP).await;
+        assert_eq!(status(&r), b'I', "round {round}: {r:?}");
+        // The sleep has started on the server by now; the waiter's task sleeps too.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        send_cancel_tcp(s.port(), waiter.pid, waiter.key).await;
+        let r = waiter.until_ready(STEP).await;
+        let e = first_error(&r).unwrap_or_else(|| panic!("round {round}: no error: {r:?}"));
+        assert_eq!(
+            e.field(b'C').as_deref(),
+            Some("57014"),
+            "round {round}: {r:?}"
+        );
+        assert_eq!(status(&r), b'I', "round {round}: {r:?}");
+        let r = holder.simple("SELECT 'next'", STEP).await;
+        assert_eq!(col(&r), ["next"], "round {round}");
     }
 }

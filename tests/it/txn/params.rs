@@ -248,7 +248,11 @@ async fn a_client_served_from_the_line_gets_its_own_parameters() {
 async fn waiting_requests_are_sent_only_to_a_server_with_their_parameters() {
     const ASK: &str = "SHOW TimeZone; SELECT current_setting('application_name')";
     let db = fresh_db("txn_params_wait");
-    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    // The single loop, where the request waits with the place.
+    let s = txn_sluice(&db)
+        .setting("default_pool_size", "1")
+        .env("SLUICE_WORKERS", "0")
+        .start();
     let a_params = [
         ("TimeZone", "America/New_York"),
         ("application_name", "same"),
