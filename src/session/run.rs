@@ -341,10 +341,8 @@ impl Session {
         // Bytes read after the request was left must wake this task at the
         // hand-over (`Pool::more_input`); telling the line once is enough.
         let id = ticket.id();
-        let mut told = !left;
         let more = move || {
-            if !told {
-                told = true;
+            if std::mem::take(&mut left) {
                 pool.more_input(id);
             }
         };
