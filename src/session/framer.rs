@@ -36,11 +36,13 @@ const MAX_CAPTURE: usize = 64 * 1024;
 /// Per-direction framing state. Cheap: a few words plus a capture buffer that is
 /// allocated only when a captured message spans chunks.
 #[derive(Debug, Default)]
+// The rarely used capture buffer last (`repr(C)`): see `relay::Relay`.
+#[repr(C)]
 pub struct Framer {
-    header: [u8; HEADER_LEN],
     header_len: usize,
     /// Body bytes still to come for the current message.
     remaining: usize,
+    header: [u8; HEADER_LEN],
     tag: u8,
     capturing: bool,
     capture: Vec<u8>,

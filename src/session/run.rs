@@ -95,14 +95,15 @@ pub(super) enum Ended {
 ///
 /// Every idle client keeps one, so it is kept small: what can be reached through the
 /// app (the gate, the registries) is not copied here.
+// What every request touches first (`repr(C)`), in the box's first cache line or
+// two: see `relay::Relay`. Fields drop in this order too.
+#[repr(C)]
 pub(crate) struct Session {
     /// Its console entry, registered until the session drops.
     pub(super) info: Arc<ClientInfo>,
-    cancel_key: CancelKey,
     pool: Arc<Pool>,
-    params: ClientParams,
-    relay: RelaySlot,
     server: Option<ServerConn>,
+    params: ClientParams,
     mode: PoolMode,
     release_at: ReleaseAt,
     reset_always: bool,
@@ -110,8 +111,12 @@ pub(crate) struct Session {
     log_pooler_errors: bool,
     /// Just logged in, no request yet (see [`super::relay::Parked::wait_idle`]).
     fresh: bool,
-    // Last: the client counts out of max_client_conn once all else is gone.
+    cancel_key: CancelKey,
+    // The client counts out of max_client_conn once all else is gone but the relay's
+    // memory (its server went back with `server`, above).
     slot: ClientSlot,
+    /// Last: its parked part (64 bytes) is not read by a busy client's request.
+    relay: RelaySlot,
 }
 
 impl Drop for Session {

@@ -102,15 +102,14 @@ impl KillReason {
 
 /// One registered client.
 #[derive(Debug)]
+// The fields every request reads or writes first (`repr(C)`), next to the Arc's
+// counts, so that a request touches one or two of its cache lines (see
+// `session::relay::Relay`).
+#[repr(C)]
 pub struct ClientInfo {
-    pub meta: ClientMeta,
-    /// When it connected, in microseconds since the Unix epoch (8 bytes, not a
-    /// `SystemTime`'s 16: every idle client keeps one).
-    connect_us: u64,
-    /// The same moment on the monotonic clock: request times are kept relative to it,
-    /// so marking a request needs no wall-clock read.
+    /// The same moment as `connect_us` on the monotonic clock: request times are kept
+    /// relative to it, so marking a request needs no wall-clock read.
     connected_at: Tick,
-    state: AtomicU8,
     /// Microseconds from `connected_at` to the last request (when it started waiting).
     request_us: AtomicU64,
     /// The server it holds (shared with that connection: linking copies a pointer);
@@ -118,7 +117,7 @@ pub struct ClientInfo {
     link: Mutex<Option<Arc<ServerIdent>>>,
     /// Prepared statements the client holds (transaction pooling), for SHOW CLIENTS.
     prepared: std::sync::atomic::AtomicU32,
-    kill: Notify,
+    state: AtomicU8,
     /// Set once by the first kill; read without a lock at every wake-up of the
     /// session, so the Notify (which takes one) is looked at only after a kill.
     /// A [`KillReason`], 0 if none.
@@ -126,6 +125,11 @@ pub struct ClientInfo {
     /// 0: awake; 1: asked to sleep (woken through `kill`'s Notify); 2: asleep in the
     /// keeper, without a task.
     sleep: AtomicU8,
+    kill: Notify,
+    /// When it connected, in microseconds since the Unix epoch (8 bytes, not a
+    /// `SystemTime`'s 16: every idle client keeps one).
+    connect_us: u64,
+    pub meta: ClientMeta,
 }
 
 impl ClientInfo {

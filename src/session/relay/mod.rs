@@ -72,42 +72,47 @@ pub enum ReleaseAt {
 /// buffers (allocated on first use) and protocol tracking. `Default` is a blank one,
 /// never used before [`Relay::refill`] (parked.rs) fills it for a request.
 #[derive(Debug, Default)]
+// In this order (`repr(C)`): what every request reads or writes comes first, in about
+// six cache lines, and the rarely used parts of the prepared-statement state and the
+// spare input buffer last. With many clients a waiting one's relay is out of the
+// caches by its turn, and each line it touches is a miss (docs/performance.md).
+#[repr(C)]
 pub struct Relay {
     /// Client bytes not yet written to the server.
     c2s: BytesMut,
     /// Server bytes not yet written to the client.
     s2c: BytesMut,
-    client_framer: Framer,
-    server_framer: Framer,
     /// ReadyForQuery messages the server still owes (one per Query, Sync, FunctionCall).
     pending: u32,
-    /// Extended-protocol messages sent since the last Sync.
-    unsynced: bool,
+    /// ReadyForQuery messages in the last server read, and how many ended a transaction.
+    readies: u32,
+    xacts_done: u32,
+    max_packet: u32,
     /// The status byte of the last ReadyForQuery.
     status: u8,
+    /// Extended-protocol messages sent since the last Sync.
+    unsynced: bool,
     /// The client sent Terminate; nothing more is read from it.
     terminated: bool,
     /// A message header straddled the Terminate cut, so the server saw part of it.
     desync: bool,
-    max_packet: u32,
     /// A ReadyForQuery arrived in the last server read.
     saw_ready: bool,
     /// Timestamps for the timeouts, kept only when some timeout is set.
     timeouts: Timeouts,
-    request_started: Option<Tick>,
-    transaction_started: Option<Tick>,
     last_activity: Tick,
     /// When client bytes last arrived.
     last_read: Tick,
-    /// Counts since the last flush into the pool's stats.
-    pub stats: StatsDelta,
-    /// ReadyForQuery messages in the last server read, and how many ended a transaction.
-    readies: u32,
-    xacts_done: u32,
-    /// Prepared-statement rewriting (transaction and statement pooling only).
-    prepared: Option<prepared::PreparedState>,
     /// When `stats` was last folded into the pool's.
     last_flush: Tick,
+    request_started: Option<Tick>,
+    transaction_started: Option<Tick>,
+    /// Counts since the last flush into the pool's stats.
+    pub stats: StatsDelta,
+    client_framer: Framer,
+    server_framer: Framer,
+    /// Prepared-statement rewriting (transaction and statement pooling only).
+    prepared: Option<prepared::PreparedState>,
     /// The prepared-statement input buffer while the relay is spare (parked.rs).
     spare_input: BytesMut,
 }

@@ -100,11 +100,13 @@ pub enum Idle {
 
 /// A client's relay: made when a request comes, parked when the server goes back.
 #[derive(Debug)]
+// The parts a busy client's request reads first (`repr(C)`): see `Relay`.
+#[repr(C)]
 pub struct RelaySlot {
     active: Option<Box<Relay>>,
-    parked: Parked,
     /// Whether the active relay is resting between requests ([`RelaySlot::rest`]).
     resting: Rest,
+    parked: Parked,
 }
 
 /// Whether an active relay is between requests, and whether it kept its buffers.

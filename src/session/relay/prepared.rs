@@ -34,14 +34,20 @@ impl ClientPrepared {
 }
 
 /// One client's prepared-statement state during a request.
+/// The fields a plain request reads come first (`repr(C)`; see [`super::Relay`]): a
+/// request that needs no rewriting leaves the tracker and the rewriter alone.
 #[derive(Debug)]
+#[repr(C)]
 pub(super) struct PreparedState {
+    pub(super) mode: Mode,
+    /// The tracker has seen server bytes since the request began; until it has, it
+    /// is as [`PreparedState::restart`] left it, and need not be looked at or reset.
+    watched: bool,
     pub(super) kept: Box<ClientPrepared>,
-    tracker: ResponseTracker,
-    rewriter: Rewriter,
     /// Client bytes not yet rewritten.
     pub(super) input: BytesMut,
-    pub(super) mode: Mode,
+    tracker: ResponseTracker,
+    rewriter: Rewriter,
 }
 
 /// How a request's bytes go, decided at its first rewrite.
@@ -64,7 +70,20 @@ pub(super) enum Mode {
 impl PreparedState {
     /// Whether nothing is owed or half-processed, so the server may go back.
     pub(super) fn is_idle(&self) -> bool {
-        self.tracker.is_idle() && self.rewriter.at_boundary() && self.input.is_empty()
+        self.input.is_empty()
+            && (!self.tracker_used() || self.tracker.is_idle())
+            && self.rewriter_at_boundary()
+    }
+
+    /// Whether the tracker may have changed since [`PreparedState::restart`]: it saw
+    /// server bytes, or the request is tracked (the rewriter queues its answers).
+    fn tracker_used(&self) -> bool {
+        self.watched || self.mode == Mode::Tracked
+    }
+
+    /// The rewriter is used only by tracked requests.
+    fn rewriter_at_boundary(&self) -> bool {
+        self.mode != Mode::Tracked || self.rewriter.at_boundary()
     }
 
     pub(super) fn has_input(&self) -> bool {
@@ -73,13 +92,13 @@ impl PreparedState {
 
     /// Whether the next client message is Terminate (so no server is needed).
     pub(super) fn starts_with_terminate(&self) -> bool {
-        self.rewriter.at_boundary() && self.input.first() == Some(&TAG_TERMINATE)
+        self.rewriter_at_boundary() && self.input.first() == Some(&TAG_TERMINATE)
     }
 
     /// Whether the buffered input holds a Terminate message (walking its headers;
     /// only while the client waits for a server, so nothing is rewritten yet).
     pub(super) fn has_terminate(&self) -> bool {
-        if !self.rewriter.at_boundary() {
+        if !self.rewriter_at_boundary() {
             return false;
         }
         let mut rest = &self.input[..];
@@ -104,6 +123,7 @@ impl PreparedState {
             rewriter: Rewriter::default(),
             input,
             mode: Mode::Fresh,
+            watched: false,
         }
     }
 
@@ -118,9 +138,16 @@ impl PreparedState {
     /// client's next one, in place: what [`PreparedState::into_kept`] and
     /// [`PreparedState::new`] would make of it, without moving it out and back.
     pub(super) fn restart(&mut self) {
-        std::mem::take(&mut self.tracker).recycle();
-        self.rewriter = Rewriter::default();
+        // A request the rewriter and the tracker never saw (plain queries, the common
+        // case) left them as they were: nothing to reset, and their lines untouched.
+        if self.tracker_used() {
+            std::mem::take(&mut self.tracker).recycle();
+        }
+        if self.mode == Mode::Tracked {
+            self.rewriter = Rewriter::default();
+        }
         self.mode = Mode::Fresh;
+        self.watched = false;
     }
 
     /// Drops the state of a request cut short (the session ends), keeping its buffers
@@ -139,11 +166,12 @@ impl PreparedState {
         self.mode != Mode::Plain
             || server_holds
             || !self.kept.client.is_empty()
-            || self.tracker.mid_message()
+            || (self.tracker_used() && self.tracker.mid_message())
     }
 
     /// Runs one chunk of server bytes through the response tracker.
     pub(super) fn tracker_mut(&mut self) -> &mut ResponseTracker {
+        self.watched = true;
         &mut self.tracker
     }
 
@@ -154,6 +182,7 @@ impl PreparedState {
         server: &mut ServerStatements,
         on_event: impl FnMut(Event<'_>) -> Body,
     ) -> Result<(), ProtocolError> {
+        self.watched = true;
         let kept = &mut *self.kept;
         process_chunk(
             &mut self.tracker,
@@ -182,6 +211,10 @@ impl Relay {
         let Some(p) = self.prepared.as_mut() else {
             return Ok(());
         };
+        // A batch to replay is set only by a tracker that saw server bytes.
+        if !p.watched {
+            return Ok(());
+        }
         let Some(mut bytes) = p.tracker.take_retry() else {
             return Ok(());
         };
@@ -210,9 +243,8 @@ impl Relay {
         if !plain {
             return Ok(false);
         }
-        if self.c2s.capacity() == 0 {
-            self.c2s = crate::net::bufpool::take();
-        }
+        // No buffer taken for `c2s`: when it is empty, `pass` moves the input's buffer
+        // there, so a client waiting in line holds the one buffer its request is in.
         let pending_before = self.pending;
         p.mode = Mode::Plain;
         let start = self.c2s.len();
@@ -256,12 +288,12 @@ impl Relay {
         if p.input.is_empty() {
             return Ok(());
         }
+        if self.pass_plain()? {
+            return Ok(());
+        }
         if self.c2s.capacity() == 0 {
             // A pooled buffer rather than one grown (and freed) per request.
             self.c2s = crate::net::bufpool::take();
-        }
-        if self.pass_plain()? {
-            return Ok(());
         }
         let Some(p) = self.prepared.as_mut() else {
             return Ok(());
@@ -330,5 +362,66 @@ impl Relay {
         self.s2c.extend_from_slice(&ready);
         self.note_client_activity(pending_before, self.last_read);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plain_state() -> PreparedState {
+        let kept = Box::new(ClientPrepared::new(Arc::new(Registry::default()), 10));
+        let mut p = PreparedState::new(kept, BytesMut::new());
+        p.mode = Mode::Plain;
+        p
+    }
+
+    #[test]
+    fn a_tracker_that_saw_server_bytes_is_looked_at_and_reset() {
+        let mut p = plain_state();
+        // Plain, with no statements on either side: nothing to watch.
+        assert!(!p.watches(false) && p.is_idle());
+        // The server holds statements, so the answer goes through the tracker, and
+        // this chunk ends inside a ReadyForQuery's header.
+        assert!(p.watches(true));
+        let mut chunk = BytesMut::from(&b"C\0\0\0\x0dSELECT 1\0Z\0\0"[..]);
+        let mut server = ServerStatements::default();
+        let mut framer = Framer::default();
+        p.process_server_chunk(&mut framer, &mut chunk, &mut server, |_| Body::Skip)
+            .expect("a well-formed chunk");
+        // Held back: the tracker must keep watching, and the request is not over.
+        assert!(p.tracker.mid_message(), "the split header is held");
+        assert!(p.watches(false), "a held header keeps the tracker watching");
+        assert!(!p.is_idle());
+        p.tracker.can_retry = true;
+        p.restart();
+        assert!(!p.watched && p.mode == Mode::Fresh);
+        assert!(
+            !p.tracker.can_retry,
+            "a watched tracker starts the next request blank"
+        );
+        assert!(!p.tracker.mid_message() && p.is_idle());
+        p.mode = Mode::Plain;
+        assert!(!p.watches(false), "nothing held over into the next request");
+    }
+
+    #[test]
+    fn a_plain_request_left_in_line_takes_its_input_buffer_and_no_other() {
+        let mut r = Relay::default();
+        r.max_packet = 1 << 20;
+        r.prepared = Some(plain_state());
+        let query = b"Q\0\0\0\x0dSELECT 1\0";
+        let p = r.prepared.as_mut().expect("prepared mode");
+        p.mode = Mode::Fresh;
+        p.input = crate::net::bufpool::take();
+        p.input.extend_from_slice(query);
+        let at = p.input.as_ptr();
+        let request = r.take_request().expect("a whole Query").expect("a request");
+        assert_eq!(&request[..], query);
+        assert_eq!(request.as_ptr(), at, "moved, not copied");
+        let p = r.prepared.as_ref().expect("prepared mode");
+        assert_eq!(p.mode, Mode::Plain);
+        assert_eq!(p.input.capacity(), 0, "a waiting client holds one buffer");
+        assert_eq!(r.c2s.capacity(), 0);
     }
 }
