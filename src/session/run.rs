@@ -460,7 +460,9 @@ impl Session {
             }
             Outcome::ReleasePoint => {
                 let relay = self.relay.get();
-                self.info.set_prepared(relay.prepared_count());
+                if let Some(n) = relay.changed_prepared_count() {
+                    self.info.set_prepared(n);
+                }
                 let last_activity = relay.last_activity();
                 if self.reset_always {
                     if let Some(s) = self.server.take() {

@@ -43,6 +43,12 @@ pub(super) struct PreparedState {
     /// The tracker has seen server bytes since the request began; until it has, it
     /// is as [`PreparedState::restart`] left it, and need not be looked at or reset.
     watched: bool,
+    /// Whether the client held statements when the request began (or later): read by
+    /// every request, kept here so that a plain one does not look into `kept`. Only a
+    /// request that uses the tracker can change the statements, so `restart` renews
+    /// it after those; one that drops them all mid-request leaves it true, which only
+    /// sends the rest of that request the careful way.
+    has_statements: bool,
     pub(super) kept: Box<ClientPrepared>,
     /// Client bytes not yet rewritten.
     pub(super) input: BytesMut,
@@ -118,6 +124,7 @@ impl PreparedState {
     /// empty buffer, or one with no capacity yet).
     pub(super) fn new(kept: Box<ClientPrepared>, input: BytesMut) -> PreparedState {
         PreparedState {
+            has_statements: !kept.client.is_empty(),
             kept,
             tracker: ResponseTracker::default(),
             rewriter: Rewriter::default(),
@@ -142,6 +149,7 @@ impl PreparedState {
         // case) left them as they were: nothing to reset, and their lines untouched.
         if self.tracker_used() {
             std::mem::take(&mut self.tracker).recycle();
+            self.has_statements = !self.kept.client.is_empty();
         }
         if self.mode == Mode::Tracked {
             self.rewriter = Rewriter::default();
@@ -165,7 +173,7 @@ impl PreparedState {
     pub(super) fn watches(&self, server_holds: bool) -> bool {
         self.mode != Mode::Plain
             || server_holds
-            || !self.kept.client.is_empty()
+            || self.has_statements
             || (self.tracker_used() && self.tracker.mid_message())
     }
 
@@ -197,11 +205,12 @@ impl PreparedState {
 }
 
 impl Relay {
-    /// Prepared statements the client holds (0 without prepared-statement mode).
-    pub fn prepared_count(&self) -> u32 {
-        self.prepared
-            .as_ref()
-            .map_or(0, |p| p.kept.client.len() as u32)
+    /// Prepared statements the client holds, if this request may have changed their
+    /// number (it used the tracker): otherwise the console's count stands, and a
+    /// plain request does not look into the kept statements.
+    pub fn changed_prepared_count(&self) -> Option<u32> {
+        let p = self.prepared.as_ref()?;
+        p.tracker_used().then(|| p.kept.client.len() as u32)
     }
 
     /// Sends a batch again after its stale-plan error was hidden from the client: the
@@ -239,7 +248,7 @@ impl Relay {
             return Ok(false);
         };
         let plain = matches!(p.mode, Mode::Fresh | Mode::Plain)
-            && plain_request(&p.input, self.max_packet, !p.kept.client.is_empty());
+            && plain_request(&p.input, self.max_packet, p.has_statements);
         if !plain {
             return Ok(false);
         }
