@@ -30,7 +30,11 @@ pub(super) struct Waiter {
     pub(super) id: u64,
     pub(super) since: Tick,
     waker: Waker,
-    pub(super) request: Option<Request>,
+    /// Boxed (and the box kept by the client from one request to the next), so that
+    /// a place in line, its ticket and the futures that hold one stay small: a
+    /// ticket was 104 bytes, copied into three levels of a waiting client's task
+    /// (docs/performance.md, twenty-second round).
+    pub(super) request: Option<Box<Request>>,
 }
 
 /// A waiting client's request, ready for any server whose tracked parameters match
@@ -98,7 +102,7 @@ pub struct Ticket {
     /// Its answer was taken.
     answered: bool,
     /// The request left with the place, back with the answer.
-    request: Option<Request>,
+    request: Option<Box<Request>>,
 }
 
 /// Takes a place at the end of the line for the task of `waker`.
@@ -178,7 +182,7 @@ impl Ticket {
     /// Leaves the client's request with its place, for the releasing side to write
     /// to the connection it hands over; given back if the place was answered
     /// meanwhile (another thread) or is gone.
-    pub fn leave_request(&mut self, request: Request) -> Result<(), Request> {
+    pub fn leave_request(&mut self, request: Box<Request>) -> Result<(), Box<Request>> {
         let mut st = self.pool.lock_state();
         // The newest place is at the back.
         match st.waiters.iter_mut().rev().find(|w| w.id == self.id) {
@@ -191,7 +195,7 @@ impl Ticket {
     }
 
     /// The request left with the place, once answered: what of it was not written.
-    pub fn take_request(&mut self) -> Option<Request> {
+    pub fn take_request(&mut self) -> Option<Box<Request>> {
         self.request.take()
     }
 
@@ -341,25 +345,16 @@ mod tests {
         assert!(matches!(p.checkout(now, Waker::noop()), Checkout::Slow));
     }
 
-    fn request(text: &str) -> Request {
-        let meta = crate::stats::conns::ClientMeta {
-            id: 1,
-            user: "u".into(),
-            database: "db".into(),
-            pool_user: "u".into(),
-            peer: crate::net::PeerAddr::Unix,
-            local_addr: None,
-            application_name: "".into(),
-            admin: false,
-        };
-        Request {
+    fn request(text: &str) -> Box<Request> {
+        let meta = crate::stats::conns::test_meta(1);
+        Box::new(Request {
             bytes: BytesMut::from(text),
             params: Arc::default(),
             client: Arc::new(ClientInfo::new(meta)),
             sent: false,
             granted: None,
             more: false,
-        }
+        })
     }
 
     #[test]

@@ -58,7 +58,7 @@ pub(crate) struct PoolState {
     /// Answers not yet taken by their waiters, by place id (a few at most: a woken
     /// waiter takes its own at once, one left asleep until its server answers
     /// (`line::Waiter::wake_on_answer`) when that answer comes).
-    answers: Vec<(u64, line::Answer, Option<line::Request>)>,
+    answers: Vec<(u64, line::Answer, Option<Box<line::Request>>)>,
     next_waiter: u64,
     /// Connections counted against `pool_size`: idle + lent out + connecting.
     total: u32,

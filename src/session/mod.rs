@@ -10,6 +10,7 @@ pub mod params;
 pub mod relay;
 mod run;
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -258,33 +259,44 @@ async fn open_session(
 
 /// Runs a session in the current task until it ends (then logs why) or sleeps (then
 /// hands it to the keeper). With `welcome`, the session is new; without, it wakes up.
-async fn drive(stream: Stream, mut s: Box<Session>, welcome: Option<Welcome>) {
-    let info = s.info.clone();
-    info.set_asleep(false);
-    let ended = tokio::select! {
-        biased;
-        r = run::serve(&mut s, &stream, welcome) => r,
-        // KILL / KILL_CLIENT: any server the session holds is closed.
-        why = info.killed() => {
-            s.drop_server();
-            Box::pin(send_fatal(&stream, PROTOCOL_VIOLATION, why)).await;
-            Ended::Closed(why.to_owned())
+///
+/// Not an `async fn`: that would copy its arguments into the future a second time
+/// (the stream alone is 72 bytes), in every awake client's task; an `async move`
+/// block uses them in place (docs/performance.md, twenty-second round).
+#[allow(clippy::manual_async_fn)] // on purpose, as above
+fn drive(
+    stream: Stream,
+    mut s: Box<Session>,
+    welcome: Option<Welcome>,
+) -> impl Future<Output = ()> {
+    async move {
+        let info = s.info.clone();
+        info.set_asleep(false);
+        let ended = tokio::select! {
+            biased;
+            r = run::serve(&mut s, &stream, welcome) => r,
+            // KILL / KILL_CLIENT: any server the session holds is closed.
+            why = info.killed() => {
+                s.drop_server();
+                Box::pin(send_fatal(&stream, PROTOCOL_VIOLATION, why)).await;
+                Ended::Closed(why.to_owned())
+            }
+        };
+        let reason = match ended {
+            Ended::Closed(reason) => reason,
+            Ended::Asleep => {
+                info.set_asleep(true);
+                let app = s.app().clone();
+                return app.keeper.put(stream.into_std(), s);
+            }
+        };
+        if s.log_disconnections {
+            tracing::info!(
+                "{} closing because: {reason} (age={}s)",
+                s.tag(),
+                s.info.age().as_secs()
+            );
         }
-    };
-    let reason = match ended {
-        Ended::Closed(reason) => reason,
-        Ended::Asleep => {
-            info.set_asleep(true);
-            let app = s.app().clone();
-            return app.keeper.put(stream.into_std(), s);
-        }
-    };
-    if s.log_disconnections {
-        tracing::info!(
-            "{} closing because: {reason} (age={}s)",
-            s.tag(),
-            s.info.age().as_secs()
-        );
     }
 }
 

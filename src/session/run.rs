@@ -24,7 +24,7 @@ use crate::app::App;
 use crate::clock::Tick;
 use crate::config::PoolMode;
 use crate::net::Stream;
-use crate::pool::{Checkout, Pool, PoolError, Request, ServerConn, Ticket};
+use crate::pool::{Checkout, Pool, PoolError, ServerConn, Ticket};
 use crate::protocol::backend;
 use crate::protocol::sqlstate::*;
 use crate::stats::conns::ClientInfo;
@@ -153,136 +153,150 @@ impl Session {
 
 /// Serves requests until the client leaves or goes to sleep; with `welcome`, the
 /// session is new and welcomes its client first.
-pub(super) async fn serve(s: &mut Session, stream: &Stream, welcome: Option<Welcome>) -> Ended {
-    if let Some(w) = welcome {
-        if let Err(reason) = Box::pin(s.welcome(stream, w)).await {
-            return Ended::Closed(reason);
-        }
-    }
-    let mode = s.mode;
-    let reason = loop {
-        if s.relay.between_requests() {
-            // Idle: the only await an idle client's task holds.
-            // A session-mode client that holds its server stays awake.
-            let can_sleep = s.server.is_none() && s.app().keeper.running();
-            match s.relay.wait_idle(stream, &s.info, s.fresh, can_sleep).await {
-                // `fresh` stays until bytes come (below): a wake may find none.
-                Ok(Idle::Request) => {}
-                Ok(Idle::Sleep) => {
-                    s.fresh = false;
-                    // A sleeping client keeps only the parked part of its relay. A
-                    // resting relay always parks; were it not to, the client stays
-                    // awake, waiting for its next request.
-                    s.relay.park();
-                    if s.relay.parked().is_some() {
-                        return Ended::Asleep;
-                    }
-                }
-                Err(why) => return Ended::Closed(s.fail(stream, PROTOCOL_VIOLATION, why).await),
+/// A plain `fn` around an `async move` block, as are `step` and `wait_in_line`, so
+/// that the arguments are not copied into the future twice (see `session::drive`).
+#[allow(clippy::manual_async_fn)] // on purpose: see `session::drive`
+pub(super) fn serve<'a>(
+    s: &'a mut Session,
+    stream: &'a Stream,
+    welcome: Option<Welcome>,
+) -> impl Future<Output = Ended> + 'a {
+    async move {
+        if let Some(w) = welcome {
+            if let Err(reason) = Box::pin(s.welcome(stream, w)).await {
+                return Ended::Closed(reason);
             }
         }
-        if s.server.is_none() && !s.relay.get().has_request() {
-            // Bytes are usually there by now: read them without a future; the wait
-            // for more is boxed so that it adds nothing to an idle client's task.
-            let relay = s.relay.get();
-            let read = match relay.try_read_unlinked(stream) {
-                Some(r) => r,
-                None if s.fresh && !relay.has_request() => {
-                    // Readable, yet nothing to read (readiness can be spurious): a
-                    // fresh client still quiet goes back to its idle wait, and to
-                    // sleep when that runs out.
-                    s.relay.rest();
-                    if s.relay.between_requests() {
-                        continue;
+        let mode = s.mode;
+        let reason = loop {
+            if s.relay.between_requests() {
+                // Idle: the only await an idle client's task holds.
+                // A session-mode client that holds its server stays awake.
+                let can_sleep = s.server.is_none() && s.app().keeper.running();
+                match s.relay.wait_idle(stream, &s.info, s.fresh, can_sleep).await {
+                    // `fresh` stays until bytes come (below): a wake may find none.
+                    Ok(Idle::Request) => {}
+                    Ok(Idle::Sleep) => {
+                        s.fresh = false;
+                        // A sleeping client keeps only the parked part of its relay. A
+                        // resting relay always parks; were it not to, the client stays
+                        // awake, waiting for its next request.
+                        s.relay.park();
+                        if s.relay.parked().is_some() {
+                            return Ended::Asleep;
+                        }
                     }
-                    Box::pin(s.relay.get().read_client_unlinked(stream, &s.pool.stats)).await
+                    Err(why) => {
+                        return Ended::Closed(s.fail(stream, PROTOCOL_VIOLATION, why).await)
+                    }
                 }
-                None => Box::pin(relay.read_client_unlinked(stream, &s.pool.stats)).await,
-            };
-            // From now on only the janitor's sweep puts it to sleep: no timer per
-            // request.
-            s.fresh = false;
-            match read {
-                Ok(true) => {}
-                Ok(false) => break "client close request".to_owned(),
-                Err(Outcome::ClientProtocol(e)) => {
-                    let why = e.to_string();
-                    let relay = s.relay.get();
-                    let why = protocol_failure(
-                        stream,
-                        relay,
-                        ClientTag::new(&s.info, s.log_pooler_errors),
-                        &why,
-                    );
-                    return Ended::Closed(Box::pin(why).await);
-                }
-                Err(Outcome::Timeout(why)) => {
-                    return Ended::Closed(s.fail(stream, PROTOCOL_VIOLATION, why).await);
-                }
-                Err(_) => break "client unexpected eof".to_owned(),
             }
+            if s.server.is_none() && !s.relay.get().has_request() {
+                // Bytes are usually there by now: read them without a future; the wait
+                // for more is boxed so that it adds nothing to an idle client's task.
+                let relay = s.relay.get();
+                let read = match relay.try_read_unlinked(stream) {
+                    Some(r) => r,
+                    None if s.fresh && !relay.has_request() => {
+                        // Readable, yet nothing to read (readiness can be spurious): a
+                        // fresh client still quiet goes back to its idle wait, and to
+                        // sleep when that runs out.
+                        s.relay.rest();
+                        if s.relay.between_requests() {
+                            continue;
+                        }
+                        Box::pin(s.relay.get().read_client_unlinked(stream, &s.pool.stats)).await
+                    }
+                    None => Box::pin(relay.read_client_unlinked(stream, &s.pool.stats)).await,
+                };
+                // From now on only the janitor's sweep puts it to sleep: no timer per
+                // request.
+                s.fresh = false;
+                match read {
+                    Ok(true) => {}
+                    Ok(false) => break "client close request".to_owned(),
+                    Err(Outcome::ClientProtocol(e)) => {
+                        let why = e.to_string();
+                        let relay = s.relay.get();
+                        let why = protocol_failure(
+                            stream,
+                            relay,
+                            ClientTag::new(&s.info, s.log_pooler_errors),
+                            &why,
+                        );
+                        return Ended::Closed(Box::pin(why).await);
+                    }
+                    Err(Outcome::Timeout(why)) => {
+                        return Ended::Closed(s.fail(stream, PROTOCOL_VIOLATION, why).await);
+                    }
+                    Err(_) => break "client unexpected eof".to_owned(),
+                }
+            }
+            match s.step(stream).await {
+                Step::Next => {}
+                Step::End(reason) => break reason,
+                Step::Done(reason) => return Ended::Closed(reason),
+            }
+        };
+        // No cancel reaches the server now (its reset, if any, is ours).
+        s.info.unlink();
+        let clean = match s.relay.active() {
+            Some(relay) => {
+                s.pool.stats.flush(&mut relay.stats);
+                relay.server_clean()
+            }
+            None => true,
+        };
+        if let Some(srv) = s.server.take() {
+            Box::pin(finish_server(&s.pool, srv, clean, mode)).await;
         }
-        match s.step(stream).await {
-            Step::Next => {}
-            Step::End(reason) => break reason,
-            Step::Done(reason) => return Ended::Closed(reason),
-        }
-    };
-    // No cancel reaches the server now (its reset, if any, is ours).
-    s.info.unlink();
-    let clean = match s.relay.active() {
-        Some(relay) => {
-            s.pool.stats.flush(&mut relay.stats);
-            relay.server_clean()
-        }
-        None => true,
-    };
-    if let Some(srv) = s.server.take() {
-        Box::pin(finish_server(&s.pool, srv, clean, mode)).await;
+        Ended::Closed(reason)
     }
-    Ended::Closed(reason)
 }
 
 impl Session {
     /// Serves one request: links a server if none is, then relays until the release
     /// point (or, in session mode, until the client leaves).
-    async fn step(&mut self, stream: &Stream) -> Step {
-        if self.server.is_none() {
-            // A place in line keeps this task's waker (borrowed here, cloned only then).
-            match poll_fn(|cx| Poll::Ready(self.try_link_idle(cx.waker()))).await {
-                Ok(()) => {}
-                // Every server busy: the common wait with many clients, a small
-                // future awaited in place.
-                Err(Pending::Queued(ticket)) => {
-                    if let Some(end) = self.wait_in_line(stream, ticket).await {
-                        return end;
+    #[allow(clippy::manual_async_fn)] // on purpose: see `session::drive`
+    fn step<'a>(&'a mut self, stream: &'a Stream) -> impl Future<Output = Step> + 'a {
+        async move {
+            if self.server.is_none() {
+                // A place in line keeps this task's waker (borrowed here, cloned only then).
+                match poll_fn(|cx| Poll::Ready(self.try_link_idle(cx.waker()))).await {
+                    Ok(()) => {}
+                    // Every server busy: the common wait with many clients, a small
+                    // future awaited in place.
+                    Err(Pending::Queued(ticket)) => {
+                        if let Some(end) = self.wait_in_line(stream, ticket).await {
+                            return end;
+                        }
                     }
-                }
-                // The rest (a paused pooler, a new connection, an idle check, a
-                // parameter sync, a reserve pool) is boxed, as is its large state, so
-                // that this future stays small: it is part of every awake client's task.
-                Err(Pending::Other(fast)) => {
-                    if let Some(end) = Box::pin(self.link(stream, fast)).await {
-                        return end;
+                    // The rest (a paused pooler, a new connection, an idle check, a
+                    // parameter sync, a reserve pool) is boxed, as is its large state, so
+                    // that this future stays small: it is part of every awake client's task.
+                    Err(Pending::Other(fast)) => {
+                        if let Some(end) = Box::pin(self.link(stream, fast)).await {
+                            return end;
+                        }
                     }
                 }
             }
+            let Some(srv) = self.server.as_mut() else {
+                return Step::Next;
+            };
+            let outcome = self
+                .relay
+                .get()
+                .run(
+                    stream,
+                    srv,
+                    &mut self.params,
+                    self.release_at,
+                    &self.pool.stats,
+                )
+                .await;
+            self.after(stream, outcome).await
         }
-        let Some(srv) = self.server.as_mut() else {
-            return Step::Next;
-        };
-        let outcome = self
-            .relay
-            .get()
-            .run(
-                stream,
-                srv,
-                &mut self.params,
-                self.release_at,
-                &self.pool.stats,
-            )
-            .await;
-        self.after(stream, outcome).await
     }
 
     /// The common cases of getting a server, needing no clock: the pooler lends, and
@@ -315,64 +329,64 @@ impl Session {
     /// On a single loop the request waits with its place, and whoever releases a
     /// server to this client writes it at once (`pool::Request`); what was not
     /// written comes back, and the relay sends it as usual.
-    async fn wait_in_line(&mut self, stream: &Stream, mut ticket: Ticket) -> Option<Step> {
-        let asked = Tick::now();
-        let mut left = false;
-        if self.slot.0.hand_over_requests {
-            match self.relay.get().take_request() {
-                Ok(Some(bytes)) => {
-                    let params = self.params.wanted().clone();
-                    let request = Request {
-                        bytes,
-                        params,
-                        client: self.info.clone(),
-                        sent: false,
-                        granted: None,
-                        more: false,
-                    };
-                    match ticket.leave_request(request) {
-                        Ok(()) => left = true,
-                        Err(r) => self.relay.get().restore_request(r.bytes),
+    #[allow(clippy::manual_async_fn)] // on purpose: see `session::drive`
+    fn wait_in_line<'a>(
+        &'a mut self,
+        stream: &'a Stream,
+        mut ticket: Ticket,
+    ) -> impl Future<Output = Option<Step>> + 'a {
+        async move {
+            let asked = Tick::now();
+            let mut left = false;
+            if self.slot.0.hand_over_requests {
+                match self.relay.get().take_request() {
+                    Ok(Some(bytes)) => {
+                        let relay = self.relay.get();
+                        let request = relay.line_request(bytes, self.params.wanted(), &self.info);
+                        match ticket.leave_request(request) {
+                            Ok(()) => left = true,
+                            Err(r) => relay.restore_line_request(r),
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        drop(ticket);
+                        return Some(Box::pin(self.after(stream, e)).await);
                     }
                 }
-                Ok(None) => {}
-                Err(e) => {
-                    drop(ticket);
-                    return Some(Box::pin(self.after(stream, e)).await);
-                }
             }
-        }
-        let (pool, relay, params) = (&self.pool, self.relay.get(), &mut self.params);
-        // Bytes read after the request was left must wake this task at the
-        // hand-over (`Pool::more_input`); telling the line once is enough.
-        let id = ticket.id();
-        let more = move || {
-            if std::mem::take(&mut left) {
-                pool.more_input(id);
-            }
-        };
-        let place = &mut ticket;
-        let acquired = watch_client(
-            stream,
-            relay,
-            more,
-            std::pin::pin!(async move {
-                let mut s = pool.redeem(place).await?;
-                if params.differs(&mut s) {
-                    return Box::pin(acquire_linked(pool, params, Some(s))).await;
+            let (pool, relay, params) = (&self.pool, self.relay.get(), &mut self.params);
+            // Bytes read after the request was left must wake this task at the
+            // hand-over (`Pool::more_input`); telling the line once is enough.
+            let id = ticket.id();
+            let more = move || {
+                if std::mem::take(&mut left) {
+                    pool.more_input(id);
                 }
-                Ok(s)
-            }),
-        )
-        .await;
-        let mut granted = None;
-        if let Some(r) = ticket.take_request() {
-            granted = r.granted;
-            self.relay.get().restore_request(r.bytes);
-        }
-        match self.linked(asked, granted, acquired) {
-            Ok(()) => None,
-            Err(e) => Some(Box::pin(self.not_linked(stream, e)).await),
+            };
+            let place = &mut ticket;
+            let acquired = watch_client(
+                stream,
+                relay,
+                more,
+                std::pin::pin!(async move {
+                    let mut s = pool.redeem(place).await?;
+                    if params.differs(&mut s) {
+                        return Box::pin(acquire_linked(pool, params, Some(s))).await;
+                    }
+                    Ok(s)
+                }),
+            )
+            .await;
+            let mut granted = None;
+            if let Some(r) = ticket.take_request() {
+                granted = r.granted;
+                self.relay.get().restore_line_request(r);
+            }
+            match self.linked(asked, granted, acquired) {
+                Ok(()) => None,
+                Err(e) => Some(Box::pin(self.not_linked(stream, e)).await),
+            }
         }
     }
 

@@ -390,21 +390,27 @@ impl ClientRegistry {
     }
 }
 
+/// A client of user `u` on database `d`, over the UNIX socket, for unit tests.
+#[cfg(test)]
+pub(crate) fn test_meta(id: u64) -> ClientMeta {
+    ClientMeta {
+        id,
+        user: "u".into(),
+        database: "d".into(),
+        pool_user: "u".into(),
+        peer: PeerAddr::Unix,
+        local_addr: None,
+        application_name: "".into(),
+        admin: false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn meta(id: u64) -> ClientMeta {
-        ClientMeta {
-            id,
-            user: "u".into(),
-            database: "d".into(),
-            pool_user: "u".into(),
-            peer: PeerAddr::Unix,
-            local_addr: None,
-            application_name: "".into(),
-            admin: false,
-        }
+        test_meta(id)
     }
 
     #[test]

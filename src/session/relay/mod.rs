@@ -23,7 +23,7 @@ use super::framer::{Body, Event, Framer};
 use super::params::ClientParams;
 use crate::clock::Tick;
 use crate::net::{bufpool, Stream};
-use crate::pool::ServerConn;
+use crate::pool::{Request, ServerConn};
 use crate::protocol::backend::parse_parameter_status;
 use crate::protocol::header::*;
 use crate::protocol::ProtocolError;
@@ -107,6 +107,9 @@ pub struct Relay {
     last_flush: Tick,
     request_started: Option<Tick>,
     transaction_started: Option<Tick>,
+    /// The box a request left in a pool's line goes in, kept for the client's next
+    /// wait (this client's: dropped when the relay is put away).
+    line_request: Option<Box<Request>>,
     /// Counts since the last flush into the pool's stats.
     pub stats: StatsDelta,
     client_framer: Framer,

@@ -305,6 +305,7 @@ impl Relay {
             xacts_done,
             prepared,
             last_flush: _,
+            line_request: _,
             spare_input: _,
         } = self;
         // Parkable: the buffers are empty, the stats flushed, nothing owed.
@@ -383,7 +384,7 @@ impl Drop for RelaySlot {
 /// Relays of finished requests, kept per thread with their (empty) buffers for the
 /// next request any client on the thread makes: a request then allocates nothing, and
 /// an idle client still holds no relay.
-mod spare {
+pub(super) mod spare {
     use std::cell::{Cell, RefCell};
 
     use super::{bufpool, Relay};
@@ -425,13 +426,15 @@ mod spare {
         let _ = HOLDING.try_with(|h| h.set(h.get().saturating_sub(1)));
     }
 
-    pub(super) fn take() -> Option<Box<Relay>> {
+    pub(in super::super) fn take() -> Option<Box<Relay>> {
         SPARE.try_with(|s| s.borrow_mut().pop()).ok().flatten()
     }
 
     /// Keeps a parked relay (its prepared-statement state gone, its buffers empty) if
     /// there is room; a buffer that cannot be reused as it is goes.
-    pub(super) fn put(mut r: Box<Relay>) {
+    pub(in super::super) fn put(mut r: Box<Relay>) {
+        // Its client's: the next one makes its own.
+        r.line_request = None;
         for b in [&mut r.c2s, &mut r.s2c, &mut r.spare_input] {
             if !bufpool::reusable(b) {
                 *b = Default::default();

@@ -6,13 +6,15 @@ use std::sync::Arc;
 use bytes::BytesMut;
 
 use super::{count_client_tag, Outcome, Relay};
-use crate::pool::ServerConn;
+use crate::pool::{Request, ServerConn};
 use crate::prepared::responses::{process_chunk, Expect, Kind, ResponseTracker};
 use crate::prepared::rewrite::{pass, plain_request, Ctx, RewriteError, Rewriter};
 use crate::prepared::{ClientStatements, Registry, ServerStatements};
 use crate::protocol::header::{TAG_READY_FOR_QUERY, TAG_TERMINATE};
 use crate::protocol::ProtocolError;
 use crate::session::framer::{Body, Event, Framer};
+use crate::session::params::ParamSet;
+use crate::stats::conns::ClientInfo;
 
 /// What of a client's prepared-statement state outlives a request: its statements.
 #[derive(Debug)]
@@ -288,6 +290,41 @@ impl Relay {
         crate::net::bufpool::give(std::mem::replace(&mut self.c2s, bytes));
     }
 
+    /// `bytes` (from [`Relay::take_request`]) as a request to leave in a pool's line,
+    /// in the box the last one used if there is one (`client` names a new box: a
+    /// relay is its client's until put away, so a kept box names that client).
+    pub fn line_request(
+        &mut self,
+        bytes: BytesMut,
+        params: &Arc<ParamSet>,
+        client: &Arc<ClientInfo>,
+    ) -> Box<Request> {
+        let Some(mut r) = self.line_request.take() else {
+            return Box::new(Request {
+                bytes,
+                params: params.clone(),
+                client: client.clone(),
+                sent: false,
+                granted: None,
+                more: false,
+            });
+        };
+        r.bytes = bytes;
+        if !Arc::ptr_eq(&r.params, params) {
+            r.params = params.clone();
+        }
+        (r.sent, r.granted, r.more) = (false, None, false);
+        r
+    }
+
+    /// Takes back a request that was left in line: puts back what was not written
+    /// ([`Relay::restore_request`]) and keeps the box for the next one.
+    pub fn restore_line_request(&mut self, mut r: Box<Request>) {
+        let bytes = std::mem::take(&mut r.bytes);
+        self.line_request = Some(r);
+        self.restore_request(bytes);
+    }
+
     /// Rewrites buffered client bytes for the linked server into `c2s`, and queues
     /// any answer Sluice gives itself that is due now.
     pub(super) fn rewrite_pending(&mut self, server: &mut ServerConn) -> Result<(), Outcome> {
@@ -377,6 +414,7 @@ impl Relay {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::Tick;
 
     fn plain_state() -> PreparedState {
         let kept = Box::new(ClientPrepared::new(Arc::new(Registry::default()), 10));
@@ -432,5 +470,38 @@ mod tests {
         assert_eq!(p.mode, Mode::Plain);
         assert_eq!(p.input.capacity(), 0, "a waiting client holds one buffer");
         assert_eq!(r.c2s.capacity(), 0);
+    }
+
+    #[test]
+    fn a_request_left_in_line_keeps_its_box_for_the_clients_next_one() {
+        let client = |id| Arc::new(ClientInfo::new(crate::stats::conns::test_meta(id)));
+        let (info, stranger) = (client(1), client(2));
+        let (params, other) = (Arc::new(ParamSet::default()), Arc::new(ParamSet::default()));
+        let mut r = Relay::default();
+        let mut first = r.line_request(BytesMut::from("Q1"), &params, &info);
+        // The line wrote part of it, and the client sent more meanwhile.
+        bytes::Buf::advance(&mut first.bytes, 1);
+        (first.sent, first.more, first.granted) = (true, true, Some(Tick::now()));
+        r.c2s.extend_from_slice(b"Q3");
+        r.restore_line_request(first);
+        assert_eq!(&r.c2s[..], b"1Q3", "what was not written goes first");
+        // (A relay is its client's, so a kept box is never another client's.)
+        let next = r.line_request(BytesMut::from("Q2"), &other, &stranger);
+        assert!(
+            Arc::ptr_eq(&next.client, &info),
+            "the same box, not a new one"
+        );
+        assert_eq!(&next.bytes[..], b"Q2");
+        assert!(!next.sent && !next.more && next.granted.is_none());
+        assert!(
+            Arc::ptr_eq(&next.params, &other),
+            "this request's parameters"
+        );
+        r.restore_line_request(next);
+        // A relay put away drops it (it names its client).
+        super::super::parked::spare::put(Box::new(r));
+        let spare = super::super::parked::spare::take().expect("the spare relay");
+        assert!(spare.line_request.is_none());
+        assert_eq!(Arc::strong_count(&info), 1);
     }
 }
