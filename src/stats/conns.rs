@@ -409,15 +409,11 @@ pub(crate) fn test_meta(id: u64) -> ClientMeta {
 mod tests {
     use super::*;
 
-    fn meta(id: u64) -> ClientMeta {
-        test_meta(id)
-    }
-
     #[test]
     fn register_state_and_unregister() {
         let r = Arc::new(ClientRegistry::default());
         {
-            let g = r.register(meta(7));
+            let g = r.register(test_meta(7));
             assert_eq!(r.len(), 1);
             assert_eq!(g.state(), ClientState::Idle);
             g.set_waiting(Tick::now());
@@ -442,7 +438,7 @@ mod tests {
     #[tokio::test]
     async fn kill_wakes_the_session_even_if_sent_first() {
         let r = Arc::new(ClientRegistry::default());
-        let g = r.register(meta(1));
+        let g = r.register(test_meta(1));
         g.kill(KillReason::AdminForced);
         assert_eq!(g.killed().await, "admin forced disconnect");
     }
