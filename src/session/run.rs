@@ -153,6 +153,7 @@ impl Session {
 
 /// Serves requests until the client leaves or goes to sleep; with `welcome`, the
 /// session is new and welcomes its client first.
+///
 /// A plain `fn` around an `async move` block, as are `step` and `wait_in_line`, so
 /// that the arguments are not copied into the future twice (see `session::drive`).
 #[allow(clippy::manual_async_fn)] // on purpose: see `session::drive`
