@@ -7,6 +7,7 @@
 pub mod admin;
 pub mod app;
 pub mod auth;
+pub mod cache;
 pub mod clock;
 pub mod config;
 pub mod lifecycle;

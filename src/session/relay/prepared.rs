@@ -307,6 +307,7 @@ impl Relay {
                 sent: false,
                 granted: None,
                 more: false,
+                hints: Default::default(),
             });
         };
         r.bytes = bytes;
