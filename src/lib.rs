@@ -7,7 +7,6 @@
 pub mod admin;
 pub mod app;
 pub mod auth;
-pub mod cache;
 pub mod clock;
 pub mod config;
 pub mod lifecycle;

@@ -55,8 +55,6 @@ pub struct Request {
     /// The client sent more after leaving the request ([`Pool::more_input`]): its
     /// task has bytes of its own to send, so it must be woken at the hand-over.
     pub more: bool,
-    /// Where the waiting task will read once it has its server.
-    pub hints: crate::cache::Hints,
 }
 
 impl Request {
@@ -356,7 +354,6 @@ mod tests {
             sent: false,
             granted: None,
             more: false,
-            hints: Default::default(),
         })
     }
 

@@ -286,15 +286,8 @@ impl Pool {
                     r.send_on(&mut conn);
                 }
                 let asleep = w.wake_on_answer(&conn, now);
-                let hints = w.request.as_ref().map(|r| r.hints);
                 let waker = w.answer(&mut st, line::Answer::Granted(Grant::Server(conn)));
                 drop(st);
-                // The waiter runs next when the server answers: its state, cold by
-                // now with many clients waiting, is fetched meanwhile (crate::cache).
-                if let Some(h) = hints {
-                    h.fetch();
-                    crate::cache::line(waker.data() as usize);
-                }
                 if !asleep {
                     waker.wake();
                 }

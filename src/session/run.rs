@@ -21,7 +21,6 @@ use super::params::ClientParams;
 use super::relay::{Idle, Outcome, Relay, RelaySlot, ReleaseAt};
 use super::{fail_client, fail_with, protocol_failure, ClientSlot, ClientTag};
 use crate::app::App;
-use crate::cache::Hints;
 use crate::clock::Tick;
 use crate::config::PoolMode;
 use crate::net::Stream;
@@ -343,23 +342,8 @@ impl Session {
             if self.slot.0.hand_over_requests {
                 match self.relay.get().take_request() {
                     Ok(Some(bytes)) => {
-                        // What this task reads once a server is handed to it, for the
-                        // releasing side to ask the caches for (crate::cache): the
-                        // session, relay, console entry, and this future and the
-                        // outermost one (the stream is the first thing in `drive`'s).
-                        let session = &*self as *const Session as usize;
-                        let info = Arc::as_ptr(&self.info) as usize;
-                        let place = &ticket as *const Ticket as usize;
                         let relay = self.relay.get();
-                        let mut request =
-                            relay.line_request(bytes, self.params.wanted(), &self.info);
-                        request.hints = Hints::new([
-                            session,
-                            relay as *const Relay as usize,
-                            info,
-                            stream as *const Stream as usize,
-                            place,
-                        ]);
+                        let request = relay.line_request(bytes, self.params.wanted(), &self.info);
                         match ticket.leave_request(request) {
                             Ok(()) => left = true,
                             Err(r) => relay.restore_line_request(r),

@@ -307,7 +307,6 @@ impl Relay {
                 sent: false,
                 granted: None,
                 more: false,
-                hints: Default::default(),
             });
         };
         r.bytes = bytes;
