@@ -178,6 +178,27 @@ def proc_cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def tree_cpu_seconds(pid):
+    """utime + stime of a process, of the children it has waited for, and of its live
+    children: PostgreSQL's postmaster and its backends, those that ended included."""
+    def stat(p):
+        with open("/proc/%d/stat" % p) as f:
+            return f.read().rsplit(")", 1)[1].split()
+    fields = stat(pid)
+    # fields[11..14] are utime, stime, cutime and cstime (fields 14 to 17).
+    total = sum(int(v) for v in fields[11:15])
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            f = stat(int(entry))
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(f[1]) == pid:  # fields[1] is the parent's pid
+            total += int(f[11]) + int(f[12])
+    return total / CLK_TCK
+
+
 def proc_rss_kb(pid):
     with open("/proc/%d/status" % pid) as f:
         for line in f:

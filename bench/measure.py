@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -72,7 +73,13 @@ def first_error(text):
     return lines[-1][:200] if lines else "no output"
 
 
-def run_pgbench(pgbench, scen, host, port, seconds, logdir, pooler):
+def children_cpu():
+    """CPU seconds of the children this process has waited for (pgbench)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def run_pgbench(pgbench, scen, host, port, seconds, logdir, pooler, pg=None):
     prefix = os.path.join(logdir, "%s-%d" % (scen.key, time.monotonic_ns()))
     argv = [pgbench, "-n", "-c", str(scen.clients), "-j", str(OPT.jobs), "-T", str(seconds),
             "--log", "--log-prefix=" + prefix] + scen.args
@@ -80,6 +87,8 @@ def run_pgbench(pgbench, scen, host, port, seconds, logdir, pooler):
         argv += ["-f", os.path.join(logdir, scen.script_name())]
     argv += ["-h", host, "-p", str(port), "-U", USER, DB]
     cpu0 = pooler.cpu() if pooler else None
+    pg0 = pg.cpu() if pg else None
+    bench0 = children_cpu()
     t0 = time.monotonic()
     try:
         out = subprocess.run(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -90,7 +99,13 @@ def run_pgbench(pgbench, scen, host, port, seconds, logdir, pooler):
         text = (out.decode(errors="replace") if isinstance(out, bytes) else out) + "\npgbench timed out"
         rc = None
     wall = time.monotonic() - t0
+    bench1 = children_cpu()
     cpu1 = pooler.cpu() if pooler else None
+    if pg and not pooler:
+        # Direct, pgbench's backends end with it, and their CPU is read once the
+        # postmaster has reaped them: read at once, it came out as low as a fifth.
+        time.sleep(0.5)
+    pg1 = pg.cpu() if pg else None
     lat = latency_from_logs(prefix)
     r = parse_pgbench(text, scen.connect)
     r["wall"] = round(wall, 2)
@@ -108,6 +123,11 @@ def run_pgbench(pgbench, scen, host, port, seconds, logdir, pooler):
     if pooler:
         r["cpu_s"] = round(cpu1 - cpu0, 3)
         r["cpu_per_10k"] = (cpu1 - cpu0) / r["tx"] * 10000
+    # The rest of the machine's work: pgbench itself, and PostgreSQL.
+    r["pgbench_per_10k"] = (bench1 - bench0) / r["tx"] * 10000
+    if pg0 is not None and pg1 is not None:
+        r["postgres_per_10k"] = (pg1 - pg0) / r["tx"] * 10000
+        r["all_per_10k"] = r["pgbench_per_10k"] + r["postgres_per_10k"] + r.get("cpu_per_10k", 0)
     return r
 
 
@@ -213,7 +233,7 @@ def run_rounds(pgbench, pg, poolers, work, rounds, seconds):
                 else:
                     host = pooler.sockdir if scen.via == "unix" else "127.0.0.1"
                     port = pooler.port
-                r = run_pgbench(pgbench, scen, host, port, seconds, work, pooler)
+                r = run_pgbench(pgbench, scen, host, port, seconds, work, pooler, pg)
                 if pooler is not None and not pooler.alive():
                     r = {"error": "%s exited during the run" % t, "wall": r.get("wall")}
                 raw[scen.key][t].append(r)

@@ -44,7 +44,8 @@ def aggregate(raw, rounds):
             good = [r for r in runs if "error" not in r]
             a = {"ok_rounds": len(good), "rounds": len(runs),
                  "errors": [r["error"] for r in runs if "error" in r]}
-            for f in ("tps", "lat_avg_ms", "lat_p99_ms", "cpu_per_10k"):
+            for f in ("tps", "lat_avg_ms", "lat_p99_ms", "cpu_per_10k", "pgbench_per_10k",
+                      "postgres_per_10k", "all_per_10k"):
                 a[f] = median_of(good, f)
             agg[scen.key][t] = a
     return agg
@@ -136,6 +137,7 @@ def render_markdown(meta, agg, raw, idle, chart_name):
         if meta.get("idle_note"):
             L.append(meta["idle_note"])
         L.append("")
+    L.extend(render_machine(agg))
     L.extend(render_rounds(raw))
     fails = []
     for scen in OPT.scenarios:
@@ -159,6 +161,37 @@ def render_markdown(meta, agg, raw, idle, chart_name):
         L.append("![tps by client count](%s)" % chart_name)
     L.append("")
     return "\n".join(L)
+
+
+def render_machine(agg):
+    """Where the machine's CPU went per transaction: the pooler, pgbench and
+    PostgreSQL, behind each pooler and direct."""
+    def parts(a, pooler=True):
+        keys = (["cpu_per_10k"] if pooler else []) + ["pgbench_per_10k", "postgres_per_10k"]
+        return " / ".join(fmt_num(a.get(k), 3) for k in keys)
+
+    if not any(agg[sc.key][t].get("all_per_10k") for sc in OPT.scenarios for t in TARGETS):
+        return []
+    L = ["## Where the machine's CPU went", "",
+         "| scenario | Sluice: pooler / pgbench / PostgreSQL | all | PgBouncer: pooler / pgbench "
+         "/ PostgreSQL | all | all, Sluice/PgBouncer | direct: pgbench / PostgreSQL | all |",
+         "|---|--:|--:|--:|--:|--:|--:|--:|"]
+    for scen in OPT.scenarios:
+        a = agg[scen.key]
+        s, b, d = a["sluice"], a["pgbouncer"], a["direct"]
+        L.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            scen.title, parts(s), fmt_num(s.get("all_per_10k"), 3), parts(b),
+            fmt_num(b.get("all_per_10k"), 3), ratio(s.get("all_per_10k"), b.get("all_per_10k")),
+            parts(d, pooler=False), fmt_num(d.get("all_per_10k"), 3)))
+    L.append("")
+    L.append("CPU seconds (user + system) per 10,000 transactions, each the median over the rounds: "
+             "the pooler's process, pgbench's (as its parent sees it) and PostgreSQL's (the "
+             "postmaster and every process it started). When every core is busy, tps is the "
+             "cores divided by what a transaction costs the three together, so a pooler gains by "
+             "what it costs itself and by what it saves pgbench and PostgreSQL "
+             "(docs/performance.md, twenty-third round).")
+    L.append("")
+    return L
 
 
 def tps_spread(runs):

@@ -9,7 +9,7 @@ import time
 
 from common import (
     MAX_CLIENT_CONN, DB, USER, OPT, die, which, ENV, free_port, port_open, proc_cpu_seconds,
-    proc_rss_kb, tail,
+    proc_rss_kb, tail, tree_cpu_seconds,
 )
 
 
@@ -91,6 +91,15 @@ class Postgres:
         except (OSError, ValueError):
             return False
         return port_open(self.port)
+
+    def cpu(self):
+        """CPU seconds of the postmaster and every process it started (backends that
+        ended included), or None if that cannot be read."""
+        try:
+            with open(os.path.join(self.data, "postmaster.pid")) as f:
+                return tree_cpu_seconds(int(f.readline()))
+        except (OSError, ValueError, IndexError):
+            return None
 
     def stop(self):
         if self.started:
