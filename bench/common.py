@@ -169,32 +169,32 @@ def port_open(port):
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def proc_cpu_seconds(pid):
-    """utime + stime of the whole process (all threads), in seconds."""
+def proc_stat(pid):
+    """/proc/PID/stat's fields from the third (state) on: fields[1] is the parent's
+    pid; fields[11..14] are utime, stime, cutime and cstime, in clock ticks."""
     with open("/proc/%d/stat" % pid) as f:
         # The command name is in parentheses and may contain spaces: split after it.
-        fields = f.read().rsplit(")", 1)[1].split()
-    # fields[0] is field 3 (state); utime and stime are fields 14 and 15.
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def proc_cpu_seconds(pid):
+    """utime + stime of the whole process (all threads), in seconds."""
+    fields = proc_stat(pid)
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def tree_cpu_seconds(pid):
     """utime + stime of a process, of the children it has waited for, and of its live
     children: PostgreSQL's postmaster and its backends, those that ended included."""
-    def stat(p):
-        with open("/proc/%d/stat" % p) as f:
-            return f.read().rsplit(")", 1)[1].split()
-    fields = stat(pid)
-    # fields[11..14] are utime, stime, cutime and cstime (fields 14 to 17).
-    total = sum(int(v) for v in fields[11:15])
+    total = sum(int(v) for v in proc_stat(pid)[11:15])
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            f = stat(int(entry))
+            f = proc_stat(int(entry))
         except (OSError, IndexError):
             continue  # gone meanwhile
-        if int(f[1]) == pid:  # fields[1] is the parent's pid
+        if int(f[1]) == pid:
             total += int(f[11]) + int(f[12])
     return total / CLK_TCK
 
