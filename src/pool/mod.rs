@@ -258,8 +258,9 @@ impl Pool {
     }
 
     /// [`Pool::release`] with the time of the server's last message, which the
-    /// caller already has (one clock read fewer per transaction).
-    pub fn release_at(&self, mut conn: ServerConn, clean: bool, now: Tick) {
+    /// caller already has (one clock read fewer per transaction). True when the
+    /// connection went straight to a waiting client.
+    pub fn release_at(&self, mut conn: ServerConn, clean: bool, now: Tick) -> bool {
         conn.last_used = now;
         let mut st = self.lock_state();
         let lifetime = st.reuse.lifetime;
@@ -274,7 +275,7 @@ impl Pool {
             }
             drop(st);
             drop(conn);
-            return;
+            return false;
         }
         // Lent on to the oldest waiter as it is, still counted in `active` by its
         // mark: the console never sees it neither idle nor lent, and the waiter need
@@ -291,6 +292,7 @@ impl Pool {
                 if !asleep {
                     waker.wake();
                 }
+                true
             }
             None => {
                 let mut conn = conn;
@@ -301,6 +303,7 @@ impl Pool {
                 drop(st);
                 self.limits.db.idle_available();
                 self.limits.user.idle_available();
+                false
             }
         }
     }

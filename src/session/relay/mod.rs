@@ -39,6 +39,8 @@ pub enum Outcome {
     /// The client sent Terminate or closed its socket.
     ClientClosed,
     /// Transaction/statement mode: the server is idle and clean, and may go back.
+    /// The end of the server's answer may still be owed to the client
+    /// ([`Relay::owes_client`]): the server goes back first (docs/architecture.md).
     ReleasePoint,
     /// The server closed or failed.
     ServerClosed(io::Error),
@@ -126,14 +128,20 @@ impl Relay {
         self.terminated
     }
 
-    /// Whether the server can be reused by another client right now.
+    /// Whether the server can be reused by another client right now, and the client
+    /// is owed nothing.
     pub fn server_clean(&self) -> bool {
+        self.s2c.is_empty() && self.server_done()
+    }
+
+    /// Whether the server can be reused by another client right now, whatever the
+    /// client is still owed.
+    fn server_done(&self) -> bool {
         self.pending == 0
             && !self.unsynced
             && self.status == b'I'
             && !self.desync
             && self.c2s.is_empty()
-            && self.s2c.is_empty()
             && self.client_framer.at_boundary()
             && self.server_framer.at_boundary()
             && self.prepared.as_ref().is_none_or(|p| p.is_idle())
@@ -290,6 +298,14 @@ impl Relay {
                     }
                     transaction_ended |= self.xacts_done > 0;
                     self.note_server_activity(stats);
+                    // The answer is complete: the server goes back before the client
+                    // is sent its end, so the next client's request reaches
+                    // PostgreSQL first (session::run, `Session::after`).
+                    let lends =
+                        matches!(release, ReleaseAt::TransactionEnd | ReleaseAt::StatementEnd);
+                    if lends && self.saw_ready && self.server_done() {
+                        return Outcome::ReleasePoint;
+                    }
                     if let Err(e) = flush(client, &mut self.s2c) {
                         return Outcome::ClientFailed(e);
                     }
@@ -509,6 +525,18 @@ impl Relay {
             )));
         }
         Ok(())
+    }
+
+    /// Whether server bytes wait in the relay for the client (after a release point).
+    pub fn owes_client(&self) -> bool {
+        !self.s2c.is_empty()
+    }
+
+    /// Writes as much of what the client is owed as its socket takes now; true when
+    /// all of it went.
+    pub fn try_pay_client(&mut self, client: &Stream) -> io::Result<bool> {
+        flush(client, &mut self.s2c)?;
+        Ok(self.s2c.is_empty())
     }
 
     /// Writes a message the pooler made (an error, say) to the client, after anything

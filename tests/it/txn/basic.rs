@@ -310,3 +310,47 @@ async fn a_request_written_in_line_can_be_cancelled_before_its_answer() {
         assert_eq!(col(&r), ["next"], "round {round}");
     }
 }
+
+/// At the end of a transaction the server goes to the next client in line before
+/// the last of its answer is written to the client that asked (session/run.rs,
+/// `Session::pay_client`). Twelve clients over one server, answers of one row to
+/// many reads' worth: each client gets its own answers, whole and in order.
+#[tokio::test]
+async fn answers_owed_at_the_hand_over_reach_their_own_clients_whole() {
+    let db = fresh_db("txn_owed");
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let mut tasks = Vec::new();
+    for id in 0..12u32 {
+        let c = client(&s, &db).await;
+        tasks.push(tokio::spawn(async move {
+            for round in 0..20u32 {
+                let len = [10, 5_000, 70_000, 300_000][((id + round) % 4) as usize];
+                let fill = char::from(b'a' + (id % 26) as u8);
+                let sql = format!("SELECT '{id}:{round}', repeat('{fill}', {len})");
+                let msgs = c.simple_query(&sql).await.expect("query");
+                let row = msgs
+                    .iter()
+                    .find_map(|m| match m {
+                        tokio_postgres::SimpleQueryMessage::Row(r) => Some(r),
+                        _ => None,
+                    })
+                    .unwrap_or_else(|| panic!("client {id} round {round}: no row"));
+                assert_eq!(row.get(0), Some(format!("{id}:{round}").as_str()));
+                let body = row.get(1).expect("second column");
+                assert_eq!(body.len(), len, "client {id} round {round}: length");
+                assert!(
+                    body.chars().all(|ch| ch == fill),
+                    "client {id}: foreign bytes"
+                );
+            }
+        }));
+    }
+    for t in tasks {
+        within(Duration::from_secs(60), "client task", t)
+            .await
+            .expect("client task panicked");
+    }
+    // The server is clean for the next client.
+    let c = client(&s, &db).await;
+    assert_eq!(one(&c, "SELECT 'after'").await, "after");
+}
