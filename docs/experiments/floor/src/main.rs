@@ -91,6 +91,10 @@ struct Floor {
     dbname: String,
     user: Option<String>,
     ballast: Ballast,
+    /// `FLOOR_DEFER`: answers to clients wait for the end of the epoll batch.
+    defer: bool,
+    /// Clients with answers held back in this batch.
+    deferred: Vec<RawFd>,
     logins: usize,
 }
 
@@ -137,6 +141,8 @@ fn main() {
                 .unwrap_or(0),
         ),
         logins: 0,
+        defer: std::env::var_os("FLOOR_DEFER").is_some(),
+        deferred: Vec::new(),
     };
     let tcp = std::net::TcpListener::bind(("127.0.0.1", set.port)).unwrap_or_else(|_| die("bind"));
     tcp.set_nonblocking(true)
@@ -266,6 +272,13 @@ impl Floor {
                     self.readable(fd);
                 }
             }
+            for fd in std::mem::take(&mut self.deferred) {
+                if let Some(Some(c)) = self.conns.get(fd as usize) {
+                    if !c.out.is_empty() {
+                        self.flush_deferred(fd);
+                    }
+                }
+            }
         }
     }
 
@@ -337,7 +350,16 @@ impl Floor {
                 let client = c.peer.ok_or(())?;
                 let head = self.conn(client).ballast;
                 self.ballast.touch(head);
-                self.send(client, d);
+                if self.defer {
+                    let cc = self.conn(client);
+                    let was_empty = cc.out.is_empty();
+                    cc.out.extend_from_slice(d);
+                    if was_empty {
+                        self.deferred.push(client);
+                    }
+                } else {
+                    self.send(client, d);
+                }
                 let c = self.conn(fd);
                 if c.pending == 0 && c.status == b'I' && c.out.is_empty() {
                     let clean = !self.conn(client).unsynced && self.conn(client).req.is_empty();
@@ -469,6 +491,23 @@ impl Floor {
         if n < d.len() {
             self.conn(fd).out.extend_from_slice(&d[n..]);
             self.ctl(libc::EPOLL_CTL_MOD, fd, EV_READ | libc::EPOLLOUT as u32);
+        }
+    }
+
+    /// Writes a client's answers held back for the end of the epoll batch
+    /// (`FLOOR_DEFER`); what the socket does not take waits for `flush`.
+    fn flush_deferred(&mut self, fd: RawFd) {
+        let out = std::mem::take(&mut self.conn(fd).out);
+        // SAFETY: `out` is a live buffer of `out.len()` bytes.
+        let n = unsafe { libc::send(fd, out.as_ptr().cast(), out.len(), libc::MSG_NOSIGNAL) };
+        let n = n.max(0) as usize;
+        if n < out.len() {
+            self.conn(fd).out = out[n..].to_vec();
+            self.ctl(libc::EPOLL_CTL_MOD, fd, EV_READ | libc::EPOLLOUT as u32);
+        } else {
+            let mut out = out;
+            out.clear();
+            self.conn(fd).out = out;
         }
     }
 
