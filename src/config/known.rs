@@ -113,7 +113,7 @@ pub(super) const KNOWN: &[(&str, &str, Kind)] = &[
     ("syslog_facility", "daemon", Str),
     ("syslog_ident", "pgbouncer", Str),
     // PgBouncer's default where TCP_DEFER_ACCEPT exists (Linux).
-    ("tcp_defer_accept", "1", Int),
+    ("tcp_defer_accept", "1", Implemented),
     ("tcp_keepalive", "1", Implemented),
     ("tcp_keepcnt", "0", Int),
     ("tcp_keepidle", "0", Int),

@@ -82,6 +82,8 @@ impl Default for Settings {
             pkt_buf: 4096,
             listen_backlog: 128,
             so_reuseport: false,
+            // PgBouncer's default: on where the option exists.
+            tcp_defer_accept: cfg!(target_os = "linux"),
             peer_id: 0,
             tcp_keepalive: true,
             scram_iterations: 4096,
@@ -237,6 +239,7 @@ fn set_implemented(s: &mut Settings, name: &str, v: &str) -> Result<Option<Strin
         "stats_period" => s.stats_period = parse_seconds(v)?,
         "stats_users" => s.stats_users = parse_list(v),
         "suspend_timeout" => s.suspend_timeout = parse_seconds(v)?,
+        "tcp_defer_accept" => s.tcp_defer_accept = parse_int::<u32>(v)? > 0,
         "tcp_keepalive" => s.tcp_keepalive = parse_bool(v)?,
         "track_extra_parameters" => s.track_extra_parameters = parse_list(v),
         "transaction_timeout" => s.transaction_timeout = parse_seconds(v)?,

@@ -114,6 +114,10 @@ pub struct Settings {
     pub listen_backlog: u32,
     /// SO_REUSEPORT on the TCP listeners: several processes may share a port.
     pub so_reuseport: bool,
+    /// TCP_DEFER_ACCEPT on the TCP listeners (Linux): a connection is accepted when
+    /// its first bytes arrive. PgBouncer's `tcp_defer_accept`, a number taken as on
+    /// or off.
+    pub tcp_defer_accept: bool,
     /// This process's id among its peers (`[peers]`); 0: no peering.
     pub peer_id: u16,
     pub tcp_keepalive: bool,

@@ -422,6 +422,7 @@ fn keep_restart_only(old: &Settings, new: &mut Settings) -> Vec<&'static str> {
         listen_port,
         listen_backlog,
         so_reuseport,
+        tcp_defer_accept,
         peer_id,
         unix_socket_dir,
         unix_socket_mode,

@@ -123,7 +123,7 @@ pub fn bind_listeners(s: &Settings) -> io::Result<Listeners> {
     let mut tcp = Vec::new();
     for addr in &s.listen_addr {
         for sa in resolve(addr, s.listen_port)? {
-            tcp.push(bind_tcp(sa, s.listen_backlog, s.so_reuseport)?);
+            tcp.push(bind_tcp(sa, s)?);
         }
     }
     let mut unix = None;
@@ -234,10 +234,13 @@ fn resolve(addr: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
     Ok(v)
 }
 
-fn bind_tcp(sa: SocketAddr, backlog: u32, reuse_port: bool) -> io::Result<TcpListener> {
+fn bind_tcp(sa: SocketAddr, s: &Settings) -> io::Result<TcpListener> {
     let sock = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
     sock.set_reuse_address(true)?;
-    if reuse_port {
+    if s.tcp_defer_accept {
+        defer_accept(&sock)?;
+    }
+    if s.so_reuseport {
         // `so_reuseport`: other processes that set it too may bind the same address,
         // and the kernel spreads new connections over them (one Sluice per group of
         // cores, or an old and a new one overlapping across a restart).
@@ -250,11 +253,43 @@ fn bind_tcp(sa: SocketAddr, backlog: u32, reuse_port: bool) -> io::Result<TcpLis
     sock.set_nonblocking(true)?;
     sock.bind(&sa.into())
         .map_err(|e| io::Error::new(e.kind(), format!("bind {sa}: {e}")))?;
-    sock.listen(backlog.min(i32::MAX as u32) as i32)?;
+    sock.listen(s.listen_backlog.min(i32::MAX as u32) as i32)?;
     register(
         mio::net::TcpListener::from_std(sock.into()),
         Interest::READABLE,
     )
+}
+
+/// `tcp_defer_accept`: the kernel hands a connection over when its first bytes
+/// arrive (the startup packet, or an SSL request), so accepting it and reading that
+/// packet are one wake-up, not two. As in PgBouncer, the wait for those bytes is
+/// bounded by 45 seconds, after which the connection is handed over anyway.
+#[cfg(target_os = "linux")]
+fn defer_accept(sock: &Socket) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let secs: libc::c_int = 45;
+    // SAFETY: the descriptor is the open socket `sock` owns for the whole call, and
+    // the option value is a valid c_int whose size is passed with it.
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&secs as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// No TCP_DEFER_ACCEPT here: the setting is accepted and has no effect.
+#[cfg(not(target_os = "linux"))]
+fn defer_accept(_sock: &Socket) -> io::Result<()> {
+    Ok(())
 }
 
 #[cfg(test)]
@@ -270,7 +305,13 @@ mod tests {
             .build()
             .expect("runtime");
         rt.block_on(async {
-            let l = bind_tcp(SocketAddr::from(([127, 0, 0, 1], 0)), 16, false).expect("bind");
+            // These clients send nothing: with TCP_DEFER_ACCEPT none would be handed over.
+            let s = Settings {
+                listen_backlog: 16,
+                tcp_defer_accept: false,
+                ..Settings::default()
+            };
+            let l = bind_tcp(SocketAddr::from(([127, 0, 0, 1], 0)), &s).expect("bind");
             let addr = l.get_ref().local_addr().expect("addr");
             let mut acceptor = Acceptor::new(&l);
 
@@ -287,6 +328,45 @@ mod tests {
             let ((_, peer), alone) = acceptor.accept().await.expect("accept c");
             assert_eq!(peer, c.local_addr().expect("c's address"));
             assert!(alone, "nothing behind c");
+        });
+    }
+
+    /// With `tcp_defer_accept` (the default on Linux) a connection is handed over
+    /// only once its first bytes have come: a silent one waits, a talking one is
+    /// accepted with its bytes there to read at once.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn tcp_defer_accept_hands_over_a_connection_with_its_first_bytes() {
+        use std::io::{Read, Write};
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let s = Settings::default();
+            assert!(s.tcp_defer_accept, "PgBouncer's default on Linux");
+            let l = bind_tcp(SocketAddr::from(([127, 0, 0, 1], 0)), &s).expect("bind");
+            let addr = l.get_ref().local_addr().expect("addr");
+            let mut acceptor = Acceptor::new(&l);
+
+            let _silent = std::net::TcpStream::connect(addr).expect("connect silent");
+            let early =
+                tokio::time::timeout(std::time::Duration::from_millis(300), acceptor.accept())
+                    .await;
+            assert!(early.is_err(), "a silent connection was handed over");
+
+            let mut talker = std::net::TcpStream::connect(addr).expect("connect talker");
+            talker.write_all(b"hello").expect("write");
+            let ((mut conn, _), _) =
+                tokio::time::timeout(std::time::Duration::from_secs(5), acceptor.accept())
+                    .await
+                    .expect("the talking connection is handed over")
+                    .expect("accept");
+            conn.set_nonblocking(false).expect("blocking");
+            let mut got = [0u8; 5];
+            conn.read_exact(&mut got).expect("its bytes are there");
+            assert_eq!(&got, b"hello");
         });
     }
 }

@@ -297,7 +297,12 @@ fn startup_ssl_answer_is_a_single_byte_before_the_error() {
 
 #[test]
 fn startup_client_login_timeout_closes_idle_clients() {
-    let sluice = trust_builder().setting("client_login_timeout", "1").start();
+    // tcp_defer_accept off: with it (the default on Linux) the kernel keeps a
+    // silent connection from the pooler until its first bytes come.
+    let sluice = trust_builder()
+        .setting("client_login_timeout", "1")
+        .setting("tcp_defer_accept", "0")
+        .start();
     // Silent client, and one that stops in the middle of its startup packet.
     let mut silent = RawConn::tcp(sluice.port());
     let mut partial = RawConn::tcp(sluice.port());
