@@ -82,8 +82,8 @@ impl Default for Settings {
             pkt_buf: 4096,
             listen_backlog: 128,
             so_reuseport: false,
-            // PgBouncer's default: on where the option exists.
-            tcp_defer_accept: cfg!(target_os = "linux"),
+            // Off, unlike PgBouncer (on for Linux): see known.rs.
+            tcp_defer_accept: false,
             peer_id: 0,
             tcp_keepalive: true,
             scram_iterations: 4096,

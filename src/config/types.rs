@@ -116,7 +116,7 @@ pub struct Settings {
     pub so_reuseport: bool,
     /// TCP_DEFER_ACCEPT on the TCP listeners (Linux): a connection is accepted when
     /// its first bytes arrive. PgBouncer's `tcp_defer_accept`, a number taken as on
-    /// or off.
+    /// or off; off by default (PgBouncer's default is on for Linux).
     pub tcp_defer_accept: bool,
     /// This process's id among its peers (`[peers]`); 0: no peering.
     pub peer_id: u16,

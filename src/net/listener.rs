@@ -331,9 +331,9 @@ mod tests {
         });
     }
 
-    /// With `tcp_defer_accept` (the default on Linux) a connection is handed over
-    /// only once its first bytes have come: a silent one waits, a talking one is
-    /// accepted with its bytes there to read at once.
+    /// With `tcp_defer_accept` a connection is handed over only once its first bytes
+    /// have come: a silent one waits, a talking one is accepted with its bytes there
+    /// to read at once.
     #[cfg(target_os = "linux")]
     #[test]
     fn tcp_defer_accept_hands_over_a_connection_with_its_first_bytes() {
@@ -344,8 +344,14 @@ mod tests {
             .build()
             .expect("runtime");
         rt.block_on(async {
-            let s = Settings::default();
-            assert!(s.tcp_defer_accept, "PgBouncer's default on Linux");
+            assert!(
+                !Settings::default().tcp_defer_accept,
+                "Sluice's default is off"
+            );
+            let s = Settings {
+                tcp_defer_accept: true,
+                ..Settings::default()
+            };
             let l = bind_tcp(SocketAddr::from(([127, 0, 0, 1], 0)), &s).expect("bind");
             let addr = l.get_ref().local_addr().expect("addr");
             let mut acceptor = Acceptor::new(&l);

@@ -297,8 +297,8 @@ fn startup_ssl_answer_is_a_single_byte_before_the_error() {
 
 #[test]
 fn startup_client_login_timeout_closes_idle_clients() {
-    // tcp_defer_accept off: with it (the default on Linux) the kernel keeps a
-    // silent connection from the pooler until its first bytes come.
+    // tcp_defer_accept off (Sluice's default; PgBouncer's is on for Linux): with it
+    // the kernel keeps a silent connection from the pooler until its first bytes.
     let sluice = trust_builder()
         .setting("client_login_timeout", "1")
         .setting("tcp_defer_accept", "0")
