@@ -296,23 +296,34 @@ fn defer_accept(_sock: &Socket) -> io::Result<()> {
 mod tests {
     use super::*;
 
+    /// A single-loop runtime for these tests (timers for the bounded waits).
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .expect("runtime")
+    }
+
+    /// A listener on a free loopback port, and its address.
+    fn loopback(s: &Settings) -> (TcpListener, SocketAddr) {
+        let l = bind_tcp(SocketAddr::from(([127, 0, 0, 1], 0)), s).expect("bind");
+        let addr = l.get_ref().local_addr().expect("addr");
+        (l, addr)
+    }
+
     /// A connection accepted with another behind it is not alone; the last one is,
     /// and the one held back is handed out next with its own peer address.
     #[test]
     fn the_acceptor_tells_a_burst_from_a_lone_client() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
+        runtime().block_on(async {
             // These clients send nothing: with TCP_DEFER_ACCEPT none would be handed over.
             let s = Settings {
                 listen_backlog: 16,
                 tcp_defer_accept: false,
                 ..Settings::default()
             };
-            let l = bind_tcp(SocketAddr::from(([127, 0, 0, 1], 0)), &s).expect("bind");
-            let addr = l.get_ref().local_addr().expect("addr");
+            let (l, addr) = loopback(&s);
             let mut acceptor = Acceptor::new(&l);
 
             let a = std::net::TcpStream::connect(addr).expect("connect a");
@@ -338,12 +349,7 @@ mod tests {
     #[test]
     fn tcp_defer_accept_hands_over_a_connection_with_its_first_bytes() {
         use std::io::{Read, Write};
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .enable_time()
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
+        runtime().block_on(async {
             assert!(
                 !Settings::default().tcp_defer_accept,
                 "Sluice's default is off"
@@ -352,8 +358,7 @@ mod tests {
                 tcp_defer_accept: true,
                 ..Settings::default()
             };
-            let l = bind_tcp(SocketAddr::from(([127, 0, 0, 1], 0)), &s).expect("bind");
-            let addr = l.get_ref().local_addr().expect("addr");
+            let (l, addr) = loopback(&s);
             let mut acceptor = Acceptor::new(&l);
 
             let _silent = std::net::TcpStream::connect(addr).expect("connect silent");
