@@ -222,30 +222,7 @@ fn split_key_value(t: &str) -> Result<(String, String), String> {
 mod tests {
     use super::*;
 
-    /// A fresh directory under the system temp dir, removed on drop.
-    struct TempDir(PathBuf);
-
-    impl TempDir {
-        fn new(name: &str) -> Self {
-            let dir =
-                std::env::temp_dir().join(format!("sluice-ini-{name}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).unwrap();
-            TempDir(dir)
-        }
-
-        fn write(&self, name: &str, text: &str) -> PathBuf {
-            let p = self.0.join(name);
-            std::fs::write(&p, text).unwrap();
-            p
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::config::testdir::TempDir;
 
     fn parse(text: &str) -> Result<Ini, String> {
         parse_str(text, Path::new("/etc/x.ini")).map_err(|e| e.to_string())
@@ -330,7 +307,7 @@ mod tests {
 
     #[test]
     fn include_is_relative_to_including_file_and_keeps_section() {
-        let dir = TempDir::new("rel");
+        let dir = TempDir::new("ini", "rel");
         std::fs::create_dir_all(dir.0.join("conf.d")).unwrap();
         dir.write(
             "conf.d/dbs.ini",
@@ -358,7 +335,7 @@ mod tests {
 
     #[test]
     fn include_errors() {
-        let dir = TempDir::new("err");
+        let dir = TempDir::new("ini", "err");
         let main = dir.write("main.ini", "[pgbouncer]\n%include missing.ini\n");
         let err = parse_file(&main).unwrap_err().to_string();
         let expected = format!(
@@ -379,7 +356,7 @@ mod tests {
 
     #[test]
     fn include_depth_limit_and_cycles() {
-        let dir = TempDir::new("depth");
+        let dir = TempDir::new("ini", "depth");
         // f0 includes f1 ... f10 includes f11: 11 levels, one too many.
         for i in 0..=11 {
             dir.write(&format!("f{i}.ini"), &format!("%include f{}.ini\n", i + 1));

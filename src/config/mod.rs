@@ -11,6 +11,8 @@ mod ini;
 mod known;
 mod peers;
 mod settings;
+#[cfg(test)]
+mod testdir;
 mod types;
 mod userlist;
 mod users;
@@ -173,37 +175,13 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
     use std::time::Duration;
 
-    /// A fresh directory under the system temp dir, removed on drop.
-    struct TempDir(PathBuf);
-
-    impl TempDir {
-        fn new(name: &str) -> Self {
-            let dir =
-                std::env::temp_dir().join(format!("sluice-config-{name}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).unwrap();
-            TempDir(dir)
-        }
-
-        fn write(&self, name: &str, text: &str) -> PathBuf {
-            let p = self.0.join(name);
-            std::fs::write(&p, text).unwrap();
-            p
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::config::testdir::TempDir;
 
     #[test]
     fn loads_a_typical_pgbouncer_ini() {
-        let dir = TempDir::new("typical");
+        let dir = TempDir::new("config", "typical");
         let users = dir.write(
             "userlist.txt",
             "\"app\" \"md5d41d8cd98f00b204e9800998ecf8427e\"\n",
@@ -325,7 +303,7 @@ mod tests {
 
     #[test]
     fn auth_file_errors() {
-        let dir = TempDir::new("auth");
+        let dir = TempDir::new("config", "auth");
         let missing = dir.0.join("nope.txt");
         let text = format!("[pgbouncer]\nauth_file = {}\n", missing.display());
         let e = Config::from_ini_str(&text, &dir.0.join("p.ini")).unwrap_err();
