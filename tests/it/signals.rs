@@ -167,29 +167,12 @@ async fn sigquit_exits_at_once_with_a_client_connected() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_waits_for_clients_then_exits() {
-    let mut s = md5_sluice().start();
-    let c = connect_md5(&s, support::TEST_DB).await;
-    select(&c, 1).await;
-    s.signal(libc::SIGTERM);
-    assert!(
-        wait_until(Duration::from_secs(3), || tcp_refused(s.port())),
-        "new TCP connections still accepted\n{}",
-        s.diagnostics()
-    );
-    assert!(
-        s.wait_exit(Duration::from_secs(1)).is_none(),
-        "exited with a client connected\n{}",
-        s.diagnostics()
-    );
-    // The waiting client keeps working.
-    select(&c, 2).await;
-    drop(c);
-    let status = s.wait_exit(Duration::from_secs(5));
-    assert!(
-        status.is_some_and(|st| st.success()),
-        "{status:?}\n{}",
-        s.diagnostics()
-    );
+    waits_for_the_client_then_exits(
+        md5_sluice().start(),
+        libc::SIGTERM,
+        "with a client connected",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,11 +195,17 @@ async fn second_sigterm_exits_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigint_waits_for_servers_then_exits() {
-    let mut s = md5_sluice().setting("pool_mode", "session").start();
-    let c = connect_md5(&s, support::TEST_DB).await;
     // In session mode the server stays linked to the client after its first query.
+    let s = md5_sluice().setting("pool_mode", "session").start();
+    waits_for_the_client_then_exits(s, libc::SIGINT, "while a client held a server").await;
+}
+
+/// A graceful shutdown signal: new connections are refused at once, the connected
+/// client keeps working, and the process exits cleanly once that client leaves.
+async fn waits_for_the_client_then_exits(mut s: Sluice, signal: i32, holding: &str) {
+    let c = connect_md5(&s, support::TEST_DB).await;
     select(&c, 1).await;
-    s.signal(libc::SIGINT);
+    s.signal(signal);
     assert!(
         wait_until(Duration::from_secs(3), || tcp_refused(s.port())),
         "new TCP connections still accepted\n{}",
@@ -224,7 +213,7 @@ async fn sigint_waits_for_servers_then_exits() {
     );
     assert!(
         s.wait_exit(Duration::from_secs(1)).is_none(),
-        "exited while a client held a server\n{}",
+        "exited {holding}\n{}",
         s.diagnostics()
     );
     select(&c, 2).await;
