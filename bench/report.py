@@ -9,6 +9,7 @@ import statistics
 import subprocess
 
 from common import MAX_CLIENT_CONN, TARGETS, LABEL, OPT, CHART, ENV
+from targets import render_targets
 
 
 # --------------------------------------------------------------------------
@@ -106,6 +107,8 @@ def render_markdown(meta, agg, raw, idle, chart_name):
              "(run time x clients / transactions, so it includes them too), while p99 is "
              "per transaction as pgbench logs it, after the connect.")
     L.append("")
+    L.extend(render_targets(agg, idle, {scen.key: scen.title for scen in OPT.scenarios},
+                            meta["rounds"]))
     if idle:
         L.append("## Idle clients")
         L.append("")
