@@ -319,6 +319,24 @@ fn substitute(text: &str, dir: &Path, port: u16) -> String {
 /// Whether something listens on TCP `port` (any local address), judged from
 /// /proc/net/tcp{,6} so that no client connection is made; falls back to a
 /// connect attempt where /proc is unavailable.
+/// Ends a readiness probe's connection so that it no longer counts against
+/// `max_client_conn` once this returns: a connection counts from its accept until
+/// Sluice's task for it ends, and a test with room for one client, connecting right
+/// after the probe, was refused while the probe's task (on another worker thread) had
+/// not yet seen it close. A CancelRequest with a key no client has is answered by
+/// closing the connection, and the count is given back before the socket closes, so
+/// end-of-file here means it is given back.
+fn leave_uncounted(mut probe: std::os::unix::net::UnixStream) {
+    use std::io::{Read, Write};
+    let mut cancel = [0u8; 16];
+    cancel[..4].copy_from_slice(&16u32.to_be_bytes());
+    cancel[4..8].copy_from_slice(&80_877_102u32.to_be_bytes());
+    let _ = probe.set_read_timeout(Some(Duration::from_secs(2)));
+    if probe.write_all(&cancel).is_ok() {
+        let _ = probe.read(&mut [0u8; 1]);
+    }
+}
+
 fn tcp_listening(port: u16) -> bool {
     let needle = format!(":{port:04X}");
     let mut readable = false;
@@ -387,6 +405,7 @@ impl Sluice {
         let unix_ready = || {
             unix_dir.is_some_and(|d| {
                 std::os::unix::net::UnixStream::connect(d.join(format!(".s.PGSQL.{}", self.port)))
+                    .map(leave_uncounted)
                     .is_ok()
             })
         };
