@@ -23,6 +23,9 @@ pgo: deps
 test: deps
 	$(CARGO) build --all-targets
 	$(CARGO) test
+	@# Again on the multi-threaded runtime, Sluice's default on machines of more than
+	@# 2 cores (this pass is what runs there; the driver matrix is covered once).
+	SLUICE_WORKERS=2 $(CARGO) test --test it -- --skip drivers::
 
 lint:
 	$(CARGO) fmt --check
