@@ -9,6 +9,8 @@ pub mod app;
 pub mod auth;
 pub mod clock;
 pub mod config;
+#[cfg(test)]
+pub(crate) mod hostile;
 pub mod lifecycle;
 pub mod net;
 pub mod pool;

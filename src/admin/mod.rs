@@ -9,6 +9,8 @@
 pub mod averages;
 mod console;
 pub mod control;
+#[cfg(test)]
+mod hostile_tests;
 pub mod metrics;
 mod metrics_text;
 mod parse;

@@ -7,6 +7,8 @@
 //! Deriving keys from a plaintext password (PBKDF2) is CPU-heavy, so callers should run
 //! [`ScramServer::new`] for [`Secret::Plain`] secrets on a blocking thread.
 
+#[cfg(test)]
+mod hostile_tests;
 mod md5;
 mod scram_client;
 mod scram_common;

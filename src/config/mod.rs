@@ -7,6 +7,8 @@
 
 mod databases;
 mod error;
+#[cfg(test)]
+mod hostile_tests;
 mod ini;
 mod known;
 mod peers;

@@ -18,6 +18,9 @@ pub mod responses;
 pub mod rewrite;
 pub mod sql;
 
+#[cfg(test)]
+mod hostile_tests;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -10,6 +10,9 @@ pub mod header;
 pub mod sqlstate;
 pub mod startup;
 
+#[cfg(test)]
+mod hostile_tests;
+
 use thiserror::Error;
 
 /// A malformed or unacceptable packet from a peer.

@@ -163,35 +163,6 @@ mod tests {
         v
     }
 
-    /// Feeds `stream` split at `cut` and records (tag, captured body) pairs.
-    fn run(stream: &[u8], cuts: &[usize]) -> Vec<(u8, Option<Vec<u8>>)> {
-        let mut f = Framer::default();
-        let mut seen = Vec::new();
-        let mut last = 0;
-        for &c in cuts.iter().chain(std::iter::once(&stream.len())) {
-            f.feed(&stream[last..c], 1 << 20, |e| match e {
-                Event::Start { tag, .. } => {
-                    seen.push((tag, None));
-                    if tag == b'Z' || tag == b'S' {
-                        Body::Capture
-                    } else {
-                        Body::Skip
-                    }
-                }
-                Event::Complete { body, .. } => {
-                    if let Some(last) = seen.last_mut() {
-                        last.1 = Some(body.to_vec());
-                    }
-                    Body::Skip
-                }
-            })
-            .unwrap();
-            last = c;
-        }
-        assert!(f.at_boundary());
-        seen
-    }
-
     #[test]
     fn knows_when_it_is_inside_a_body_whose_header_it_reported() {
         let z = msg(b'Z', b"I");
@@ -211,14 +182,16 @@ mod tests {
         s.extend(msg(b'C', b"SELECT 1\0"));
         s.extend(msg(b'Z', b"I"));
         s.extend(msg(b'I', b""));
-        let whole = run(&s, &[]);
-        assert_eq!(whole.len(), 5);
-        assert_eq!(whole[1].1.as_deref(), Some(&b"TimeZone\0UTC\0"[..]));
-        assert_eq!(whole[3].1.as_deref(), Some(&b"I"[..]));
+        let zs = |tag: u8| tag == b'Z' || tag == b'S';
+        let whole = events(&s, &[], zs);
+        assert!(!whole.1);
+        assert_eq!(whole.0.len(), 5);
+        assert_eq!(whole.0[1].2.as_deref(), Some(&b"TimeZone\0UTC\0"[..]));
+        assert_eq!(whole.0[3].2.as_deref(), Some(&b"I"[..]));
         for a in 0..s.len() {
-            assert_eq!(run(&s, &[a]), whole, "split at {a}");
+            assert_eq!(events(&s, &[a], zs), whole, "split at {a}");
             for b in a..s.len() {
-                assert_eq!(run(&s, &[a, b]), whole, "split at {a},{b}");
+                assert_eq!(events(&s, &[a, b], zs), whole, "split at {a},{b}");
             }
         }
     }
@@ -237,6 +210,70 @@ mod tests {
         })
         .unwrap();
         assert_eq!(ats, vec![Some(0), Some(7)]);
+    }
+
+    /// A message seen: tag, length field, captured body.
+    type Seen = (u8, usize, Option<Vec<u8>>);
+
+    /// Events and whether it failed, fed in pieces ending at `cuts`, capturing the
+    /// bodies of the tags `capture` picks; stops at an error.
+    fn events(stream: &[u8], cuts: &[usize], capture: impl Fn(u8) -> bool) -> (Vec<Seen>, bool) {
+        let mut f = Framer::default();
+        let mut seen = Vec::new();
+        let mut last = 0;
+        for &c in cuts.iter().chain(std::iter::once(&stream.len())) {
+            let r = f.feed(&stream[last..c], 256, |e| match e {
+                Event::Start { tag, len, .. } => {
+                    seen.push((tag, len, None));
+                    if capture(tag) {
+                        Body::Capture
+                    } else {
+                        Body::Skip
+                    }
+                }
+                Event::Complete { body, .. } => {
+                    if let Some(last) = seen.last_mut() {
+                        last.2 = Some(body.to_vec());
+                    }
+                    Body::Skip
+                }
+            });
+            if r.is_err() {
+                return (seen, true);
+            }
+            last = c;
+        }
+        (seen, false)
+    }
+
+    #[test]
+    fn hostile_streams_frame_alike_however_they_are_cut() {
+        // Streams of messages with random tags and bodies, then bent (lengths set to
+        // extremes, bytes cut or repeated): fed whole or in random pieces, the framer
+        // reports the same messages and fails at the same point, or at none.
+        let mut rng = crate::hostile::Rng::new(21);
+        for case in 0..3_000 {
+            let mut stream = Vec::new();
+            for _ in 0..rng.below(6) {
+                let body = rng.bytes(40);
+                stream.extend(msg(b'A' + rng.below(26) as u8, &body));
+            }
+            if rng.below(2) == 0 {
+                stream = crate::hostile::mutate(&mut rng, &stream);
+            }
+            // Capture some, skip others, the same way every time.
+            let even = |tag: u8| tag % 2 == 0;
+            let whole = events(&stream, &[], even);
+            let mut cuts: Vec<usize> = (0..rng.below(6))
+                .map(|_| rng.below(stream.len() + 1))
+                .collect();
+            cuts.sort_unstable();
+            assert_eq!(
+                events(&stream, &cuts, even),
+                whole,
+                "case {case}: {stream:?} cut at {cuts:?}"
+            );
+        }
     }
 
     #[test]
