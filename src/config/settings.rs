@@ -86,6 +86,11 @@ impl Default for Settings {
             tcp_defer_accept: false,
             peer_id: 0,
             tcp_keepalive: true,
+            tcp_keepidle: 0,
+            tcp_keepintvl: 0,
+            tcp_keepcnt: 0,
+            tcp_user_timeout: 0,
+            tcp_socket_buffer: 0,
             scram_iterations: 4096,
             metrics_listen: None,
             raw,
@@ -241,6 +246,11 @@ fn set_implemented(s: &mut Settings, name: &str, v: &str) -> Result<Option<Strin
         "suspend_timeout" => s.suspend_timeout = parse_seconds(v)?,
         "tcp_defer_accept" => s.tcp_defer_accept = parse_int::<u32>(v)? > 0,
         "tcp_keepalive" => s.tcp_keepalive = parse_bool(v)?,
+        "tcp_keepcnt" => s.tcp_keepcnt = parse_int(v)?,
+        "tcp_keepidle" => s.tcp_keepidle = parse_int(v)?,
+        "tcp_keepintvl" => s.tcp_keepintvl = parse_int(v)?,
+        "tcp_socket_buffer" => s.tcp_socket_buffer = parse_int(v)?,
+        "tcp_user_timeout" => s.tcp_user_timeout = parse_int(v)?,
         "track_extra_parameters" => s.track_extra_parameters = parse_list(v),
         "transaction_timeout" => s.transaction_timeout = parse_seconds(v)?,
         "unix_socket_dir" => s.unix_socket_dir = v.to_string(),
@@ -498,7 +508,7 @@ mod tests {
             ("client_tls_sslmode", "DISABLE"),
             ("syslog", "no"),
             ("dns_max_ttl", "15.0"),
-            ("tcp_keepcnt", "0"),
+            ("syslog_facility", "daemon"),
             ("syslog_ident", "pgbouncer"),
         ] {
             assert!(set(k, v).unwrap().1.is_empty(), "{k} = {v}");
@@ -508,10 +518,29 @@ mod tests {
             ("auth_user", "pgb"),
             ("pool_idle_timeout", "30"),
             ("login_notify_message", "hi"),
-            ("tcp_keepidle", "60"),
+            ("syslog_facility", "local0"),
         ] {
             assert_eq!(set(k, v).unwrap().1.len(), 1, "{k} = {v}");
         }
+    }
+
+    #[test]
+    fn tcp_socket_options() {
+        for k in [
+            "tcp_keepcnt",
+            "tcp_keepidle",
+            "tcp_keepintvl",
+            "tcp_socket_buffer",
+            "tcp_user_timeout",
+        ] {
+            let (s, w) = set(k, "60").unwrap();
+            assert!(w.is_empty(), "{k}: {w:?}");
+            assert_eq!(s.raw[k], "60");
+            assert!(set(k, "-1").is_err(), "{k}");
+        }
+        let s = ok("tcp_keepidle", "60");
+        assert_eq!((s.tcp_keepidle, s.tcp_keepintvl), (60, 0));
+        assert_eq!(ok("tcp_user_timeout", "2500").tcp_user_timeout, 2500);
     }
 
     #[test]

@@ -121,6 +121,15 @@ pub struct Settings {
     /// This process's id among its peers (`[peers]`); 0: no peering.
     pub peer_id: u16,
     pub tcp_keepalive: bool,
+    /// `TCP_KEEPIDLE`, `TCP_KEEPINTVL` (seconds) and `TCP_KEEPCNT` with keepalive on;
+    /// 0: the system's. On client and server TCP sockets (`net::tune`).
+    pub tcp_keepidle: u32,
+    pub tcp_keepintvl: u32,
+    pub tcp_keepcnt: u32,
+    /// `TCP_USER_TIMEOUT` in milliseconds; 0: the system's.
+    pub tcp_user_timeout: u32,
+    /// `SO_SNDBUF` and `SO_RCVBUF` in bytes; 0: the system's.
+    pub tcp_socket_buffer: u32,
     pub scram_iterations: u32,
     /// Sluice-specific: `HOST:PORT` for the Prometheus endpoint; None: off.
     pub metrics_listen: Option<String>,

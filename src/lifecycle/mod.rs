@@ -13,7 +13,9 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::app::{App, Shutdown};
 use crate::config::{Config, Settings};
-use crate::net::{bind_listeners, Acceptor, Listeners, Origin, PeerAddr, StdStream, Stream};
+use crate::net::{
+    bind_listeners, Acceptor, Listeners, Origin, PeerAddr, StdStream, Stream, TcpTuning,
+};
 use cli::Args;
 use logging::LogSink;
 
@@ -220,10 +222,11 @@ async fn accept_loops(app: Arc<App>, mut listeners: Listeners) {
                     r = acceptor.accept() => match r {
                         Ok(((s, peer), alone)) => {
                             let _ = s.set_nodelay(true);
-                            // PgBouncer's tcp_keepalive covers client sockets too: a
+                            // PgBouncer's TCP options cover client sockets too: a
                             // vanished client must not hold its slot and server forever.
-                            if app.config().settings.tcp_keepalive {
-                                let _ = socket2::SockRef::from(&s).set_keepalive(true);
+                            let tuning = TcpTuning::from_settings(&app.config().settings);
+                            if let Err(e) = tuning.apply(socket2::SockRef::from(&s)) {
+                                tracing::warn!("cannot set TCP options on a client socket: {e}");
                             }
                             let origin = Origin {
                                 peer: PeerAddr::Tcp(peer),

@@ -4,6 +4,8 @@ pub mod bufpool;
 pub mod framed;
 pub mod listener;
 pub mod stream;
+pub mod tune;
 
 pub use listener::{bind_listeners, Acceptor, Listeners};
 pub use stream::{Origin, PeerAddr, StdStream, Stream};
+pub use tune::TcpTuning;

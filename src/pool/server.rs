@@ -15,7 +15,7 @@ use super::target::{PoolConfig, Reuse, ServerAddr};
 use crate::auth::{md5_response, ScramClient, ScramCredential, Secret};
 use crate::clock::Tick;
 use crate::net::framed::{read_message, ReadError};
-use crate::net::{StdStream, Stream};
+use crate::net::{StdStream, Stream, TcpTuning};
 use crate::protocol::backend::{parse_error_fields, parse_parameter_status, ErrorFields};
 use crate::protocol::{frontend, header};
 
@@ -215,7 +215,7 @@ fn read_err(e: ReadError) -> PoolError {
 }
 
 /// Opens a socket to `addr` (a server, or a peer for a cancel), without a time limit.
-pub(crate) async fn connect_to(addr: &ServerAddr) -> std::io::Result<Stream> {
+pub(crate) async fn connect_to(addr: &ServerAddr, tcp: &TcpTuning) -> std::io::Result<Stream> {
     match addr {
         ServerAddr::Tcp(host, port) => {
             // tokio connects (with its write registration), then the socket moves
@@ -223,6 +223,7 @@ pub(crate) async fn connect_to(addr: &ServerAddr) -> std::io::Result<Stream> {
             // server connection, which lives long.
             let s = TcpStream::connect((host.as_str(), *port)).await?;
             s.set_nodelay(true)?;
+            tcp.apply(socket2::SockRef::from(&s))?;
             Stream::from_std(StdStream::Tcp(s.into_std()?))
         }
         ServerAddr::Unix(dir, port) => {
@@ -234,8 +235,8 @@ pub(crate) async fn connect_to(addr: &ServerAddr) -> std::io::Result<Stream> {
 }
 
 /// Opens a socket to the server with `server_connect_timeout`.
-async fn open(addr: &ServerAddr, timeout: Duration) -> Result<Stream, PoolError> {
-    let fut = connect_to(addr);
+async fn open(addr: &ServerAddr, timeout: Duration, tcp: &TcpTuning) -> Result<Stream, PoolError> {
+    let fut = connect_to(addr, tcp);
     let limit = if timeout.is_zero() {
         Duration::from_secs(3600)
     } else {
@@ -256,7 +257,7 @@ pub(crate) async fn connect(
     generation: u64,
     slot: SlotToken,
 ) -> Result<ServerConn, PoolError> {
-    let stream = open(&cfg.addr, cfg.server_connect_timeout).await?;
+    let stream = open(&cfg.addr, cfg.server_connect_timeout, &cfg.tcp).await?;
     let mut out = BytesMut::with_capacity(256);
     let mut params: Vec<(&str, &str)> = vec![("user", &cfg.user), ("database", &cfg.dbname)];
     for (k, v) in &cfg.startup {

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::auth::Secret;
 use crate::config::{Config, DatabaseEntry, PoolMode};
+use crate::net::TcpTuning;
 
 /// How to reach the PostgreSQL server.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +71,8 @@ pub struct PoolConfig {
     /// Query run on a connection idle longer than `server_check_delay`; None: no check.
     pub server_check_query: Option<String>,
     pub server_check_delay: Duration,
+    /// TCP options for its server connections (`net::tune`).
+    pub tcp: TcpTuning,
 }
 
 /// What lending and taking back a connection need of the settings: a copy kept in
@@ -167,6 +170,7 @@ impl PoolConfig {
                 .unwrap_or(s.max_user_connections),
             server_check_query: (!s.server_check_disabled).then(|| s.server_check_query.clone()),
             server_check_delay: s.server_check_delay,
+            tcp: TcpTuning::from_settings(s),
         }
     }
 

@@ -146,7 +146,9 @@ impl CancelRegistry {
 /// peer once it has passed it on), so the cancel is delivered before we report success.
 async fn send_cancel(addr: &ServerAddr, pid: u32, key: u32, timeout: Duration) -> bool {
     let send = async {
-        let stream = crate::pool::server::connect_to(addr).await?;
+        // A connection that lives for one packet: no keepalive or buffer options.
+        let tcp = crate::net::TcpTuning::default();
+        let stream = crate::pool::server::connect_to(addr, &tcp).await?;
         stream.write_all(&cancel_request(pid, key)).await?;
         let mut buf = bytes::BytesMut::with_capacity(16);
         let _ = stream.read_buf(&mut buf).await;

@@ -2,6 +2,7 @@
 //! connection log lines, against the real `sluice` binary and PostgreSQL.
 
 mod reuseport;
+mod tcp_options;
 
 use crate::support::{self, run_bounded, wait_until, Sluice, SluiceBuilder};
 use std::os::unix::fs::PermissionsExt;
