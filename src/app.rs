@@ -68,6 +68,9 @@ pub struct App {
     /// Client ids for logs.
     pub client_ids: AtomicU64,
     shutdown: watch::Sender<Shutdown>,
+    /// Bumped at each reload, for what applies settings to things already open (the
+    /// listeners' `tcp_defer_accept`).
+    reloads: watch::Sender<u64>,
     /// PAUSE, SUSPEND, DISABLE and stopping, for sessions to wait on.
     gate: watch::Sender<Gate>,
     /// Logged-in clients, for the console and metrics.
@@ -121,6 +124,7 @@ impl App {
     pub fn new(config: Config) -> Arc<App> {
         let (shutdown, _) = watch::channel(Shutdown::No);
         let (gate, _) = watch::channel(Gate::default());
+        let (reloads, _) = watch::channel(0);
         Arc::new(App {
             // peer_id only changes with a restart, so it is fixed here.
             cancels: CancelRegistry::new(config.settings.peer_id),
@@ -130,6 +134,7 @@ impl App {
             clients: AtomicU32::new(0),
             client_ids: AtomicU64::new(1),
             shutdown,
+            reloads,
             gate,
             client_reg: Arc::default(),
             admin: AdminState::default(),
@@ -156,6 +161,12 @@ impl App {
             Err(p) => *p.into_inner() = config.clone(),
         }
         self.pools.reconfigure(&config);
+        self.reloads.send_modify(|n| *n += 1);
+    }
+
+    /// Changes at each reload ([`App::set_config`]).
+    pub fn reload_watch(&self) -> watch::Receiver<u64> {
+        self.reloads.subscribe()
     }
 
     /// Starts (or escalates) a shutdown; a milder mode never replaces a stricter one.

@@ -34,7 +34,6 @@ const RESTART_ONLY: &[&str] = &[
     "resolv_conf",
     "service_name",
     "so_reuseport",
-    "tcp_defer_accept",
     "track_extra_parameters",
     "unix_socket_dir",
     "unix_socket_group",

@@ -214,11 +214,24 @@ async fn accept_loops(app: Arc<App>, mut listeners: Listeners) {
                 .local_addr()
                 .ok()
                 .filter(|a| !a.ip().is_unspecified());
+            // `tcp_defer_accept` follows reloads, as in PgBouncer.
+            let mut deferring = app.config().settings.tcp_defer_accept;
+            let mut reloaded = Box::pin(next_reload(app.reload_watch()));
             let mut acceptor = Acceptor::new(&l);
             loop {
                 tokio::select! {
                     biased;
                     _ = &mut stop => return,
+                    rx = &mut reloaded => {
+                        let on = app.config().settings.tcp_defer_accept;
+                        if on != deferring {
+                            match crate::net::listener::set_defer_accept(l.get_ref(), on) {
+                                Ok(()) => deferring = on,
+                                Err(e) => tracing::warn!("cannot set tcp_defer_accept: {e}"),
+                            }
+                        }
+                        reloaded = Box::pin(next_reload(rx));
+                    }
                     r = acceptor.accept() => match r {
                         Ok(((s, peer), alone)) => {
                             let _ = s.set_nodelay(true);
@@ -283,6 +296,17 @@ async fn accept_loops(app: Arc<App>, mut listeners: Listeners) {
         let _ = t.await;
     }
     drop(listeners);
+}
+
+/// Resolves at the next reload, giving the watch back for the one after; never
+/// once the app is gone.
+async fn next_reload(
+    mut rx: tokio::sync::watch::Receiver<u64>,
+) -> tokio::sync::watch::Receiver<u64> {
+    if rx.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+    rx
 }
 
 /// Periodic upkeep, like PgBouncer's janitor.
@@ -425,7 +449,6 @@ fn keep_restart_only(old: &Settings, new: &mut Settings) -> Vec<&'static str> {
         listen_port,
         listen_backlog,
         so_reuseport,
-        tcp_defer_accept,
         peer_id,
         unix_socket_dir,
         unix_socket_mode,

@@ -238,7 +238,7 @@ fn bind_tcp(sa: SocketAddr, s: &Settings) -> io::Result<TcpListener> {
     let sock = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
     sock.set_reuse_address(true)?;
     if s.tcp_defer_accept {
-        defer_accept(&sock)?;
+        set_defer_accept(&sock, true)?;
     }
     if s.so_reuseport {
         // `so_reuseport`: other processes that set it too may bind the same address,
@@ -263,12 +263,12 @@ fn bind_tcp(sa: SocketAddr, s: &Settings) -> io::Result<TcpListener> {
 /// `tcp_defer_accept`: the kernel hands a connection over when its first bytes
 /// arrive (the startup packet, or an SSL request), so accepting it and reading that
 /// packet are one wake-up, not two. As in PgBouncer, the wait for those bytes is
-/// bounded by 45 seconds, after which the connection is handed over anyway.
+/// bounded by 45 seconds, after which the connection is handed over anyway. Also
+/// turned on or off on an open listener at a reload (`on` false: off).
 #[cfg(target_os = "linux")]
-fn defer_accept(sock: &Socket) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let secs: libc::c_int = 45;
-    // SAFETY: the descriptor is the open socket `sock` owns for the whole call, and
+pub fn set_defer_accept(sock: &impl std::os::fd::AsRawFd, on: bool) -> io::Result<()> {
+    let secs: libc::c_int = if on { 45 } else { 0 };
+    // SAFETY: the descriptor is the open socket `sock` holds for the whole call, and
     // the option value is a valid c_int whose size is passed with it.
     let r = unsafe {
         libc::setsockopt(
@@ -288,7 +288,7 @@ fn defer_accept(sock: &Socket) -> io::Result<()> {
 
 /// No TCP_DEFER_ACCEPT here: the setting is accepted and has no effect.
 #[cfg(not(target_os = "linux"))]
-fn defer_accept(_sock: &Socket) -> io::Result<()> {
+pub fn set_defer_accept(_sock: &impl std::os::fd::AsRawFd, _on: bool) -> io::Result<()> {
     Ok(())
 }
 

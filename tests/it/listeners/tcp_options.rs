@@ -106,3 +106,61 @@ async fn keepalive_timings_reach_client_and_server_sockets() {
         );
     }
 }
+
+/// Whether a real client gets in while a connection that sends nothing is open to
+/// Sluice, with room for one client: only if Sluice has not accepted the silent one.
+/// Tries for up to 3 s, each time with a fresh silent connection, so that a change
+/// of the listener's option that is still on its way is waited for.
+async fn gets_in_beside_a_silent_connection(s: &support::Sluice) -> bool {
+    let cfg = cfg_at("127.0.0.1", s.port());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while std::time::Instant::now() < deadline {
+        let silent = std::net::TcpStream::connect(("127.0.0.1", s.port())).expect("connect");
+        // Time for Sluice to accept it, if it will (at once on an idle loop).
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        if let Ok(c) = support::try_connect(&cfg).await {
+            drop(c);
+            drop(silent);
+            return true;
+        }
+        drop(silent);
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_defer_accept_follows_a_reload() {
+    let mut s = md5_sluice()
+        .setting("max_client_conn", "1")
+        .setting("tcp_defer_accept", "0")
+        .start();
+    // Off: the silent connection is accepted and takes the only client slot.
+    assert!(
+        !gets_in_beside_a_silent_connection(&s).await,
+        "{}",
+        s.diagnostics()
+    );
+    let ini = std::fs::read_to_string(s.ini_path()).expect("read ini");
+    s.rewrite_ini(&ini.replace("tcp_defer_accept = 0", "tcp_defer_accept = 1"));
+    let before = s.log().matches("config reloaded").count();
+    s.signal(libc::SIGHUP);
+    assert!(
+        support::wait_until(std::time::Duration::from_secs(5), || {
+            s.log().matches("config reloaded").count() > before
+        }),
+        "{}",
+        s.diagnostics()
+    );
+    assert!(
+        !s.log().contains("cannot be changed by a reload"),
+        "{}",
+        s.log()
+    );
+    // On, after the reload: the kernel keeps the silent connection until it talks.
+    assert!(
+        gets_in_beside_a_silent_connection(&s).await,
+        "{}",
+        s.diagnostics()
+    );
+}
