@@ -1,6 +1,8 @@
 //! The registry of pools, keyed by (database, user) as the client named them.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
@@ -15,10 +17,57 @@ fn limit_for(map: &Mutex<HashMap<String, Arc<ConnLimit>>>, name: &str) -> Arc<Co
 use crate::config::Config;
 
 /// A pool's identity: the client-side database and user names.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolKey {
     pub database: String,
     pub user: String,
+}
+
+/// The (database, user) names a pool is found by, owned ([`PoolKey`]) or borrowed
+/// (`(&str, &str)`): a login looks its pool up by the names it read, and copies them
+/// only to make a new pool. Both hash and compare alike, through [`Names::names`].
+trait Names {
+    fn names(&self) -> (&str, &str);
+}
+
+impl Names for PoolKey {
+    fn names(&self) -> (&str, &str) {
+        (&self.database, &self.user)
+    }
+}
+
+impl Names for (&str, &str) {
+    fn names(&self) -> (&str, &str) {
+        (self.0, self.1)
+    }
+}
+
+impl<'a> Borrow<dyn Names + 'a> for PoolKey {
+    fn borrow(&self) -> &(dyn Names + 'a) {
+        self
+    }
+}
+
+impl Hash for dyn Names + '_ {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        self.names().hash(h);
+    }
+}
+
+impl PartialEq for dyn Names + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.names() == other.names()
+    }
+}
+
+impl Eq for dyn Names + '_ {}
+
+// By hand, not derived: a map keyed by `PoolKey` and searched by `dyn Names` needs
+// the two hashes to agree.
+impl Hash for PoolKey {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        self.names().hash(h);
+    }
 }
 
 /// All pools of one Sluice instance. Owned by the app state; nothing global.
@@ -47,12 +96,23 @@ impl Pools {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The pool for `key`, created with `make()` if it does not exist yet.
-    pub fn get_or_create(&self, key: &PoolKey, make: impl FnOnce() -> PoolConfig) -> Arc<Pool> {
+    /// The pool for (`database`, `user`), created with `make()` if it does not exist
+    /// yet.
+    pub fn get_or_create(
+        &self,
+        database: &str,
+        user: &str,
+        make: impl FnOnce() -> PoolConfig,
+    ) -> Arc<Pool> {
         let mut map = self.lock();
-        if let Some(p) = map.get(key) {
+        if let Some(p) = map.get(&(database, user) as &dyn Names) {
             return p.clone();
         }
+        let key = PoolKey {
+            database: database.to_owned(),
+            user: user.to_owned(),
+        };
+        let key = &key;
         let limits = PoolLimits {
             db: limit_for(&self.db_limits, &key.database),
             user: limit_for(&self.user_limits, &key.user),
@@ -135,5 +195,39 @@ impl Pools {
     /// Total connections lent to clients across all pools.
     pub fn active_servers(&self) -> u32 {
         self.all().iter().map(|p| p.counts().active).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn a_pool_is_found_by_the_names_it_was_made_for() {
+        let ini = "[databases]\na = host=127.0.0.1 port=1\nb = host=127.0.0.1 port=1\nab = host=127.0.0.1 port=1\n";
+        let cfg = Config::from_ini_str(ini, Path::new("test.ini")).expect("config");
+        let pools = Pools::new();
+        let mut made = 0;
+        let mut get = |db: &str, user: &str| {
+            let entry = cfg.database_entry(db).expect("entry");
+            pools.get_or_create(db, user, || {
+                made += 1;
+                PoolConfig::new(&cfg, &entry, db, user)
+            })
+        };
+        let a_u = get("a", "u");
+        assert!(Arc::ptr_eq(&a_u, &get("a", "u")));
+        let a_v = get("a", "v");
+        let b_u = get("b", "u");
+        assert!(!Arc::ptr_eq(&a_u, &a_v) && !Arc::ptr_eq(&a_u, &b_u));
+        // Names that run together alike are still told apart.
+        let ab = get("a", "bu");
+        assert!(!Arc::ptr_eq(&ab, &get("ab", "u")));
+        assert_eq!(made, 5);
+        assert_eq!(
+            (a_v.key.database.as_str(), a_v.key.user.as_str()),
+            ("a", "v")
+        );
     }
 }

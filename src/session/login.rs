@@ -12,7 +12,7 @@ use crate::auth::{verify_md5, ScramServer, Secret};
 use crate::config::{AuthType, Config, DatabaseEntry};
 use crate::net::framed::{read_message, ReadError};
 use crate::net::Stream;
-use crate::pool::{Pool, PoolConfig, PoolKey, ScramKeys};
+use crate::pool::{Pool, PoolConfig, ScramKeys};
 use crate::protocol::backend::{
     self, authentication, AUTH_CLEARTEXT, AUTH_MD5, AUTH_SASL_CONTINUE, AUTH_SASL_FINAL,
 };
@@ -211,14 +211,10 @@ pub async fn login(
 
     // As in PgBouncer, a forced user owns the pool: every client of the database
     // shares the forced user's server connections, whoever logged in.
-    let pool_user = db.user.clone().unwrap_or_else(|| user.clone());
-    let key = PoolKey {
-        database: database.clone(),
-        user: pool_user.clone(),
-    };
-    let pool = app
-        .pools
-        .get_or_create(&key, || PoolConfig::new(&cfg, db, &database, &pool_user));
+    let pool_user = db.user.as_deref().unwrap_or(&user);
+    let pool = app.pools.get_or_create(&database, pool_user, || {
+        PoolConfig::new(&cfg, db, &database, pool_user)
+    });
     // SCRAM keys prove the client's own password: they can only log in as that user.
     if let Some(k) = keys.filter(|_| pool_user == user) {
         pool.set_scram_keys(k);
