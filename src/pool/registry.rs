@@ -112,10 +112,9 @@ impl Pools {
             database: database.to_owned(),
             user: user.to_owned(),
         };
-        let key = &key;
         let limits = PoolLimits {
-            db: limit_for(&self.db_limits, &key.database),
-            user: limit_for(&self.user_limits, &key.user),
+            db: limit_for(&self.db_limits, database),
+            user: limit_for(&self.user_limits, user),
         };
         let pool = Arc::new(Pool::new(
             key.clone(),
@@ -125,7 +124,7 @@ impl Pools {
         ));
         limits.db.add_member(&pool);
         limits.user.add_member(&pool);
-        map.insert(key.clone(), pool.clone());
+        map.insert(key, pool.clone());
         pool
     }
 

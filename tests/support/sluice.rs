@@ -316,9 +316,6 @@ fn substitute(text: &str, dir: &Path, port: u16) -> String {
     out
 }
 
-/// Whether something listens on TCP `port` (any local address), judged from
-/// /proc/net/tcp{,6} so that no client connection is made; falls back to a
-/// connect attempt where /proc is unavailable.
 /// Ends a readiness probe's connection so that it no longer counts against
 /// `max_client_conn` once this returns: a connection counts from its accept until
 /// Sluice's task for it ends, and a test with room for one client, connecting right
@@ -328,15 +325,16 @@ fn substitute(text: &str, dir: &Path, port: u16) -> String {
 /// end-of-file here means it is given back.
 fn leave_uncounted(mut probe: std::os::unix::net::UnixStream) {
     use std::io::{Read, Write};
-    let mut cancel = [0u8; 16];
-    cancel[..4].copy_from_slice(&16u32.to_be_bytes());
-    cancel[4..8].copy_from_slice(&80_877_102u32.to_be_bytes());
+    let cancel = super::raw::cancel_request(0, 0);
     let _ = probe.set_read_timeout(Some(Duration::from_secs(2)));
     if probe.write_all(&cancel).is_ok() {
         let _ = probe.read(&mut [0u8; 1]);
     }
 }
 
+/// Whether something listens on TCP `port` (any local address), judged from
+/// /proc/net/tcp{,6} so that no client connection is made; falls back to a
+/// connect attempt where /proc is unavailable.
 fn tcp_listening(port: u16) -> bool {
     let needle = format!(":{port:04X}");
     let mut readable = false;
