@@ -21,7 +21,6 @@ mod users;
 mod value;
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::path::Path;
 
 use ini::Ini;
@@ -72,9 +71,9 @@ impl Config {
         settings
             .raw
             .insert("conffile".to_string(), path.display().to_string());
-        let mut databases = HashMap::new();
+        let mut databases = NameMap::default();
         let mut fallback_database = None;
-        let mut users = HashMap::new();
+        let mut users = NameMap::default();
         let mut peers = std::collections::BTreeMap::new();
         for e in &ini.entries {
             match e.section.as_str() {
@@ -116,7 +115,7 @@ impl Config {
 
         let userlist = match &settings.auth_file {
             Some(f) => load_userlist(f)?,
-            None => HashMap::new(),
+            None => NameMap::default(),
         };
         Ok(Config {
             path: path.to_path_buf(),
@@ -139,7 +138,7 @@ impl Config {
         if key == "auth_file" {
             new.userlist = match &new.settings.auth_file {
                 Some(f) => load_userlist(f)?,
-                None => HashMap::new(),
+                None => NameMap::default(),
             };
         }
         for w in warnings {

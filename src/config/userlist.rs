@@ -10,22 +10,22 @@
 //! Sluice refuses the whole file instead, naming the line, so the mistake is found at
 //! startup (or on reload, where the previous configuration is kept).
 
-use std::collections::HashMap;
+use super::NameMap;
 use std::path::Path;
 
 use super::error::ConfigError;
 
 /// Reads and parses the auth file at `path` (relative paths resolve against the
 /// process's working directory, as in PgBouncer).
-pub fn load_userlist(path: &Path) -> Result<HashMap<String, String>, ConfigError> {
+pub fn load_userlist(path: &Path) -> Result<NameMap<String>, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError::io(path, e))?;
     parse_userlist(&text, path)
 }
 
 /// Parses auth file contents; `file` is only used in error messages. A user listed
 /// twice keeps the later secret.
-pub fn parse_userlist(text: &str, file: &Path) -> Result<HashMap<String, String>, ConfigError> {
-    let mut users = HashMap::new();
+pub fn parse_userlist(text: &str, file: &Path) -> Result<NameMap<String>, ConfigError> {
+    let mut users = NameMap::default();
     for (idx, raw) in text.lines().enumerate() {
         let t = raw.trim_start();
         if t.trim_end().is_empty() || t.starts_with(';') {
@@ -67,7 +67,7 @@ fn quoted(s: &str) -> Option<Result<(String, &str), ()>> {
 mod tests {
     use super::*;
 
-    fn parse(text: &str) -> Result<HashMap<String, String>, String> {
+    fn parse(text: &str) -> Result<NameMap<String>, String> {
         parse_userlist(text, Path::new("userlist.txt")).map_err(|e| e.to_string())
     }
 

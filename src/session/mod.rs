@@ -10,10 +10,11 @@ pub mod params;
 pub mod relay;
 mod run;
 
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::task::Poll;
 
 use bytes::BytesMut;
 
@@ -139,15 +140,20 @@ async fn serve_client(app: Arc<App>, stream: Stream, origin: Origin) {
         }
     });
     let limit = cfg.settings.client_login_timeout;
-    let result = if limit.is_zero() {
-        login.await
-    } else {
-        match Box::pin(crate::timer::timeout(limit, login)).await {
-            Ok(r) => r,
-            Err(_) => Err(ClientError::fatal(
-                PROTOCOL_VIOLATION,
-                "client_login_timeout".into(),
-            )),
+    // Most logins (trust, the startup packet already read) end in their first poll:
+    // the timeout is armed only for one that waits.
+    let result = {
+        let mut login = login;
+        match poll_fn(|cx| Poll::Ready(login.as_mut().poll(cx))).await {
+            Poll::Ready(r) => r,
+            Poll::Pending if limit.is_zero() => login.await,
+            Poll::Pending => match Box::pin(crate::timer::timeout(limit, login)).await {
+                Ok(r) => r,
+                Err(_) => Err(ClientError::fatal(
+                    PROTOCOL_VIOLATION,
+                    "client_login_timeout".into(),
+                )),
+            },
         }
     };
     // The braces move the login result into a temporary that is gone after this
@@ -279,7 +285,7 @@ fn drive(
             why = info.killed() => {
                 s.drop_server();
                 Box::pin(send_fatal(&stream, PROTOCOL_VIOLATION, why)).await;
-                Ended::Closed(why.to_owned())
+                Ended::Closed(why.into())
             }
         };
         let reason = match ended {

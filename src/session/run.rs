@@ -75,15 +75,19 @@ enum Step {
     /// Serve the next request.
     Next,
     /// The session is over: stats flushed, server (if any) reset or closed.
-    End(String),
+    End(Reason),
     /// The session is over and already cleaned up (a fatal error was sent).
-    Done(String),
+    Done(Reason),
 }
+
+/// Why a session ended, for the log line: most reasons are fixed texts, which need
+/// no allocation (one per connection saved).
+pub(super) type Reason = std::borrow::Cow<'static, str>;
 
 /// How [`serve`] stopped.
 pub(super) enum Ended {
     /// The session is over, for this reason (for the log).
-    Closed(String),
+    Closed(Reason),
     /// The client is idle, holds no server and was asked to sleep: its socket can go to
     /// the keeper (keeper.rs) and its task end.
     Asleep,
@@ -165,7 +169,7 @@ pub(super) fn serve<'a>(
     async move {
         if let Some(w) = welcome {
             if let Err(reason) = Box::pin(s.welcome(stream, w)).await {
-                return Ended::Closed(reason);
+                return Ended::Closed(reason.into());
             }
         }
         let mode = s.mode;
@@ -188,7 +192,7 @@ pub(super) fn serve<'a>(
                         }
                     }
                     Err(why) => {
-                        return Ended::Closed(s.fail(stream, PROTOCOL_VIOLATION, why).await)
+                        return Ended::Closed(s.fail(stream, PROTOCOL_VIOLATION, why).await.into())
                     }
                 }
             }
@@ -215,7 +219,7 @@ pub(super) fn serve<'a>(
                 s.fresh = false;
                 match read {
                     Ok(true) => {}
-                    Ok(false) => break "client close request".to_owned(),
+                    Ok(false) => break "client close request".into(),
                     Err(Outcome::ClientProtocol(e)) => {
                         let why = e.to_string();
                         let relay = s.relay.get();
@@ -225,12 +229,12 @@ pub(super) fn serve<'a>(
                             ClientTag::new(&s.info, s.log_pooler_errors),
                             &why,
                         );
-                        return Ended::Closed(Box::pin(why).await);
+                        return Ended::Closed(Box::pin(why).await.into());
                     }
                     Err(Outcome::Timeout(why)) => {
-                        return Ended::Closed(s.fail(stream, PROTOCOL_VIOLATION, why).await);
+                        return Ended::Closed(s.fail(stream, PROTOCOL_VIOLATION, why).await.into());
                     }
-                    Err(_) => break "client unexpected eof".to_owned(),
+                    Err(_) => break "client unexpected eof".into(),
                 }
             }
             match s.step(stream).await {
@@ -450,8 +454,8 @@ impl Session {
     /// Ends the session of a client that got no server: `None`, it left.
     async fn not_linked(&mut self, stream: &Stream, e: Option<PoolError>) -> Step {
         match e {
-            None => Step::End("client unexpected eof".to_owned()),
-            Some(e) => Step::Done(fail_client(stream, self.tag(), &e).await),
+            None => Step::End("client unexpected eof".into()),
+            Some(e) => Step::Done(fail_client(stream, self.tag(), &e).await.into()),
         }
     }
 
@@ -468,7 +472,9 @@ impl Session {
                 if retired {
                     self.info.unlink();
                     return Step::Done(
-                        self.fail(stream, ADMIN_SHUTDOWN, "server_fast_close").await,
+                        self.fail(stream, ADMIN_SHUTDOWN, "server_fast_close")
+                            .await
+                            .into(),
                     );
                 }
                 Step::Next
@@ -483,7 +489,7 @@ impl Session {
                     // The reset is a round trip: the client's answer goes first.
                     if let Err(e) = self.pay_client(stream, false).await {
                         self.drop_server();
-                        return Step::End(format!("client I/O error: {e}"));
+                        return Step::End(format!("client I/O error: {e}").into());
                     }
                     if let Some(s) = self.server.take() {
                         // Resets and returns it (or closes it if the reset fails).
@@ -497,7 +503,7 @@ impl Session {
                 };
                 if self.relay.get().owes_client() {
                     if let Err(e) = self.pay_client(stream, handed_on).await {
-                        return Step::End(format!("client I/O error: {e}"));
+                        return Step::End(format!("client I/O error: {e}").into());
                     }
                 }
                 // The client may now stay idle for long: its counts go in now.
@@ -512,9 +518,9 @@ impl Session {
                 } else {
                     "client unexpected eof"
                 }
-                .to_owned(),
+                .into(),
             ),
-            Outcome::ClientFailed(e) => Step::End(format!("client I/O error: {e}")),
+            Outcome::ClientFailed(e) => Step::End(format!("client I/O error: {e}").into()),
             Outcome::ClientProtocol(e) => {
                 self.drop_server();
                 let why = e.to_string();
@@ -525,7 +531,8 @@ impl Session {
                         ClientTag::new(&self.info, self.log_pooler_errors),
                         &why,
                     ))
-                    .await,
+                    .await
+                    .into(),
                 )
             }
             Outcome::Timeout(why) => {
@@ -534,11 +541,11 @@ impl Session {
                 } else {
                     PROTOCOL_VIOLATION
                 };
-                Step::Done(self.fail(stream, code, why).await)
+                Step::Done(self.fail(stream, code, why).await.into())
             }
             Outcome::LongTransaction => {
                 let why = "Long transactions not allowed";
-                Step::Done(self.fail(stream, PROTOCOL_VIOLATION, why).await)
+                Step::Done(self.fail(stream, PROTOCOL_VIOLATION, why).await.into())
             }
             Outcome::ServerClosed(_) | Outcome::ServerProtocol(_) => {
                 self.drop_server();
@@ -546,7 +553,7 @@ impl Session {
                 let mut out = BytesMut::new();
                 backend::error_response(&mut out, "FATAL", CONNECTION_FAILURE, msg);
                 let _ = Box::pin(self.relay.get().send_to_client(stream, &out)).await;
-                Step::End(msg.to_owned())
+                Step::End(msg.into())
             }
         }
     }
