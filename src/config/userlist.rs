@@ -10,10 +10,10 @@
 //! Sluice refuses the whole file instead, naming the line, so the mistake is found at
 //! startup (or on reload, where the previous configuration is kept).
 
-use super::NameMap;
 use std::path::Path;
 
 use super::error::ConfigError;
+use super::NameMap;
 
 /// Reads and parses the auth file at `path` (relative paths resolve against the
 /// process's working directory, as in PgBouncer).
