@@ -191,14 +191,21 @@ impl Stream {
     }
 
     /// Reads at least one byte into `dst`, waiting as needed. `Ok(0)` is EOF.
+    /// Waits through [`Stream::poll_read_ready`], so the same rule holds: one task
+    /// reads a socket this way (the client's own, at its login). That keeps the
+    /// future a few words long, not tokio's ~200-byte readiness future, in every
+    /// login's boxed state.
     pub async fn read(&self, dst: &mut [u8]) -> io::Result<usize> {
-        loop {
-            self.readable().await?;
+        std::future::poll_fn(|cx| loop {
+            if let Err(e) = std::task::ready!(self.poll_read_ready(cx)) {
+                return Poll::Ready(Err(e));
+            }
             match self.try_read(dst) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                r => return r,
+                r => return Poll::Ready(r),
             }
-        }
+        })
+        .await
     }
 
     /// The first read of a fresh connection, tried before waiting. A client sends its

@@ -30,8 +30,9 @@ pub struct LoggedIn {
     pub database: String,
     pub pool: Arc<Pool>,
     pub params: ClientParams,
-    /// Bytes owed to the client before the welcome (AuthenticationOk and any
-    /// NegotiateProtocolVersion): sent with it, saving a system call per login.
+    /// Bytes owed to the client before the welcome (any NegotiateProtocolVersion, or
+    /// the last SASL message), sent with AuthenticationOk and the welcome in one
+    /// write: a system call per login saved. Empty and unallocated for most logins.
     pub greeting: BytesMut,
 }
 
@@ -107,7 +108,8 @@ pub async fn read_startup(
             }
             StartupPacket::Cancel { pid, key } => {
                 let cfg = app.config();
-                app.cancels.cancel(pid, key, &cfg).await;
+                // Boxed: a cancel's future is large and rare.
+                Box::pin(app.cancels.cancel(pid, key, &cfg)).await;
                 return Ok(Startup::Cancel);
             }
             StartupPacket::Startup { minor, params } => {
@@ -126,8 +128,8 @@ fn bad_startup(e: crate::protocol::ProtocolError) -> ClientError {
 }
 
 /// Checks the startup parameters, finds the database, authenticates the client and
-/// returns its pool. NegotiateProtocolVersion and AuthenticationOk are left in
-/// `LoggedIn::greeting`, to go out with the welcome in one write.
+/// returns its pool. What the client is owed before AuthenticationOk is left in
+/// `LoggedIn::greeting`, to go out with it and the welcome in one write.
 pub async fn login(
     app: &App,
     stream: &Stream,
@@ -137,8 +139,9 @@ pub async fn login(
 ) -> Result<LoggedIn, ClientError> {
     let cfg = app.config();
     let s = &cfg.settings;
-    // Room for the welcome too (session::run), which is added to it: one allocation.
-    let mut out = BytesMut::with_capacity(1024);
+    // Allocated only if something goes out before the welcome (a password exchange,
+    // NegotiateProtocolVersion): the welcome sizes it for itself and AuthenticationOk.
+    let mut out = BytesMut::new();
 
     let mut user = None;
     let mut database = None;
@@ -238,7 +241,6 @@ pub async fn login(
             params
         }
     };
-    backend::authentication(&mut out, backend::AUTH_OK, &[]);
     Ok(LoggedIn {
         user,
         database,
@@ -278,29 +280,38 @@ pub(crate) async fn authenticate(
                 "\"trust\" authentication failed".into(),
             )),
         },
+        // The exchanges are boxed: they are large, and `trust` (no exchange) should
+        // not carry their room in every login's future (docs/performance.md,
+        // twenty-seventh round).
         AuthType::Plain => {
-            authentication(out, AUTH_CLEARTEXT, &[]);
-            let password = read_password(stream, buf, out).await?;
-            let Some(secret) = secret else {
-                return Err(failed());
-            };
-            if check_plain(user, &secret, &password).await {
-                Ok(None)
-            } else {
-                Err(failed())
-            }
+            Box::pin(async {
+                authentication(out, AUTH_CLEARTEXT, &[]);
+                let password = read_password(stream, buf, out).await?;
+                let Some(secret) = secret else {
+                    return Err(failed());
+                };
+                if check_plain(user, &secret, &password).await {
+                    Ok(None)
+                } else {
+                    Err(failed())
+                }
+            })
+            .await
         }
         AuthType::Md5 if !matches!(secret, Some(Secret::Scram(_))) => {
-            let salt: [u8; 4] = rand::random();
-            authentication(out, AUTH_MD5, &salt);
-            let response = read_password(stream, buf, out).await?;
-            match secret {
-                Some(secret) if verify_md5(user, &secret, salt, &response) => Ok(None),
-                _ => Err(failed()),
-            }
+            Box::pin(async {
+                let salt: [u8; 4] = rand::random();
+                authentication(out, AUTH_MD5, &salt);
+                let response = read_password(stream, buf, out).await?;
+                match secret {
+                    Some(secret) if verify_md5(user, &secret, salt, &response) => Ok(None),
+                    _ => Err(failed()),
+                }
+            })
+            .await
         }
         AuthType::Md5 | AuthType::ScramSha256 => {
-            scram(stream, buf, out, user, secret, s.scram_iterations).await
+            Box::pin(scram(stream, buf, out, user, secret, s.scram_iterations)).await
         }
         AuthType::Unsupported(name) => Err(ClientError::fatal(
             FEATURE_NOT_SUPPORTED,

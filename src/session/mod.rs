@@ -129,7 +129,8 @@ async fn serve_client(app: Arc<App>, stream: Stream, origin: Origin) {
                     );
                 }
                 if crate::admin::is_console(&params) {
-                    return crate::admin::login(&app, &stream, &mut buf, minor, params)
+                    // Boxed: rare, and its future is as large as a pooled login's.
+                    return Box::pin(crate::admin::login(&app, &stream, &mut buf, minor, params))
                         .await
                         .map(|a| Some(Who::Console(a)));
                 }

@@ -98,10 +98,13 @@ impl Session {
                 Err(e) => return Err(Box::pin(fail_client(stream, self.tag(), &e)).await),
             },
         };
-        // AuthenticationOk and the welcome go out in one write.
+        // The greeting, AuthenticationOk and the welcome go out in one write.
         let mut out = greeting;
-        // The ParameterStatus messages, key data and ReadyForQuery: ~400 bytes.
+        // AuthenticationOk, the ParameterStatus messages, key data and ReadyForQuery:
+        // ~400 bytes. One allocation under 1 KB, which glibc serves from its
+        // per-thread cache (a larger one takes its slow path both ways).
         out.reserve(768);
+        backend::authentication(&mut out, backend::AUTH_OK, &[]);
         self.params.settle(&welcome, &pool.shared_params, &mut out);
         drop(welcome);
         backend::backend_key_data(&mut out, self.cancel_key.pid, self.cancel_key.key);
