@@ -1,6 +1,7 @@
 //! The process: command line, config load, logging, listeners, signals, reload and the
 //! shutdown modes.
 
+pub mod alloc;
 pub mod cli;
 pub mod logging;
 pub mod os;
