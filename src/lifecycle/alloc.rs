@@ -299,6 +299,43 @@ mod tests {
     }
 
     #[test]
+    fn threads_sharing_the_cache_never_get_the_same_block() {
+        let a = CachingAlloc::new();
+        let l = layout(256, 128);
+        std::thread::scope(|s| {
+            for t in 0..4u8 {
+                let a = &a;
+                s.spawn(move || {
+                    let mut held = Vec::with_capacity(8);
+                    for i in 0..20_000usize {
+                        // SAFETY: each block is written within its layout while this
+                        // thread holds it, then freed once, with it.
+                        unsafe {
+                            let p = a.alloc(l);
+                            assert!(!p.is_null());
+                            p.write_bytes(t, 256);
+                            held.push(p);
+                            if held.len() == 8 || i % 3 == 0 {
+                                for p in held.drain(..) {
+                                    // Another thread writing a block this one holds
+                                    // would show here.
+                                    let b = std::slice::from_raw_parts(p, 256);
+                                    assert!(b.iter().all(|&x| x == t));
+                                    a.dealloc(p, l);
+                                }
+                            }
+                        }
+                    }
+                    for p in held {
+                        // SAFETY: as above.
+                        unsafe { a.dealloc(p, l) };
+                    }
+                });
+            }
+        });
+    }
+
+    #[test]
     fn a_taken_lock_sends_requests_to_the_system() {
         let a = CachingAlloc::new();
         let l = layout(256, 128);
