@@ -103,15 +103,19 @@ unsafe impl GlobalAlloc for CachingAlloc {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if cached(layout) {
-            if let Some(Some(p)) = self.with_cache(|c| c.take(layout)) {
-                // SAFETY: `p` is a live block of `layout.size()` bytes, this caller's.
-                unsafe { std::ptr::write_bytes(p, 0, layout.size()) };
-                return p;
-            }
+        if !cached(layout) {
+            // SAFETY: as in `alloc`; `calloc` stays in use for all but cached layouts.
+            return unsafe { System.alloc_zeroed(layout) };
         }
-        // SAFETY: as in `alloc`; `calloc` stays in use for large zeroed blocks.
-        unsafe { System.alloc_zeroed(layout) }
+        // SAFETY: as in `alloc`; a non-null result is a live block of
+        // `layout.size()` bytes, this caller's.
+        unsafe {
+            let p = self.alloc(layout);
+            if !p.is_null() {
+                std::ptr::write_bytes(p, 0, layout.size());
+            }
+            p
+        }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
