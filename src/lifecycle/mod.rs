@@ -1,6 +1,7 @@
 //! The process: command line, config load, logging, listeners, signals, reload and the
 //! shutdown modes.
 
+mod accept;
 pub mod alloc;
 pub mod cli;
 pub mod logging;
@@ -14,9 +15,7 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::app::{App, Shutdown};
 use crate::config::{Config, Settings};
-use crate::net::{
-    bind_listeners, Acceptor, Listeners, Origin, PeerAddr, StdStream, Stream, TcpTuning,
-};
+use crate::net::bind_listeners;
 use cli::Args;
 use logging::LogSink;
 
@@ -175,7 +174,7 @@ async fn run(path: PathBuf, config: Config, sink: Arc<LogSink>, user: Option<Str
     }
     // The stats ticker and the metrics endpoint; they stop when this is dropped.
     let _background = crate::admin::start_background(&app, metrics);
-    let accept = tokio::spawn(accept_loops(app.clone(), listeners));
+    let accept = tokio::spawn(accept::accept_loops(app.clone(), listeners));
     let janitor = tokio::spawn(janitor(app.clone()));
     let keeper = tokio::spawn(crate::session::keeper::run(app.clone()));
     let code = signals(app.clone(), &path, &sink, sigs).await;
@@ -189,125 +188,6 @@ async fn run(path: PathBuf, config: Config, sink: Arc<LogSink>, user: Option<Str
         let _ = std::fs::remove_file(p);
     }
     code
-}
-
-/// One accept task per listener; TCP listeners close when a shutdown begins, the UNIX
-/// socket stays open until exit (PgBouncer keeps it for the admin console).
-async fn accept_loops(app: Arc<App>, mut listeners: Listeners) {
-    let mut tasks = Vec::new();
-    for l in std::mem::take(&mut listeners.tcp) {
-        let app = app.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut shutdown = app.shutdown_watch();
-            // One wait for the shutdown for the listener's life, not one per accepted
-            // socket (each would queue and unqueue a waiter on the watch).
-            let stop = async move {
-                while shutdown.changed().await.is_ok() {
-                    if *shutdown.borrow() != Shutdown::No {
-                        return;
-                    }
-                }
-            };
-            tokio::pin!(stop);
-            // Accepted sockets' local end, unless the listener's is a wildcard.
-            let here = l
-                .get_ref()
-                .local_addr()
-                .ok()
-                .filter(|a| !a.ip().is_unspecified());
-            // `tcp_defer_accept` follows reloads, as in PgBouncer.
-            let mut deferring = app.config().settings.tcp_defer_accept;
-            let mut reloaded = Box::pin(next_reload(app.reload_watch()));
-            let mut acceptor = Acceptor::new(&l);
-            loop {
-                tokio::select! {
-                    biased;
-                    _ = &mut stop => return,
-                    rx = &mut reloaded => {
-                        let on = app.config().settings.tcp_defer_accept;
-                        if on != deferring {
-                            match crate::net::listener::set_defer_accept(l.get_ref(), on) {
-                                Ok(()) => deferring = on,
-                                Err(e) => tracing::warn!("cannot set tcp_defer_accept: {e}"),
-                            }
-                        }
-                        reloaded = Box::pin(next_reload(rx));
-                    }
-                    r = acceptor.accept() => match r {
-                        Ok(((s, peer), alone)) => {
-                            let _ = s.set_nodelay(true);
-                            // PgBouncer's TCP options cover client sockets too: a
-                            // vanished client must not hold its slot and server forever.
-                            let tuning = TcpTuning::from_settings(&app.config().settings);
-                            if let Err(e) = tuning.apply(socket2::SockRef::from(&s)) {
-                                tracing::warn!("cannot set TCP options on a client socket: {e}");
-                            }
-                            let origin = Origin {
-                                peer: PeerAddr::Tcp(peer),
-                                local: here.or_else(|| s.local_addr().ok()),
-                                // In a burst, a client's login waits its turn: one
-                                // that logged in at once, while others were still
-                                // being accepted, would leave its temporaries as holes
-                                // between lasting allocations (idle memory measured
-                                // 0.87 KB per client against 0.66). So on the UNIX
-                                // socket below.
-                                read_at_once: alone,
-                            };
-                            match Stream::from_std(StdStream::Tcp(s)) {
-                                Ok(s) => {
-                                    crate::session::spawn_client(app.clone(), s, origin);
-                                }
-                                Err(e) => tracing::warn!("accept failed: {e}"),
-                            }
-                        }
-                        Err(e) => {
-                            tracing::warn!("accept failed: {e}");
-                            crate::timer::sleep(Duration::from_millis(50)).await;
-                        }
-                    },
-                }
-            }
-        }));
-    }
-    if let Some(l) = listeners.unix.take() {
-        let app = app.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut acceptor = Acceptor::new(&l);
-            loop {
-                let accepted = acceptor.accept().await;
-                match accepted.and_then(|(s, alone)| Ok((Stream::from_std(s)?, alone))) {
-                    Ok((s, alone)) => {
-                        let origin = Origin {
-                            peer: PeerAddr::Unix,
-                            local: None,
-                            read_at_once: alone,
-                        };
-                        crate::session::spawn_client(app.clone(), s, origin);
-                    }
-                    Err(e) => {
-                        tracing::warn!("accept failed: {e}");
-                        crate::timer::sleep(Duration::from_millis(50)).await;
-                    }
-                }
-            }
-        }));
-    }
-    // `listeners` (and the socket file) live as long as this task.
-    for t in tasks {
-        let _ = t.await;
-    }
-    drop(listeners);
-}
-
-/// Resolves at the next reload, giving the watch back for the one after; never
-/// once the app is gone.
-async fn next_reload(
-    mut rx: tokio::sync::watch::Receiver<u64>,
-) -> tokio::sync::watch::Receiver<u64> {
-    if rx.changed().await.is_err() {
-        std::future::pending::<()>().await;
-    }
-    rx
 }
 
 /// Periodic upkeep, like PgBouncer's janitor.
