@@ -8,12 +8,13 @@
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 use std::time::SystemTime;
 
 use rustc_hash::FxHashMap;
-use tokio::sync::Notify;
 
 use crate::clock::Tick;
 use crate::net::PeerAddr;
@@ -119,13 +120,16 @@ pub struct ClientInfo {
     prepared: std::sync::atomic::AtomicU32,
     state: AtomicU8,
     /// Set once by the first kill; read without a lock at every wake-up of the
-    /// session, so the Notify (which takes one) is looked at only after a kill.
-    /// A [`KillReason`], 0 if none.
+    /// session. A [`KillReason`], 0 if none.
     kill_reason: AtomicU8,
-    /// 0: awake; 1: asked to sleep (woken through `kill`'s Notify); 2: asleep in the
-    /// keeper, without a task.
+    /// 0: awake; 1: asked to sleep (woken through `waker`); 2: asleep in the keeper,
+    /// without a task.
     sleep: AtomicU8,
-    kill: Notify,
+    /// The waker of the session's task while it waits in [`ClientInfo::killed`]:
+    /// a kill or a request to sleep wakes it. A plain slot, set once per task, where
+    /// a `Notify` queued and unqueued a waiter under its lock (~300 instructions per
+    /// connection).
+    waker: Mutex<Option<Waker>>,
     /// When it connected, in microseconds since the Unix epoch (8 bytes, not a
     /// `SystemTime`'s 16: every idle client keeps one).
     connect_us: u64,
@@ -144,7 +148,7 @@ impl ClientInfo {
             request_us: AtomicU64::new(0),
             link: Mutex::new(None),
             prepared: std::sync::atomic::AtomicU32::new(0),
-            kill: Notify::new(),
+            waker: Mutex::new(None),
             kill_reason: AtomicU8::new(0),
             sleep: AtomicU8::new(0),
         }
@@ -243,8 +247,16 @@ impl ClientInfo {
             Ordering::Relaxed,
             Ordering::Relaxed,
         );
-        // notify_one keeps a permit if the session is not waiting on it right now.
-        self.kill.notify_one();
+        // A session not waiting right now sees the reason when it next looks.
+        self.wake();
+    }
+
+    /// Wakes the task waiting in [`ClientInfo::killed`], if any. Taking the lock
+    /// after the flag was set is what makes a waiter that registers meanwhile see it.
+    fn wake(&self) {
+        if let Some(w) = lock(&self.waker).as_ref() {
+            w.wake_by_ref();
+        }
     }
 
     /// The kill reason, if the client was killed.
@@ -265,8 +277,8 @@ impl ClientInfo {
             .compare_exchange(0, 1, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok();
         if asked {
-            // Wakes the session's task, which is waiting on this Notify too.
-            self.kill.notify_one();
+            // Wakes the session's task, which is waiting in `killed` too.
+            self.wake();
         }
     }
 
@@ -284,29 +296,50 @@ impl ClientInfo {
         self.sleep.load(Ordering::Relaxed) == 2
     }
 
-    /// Resolves with the reason once the client is killed.
+    /// Resolves with the reason once the client is killed. One waiter at a time
+    /// (the session's task): a second would take the first's place.
     ///
-    /// It is polled at every wake-up of the client's task, so it looks at the Notify
-    /// only on its first poll (which stores the task's waker there; a task's waker
-    /// stays valid for its whole life), once a kill reason is set, and while the
-    /// client is asked to sleep (that request wakes the task through the same Notify,
-    /// which must then be registered with again).
-    pub async fn killed(&self) -> &'static str {
-        loop {
-            let notified = self.kill.notified();
-            let mut notified = std::pin::pin!(notified);
-            let mut registered = false;
-            std::future::poll_fn(|cx| {
-                if registered && self.kill_reason().is_none() && !self.asked_to_sleep() {
-                    return std::task::Poll::Pending;
-                }
-                registered = true;
-                notified.as_mut().poll(cx)
-            })
-            .await;
-            if let Some(r) = self.kill_reason() {
-                return r;
-            }
+    /// It is polled at every wake-up of the client's task, so only its first poll
+    /// takes the lock (to leave the task's waker, which stays valid for the task's
+    /// whole life); later polls read the reason alone. A request to sleep wakes the
+    /// task through the same waker, for the session to see.
+    pub fn killed(&self) -> Killed<'_> {
+        Killed {
+            info: self,
+            registered: false,
+        }
+    }
+}
+
+/// The future of [`ClientInfo::killed`]; takes its waker back when dropped, so that a
+/// session that ends or sleeps leaves nothing of its task behind.
+pub struct Killed<'a> {
+    info: &'a ClientInfo,
+    registered: bool,
+}
+
+impl Future for Killed<'_> {
+    type Output = &'static str;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<&'static str> {
+        if !self.registered {
+            *lock(&self.info.waker) = Some(cx.waker().clone());
+            self.registered = true;
+        }
+        // After the lock: a kill whose wake found no waker set its reason before
+        // taking the lock, and so before this read.
+        match self.info.kill_reason() {
+            Some(r) => Poll::Ready(r),
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for Killed<'_> {
+    fn drop(&mut self) {
+        if self.registered {
+            // Dropped after the lock is let go.
+            let _gone = lock(&self.info.waker).take();
         }
     }
 }
@@ -433,6 +466,64 @@ mod tests {
             assert!(g.linked().is_none());
         }
         assert!(r.is_empty());
+    }
+
+    /// A waker that counts its wakes.
+    struct Count(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_request_to_sleep_wakes_the_waiter_a_kill_ends_it_and_its_drop_lets_go() {
+        let r = Arc::new(ClientRegistry::default());
+        let g = r.register(test_meta(1));
+        let count = Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut killed = Box::pin(g.killed());
+        assert!(killed.as_mut().poll(&mut cx).is_pending());
+        // The slot holds a clone of the waker.
+        assert_eq!(Arc::strong_count(&count), 3);
+        g.ask_to_sleep();
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        assert!(killed.as_mut().poll(&mut cx).is_pending());
+        g.kill(KillReason::AdminForced);
+        assert_eq!(count.0.load(Ordering::SeqCst), 2);
+        assert_eq!(
+            killed.as_mut().poll(&mut cx),
+            Poll::Ready("admin forced disconnect")
+        );
+        drop(killed);
+        // Nothing of the task is kept once the wait is over.
+        assert_eq!(Arc::strong_count(&count), 2);
+        g.kill(KillReason::AdminForced);
+        assert_eq!(count.0.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_kill_from_another_thread_wakes_a_waiting_session() {
+        let r = Arc::new(ClientRegistry::default());
+        for i in 0..200 {
+            // A new client each time: the first reason stands for good.
+            let g = Arc::new(r.register(test_meta(i)));
+            let (waiting, info) = (g.clone(), g);
+            let task = tokio::spawn(async move { waiting.killed().await });
+            tokio::task::yield_now().await;
+            let killer = std::thread::spawn(move || info.kill(KillReason::AdminForced));
+            let why = tokio::time::timeout(std::time::Duration::from_secs(5), task).await;
+            assert_eq!(
+                why.ok().and_then(|r| r.ok()),
+                Some("admin forced disconnect")
+            );
+            let _ = killer.join();
+        }
     }
 
     #[tokio::test]
