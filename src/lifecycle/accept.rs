@@ -4,7 +4,8 @@
 //! outside (a shutdown closes it, a reload may turn `tcp_defer_accept` on or off) is
 //! watched by a second task: were the loop to wait on those watches too, it would
 //! poll both at each wake-up, and a watch's pending wait takes its lock at every
-//! poll (~300 instructions per accepted connection, docs/performance.md).
+//! poll (~590 instructions per accepted connection, docs/performance.md,
+//! twenty-eighth round).
 
 use std::sync::Arc;
 use std::time::Duration;
