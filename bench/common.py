@@ -65,6 +65,12 @@ SCENARIOS = [
 EXTRA_SCENARIOS = [
     Scenario("select1_64", "SELECT 1, 64 clients, TCP", 64, [], script=SELECT1),
     Scenario("select1_256", "SELECT 1, 256 clients, TCP", 256, [], script=SELECT1),
+    # An application's pool: many clients, each sending every ~3 s (-R 150 over 500),
+    # so idle past the 2 s after which Sluice first puts a client to sleep. Run it
+    # with --seconds 60 or more: the sleep policy settles in the first ~30 s
+    # (docs/performance.md, twenty-ninth round).
+    Scenario("sporadic_500", "select-only, 500 clients sending every ~3 s (-R 150)", 500,
+             ["-S", "-R", "150"]),
 ]
 CHART = [("select_8", 8), ("select_64", 64), ("select_256", 256), ("select_600", 600)]
 

@@ -278,7 +278,9 @@ fn drive(
 ) -> impl Future<Output = ()> {
     async move {
         let info = s.info.clone();
-        info.set_asleep(false);
+        if info.set_awake() {
+            keeper::came_back(&info);
+        }
         let ended = tokio::select! {
             biased;
             r = run::serve(&mut s, &stream, welcome) => r,
@@ -292,7 +294,7 @@ fn drive(
         let reason = match ended {
             Ended::Closed(reason) => reason,
             Ended::Asleep => {
-                info.set_asleep(true);
+                info.set_asleep();
                 let app = s.app().clone();
                 return app.keeper.put(stream.into_std(), s);
             }

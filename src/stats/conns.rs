@@ -123,8 +123,12 @@ pub struct ClientInfo {
     /// session. A [`KillReason`], 0 if none.
     kill_reason: AtomicU8,
     /// 0: awake; 1: asked to sleep (woken through `waker`); 2: asleep in the keeper,
-    /// without a task.
+    /// without a task; 3: the same, after being asked (the janitor's sweep).
     sleep: AtomicU8,
+    /// How long the sweep lets it idle before asking it to sleep, as a shift of the
+    /// shortest wait (`session::keeper::sweep_idle`); raised each time it comes back
+    /// soon after being put to sleep.
+    sweep_shift: AtomicU8,
     /// The waker of the session's task while it waits in [`ClientInfo::killed`]:
     /// a kill or a request to sleep wakes it. A plain slot, set once per task, where
     /// a `Notify` queued and unqueued a waiter under its lock (~160 instructions per
@@ -151,6 +155,7 @@ impl ClientInfo {
             waker: Mutex::new(None),
             kill_reason: AtomicU8::new(0),
             sleep: AtomicU8::new(0),
+            sweep_shift: AtomicU8::new(0),
         }
     }
 
@@ -286,14 +291,30 @@ impl ClientInfo {
         self.sleep.load(Ordering::Relaxed) == 1
     }
 
-    /// Marks the client asleep (its session went to the keeper) or awake again.
-    pub fn set_asleep(&self, asleep: bool) {
+    /// Marks the client asleep: its session went to the keeper.
+    pub fn set_asleep(&self) {
+        let asked = self.asked_to_sleep();
         self.sleep
-            .store(if asleep { 2 } else { 0 }, Ordering::Relaxed);
+            .store(if asked { 3 } else { 2 }, Ordering::Relaxed);
+    }
+
+    /// Marks the client awake; true if it had been put to sleep when asked to (by the
+    /// janitor's sweep), not on its own.
+    pub fn set_awake(&self) -> bool {
+        self.sleep.swap(0, Ordering::Relaxed) == 3
     }
 
     pub fn is_asleep(&self) -> bool {
-        self.sleep.load(Ordering::Relaxed) == 2
+        self.sleep.load(Ordering::Relaxed) >= 2
+    }
+
+    /// See `sweep_shift`.
+    pub fn sweep_shift(&self) -> u8 {
+        self.sweep_shift.load(Ordering::Relaxed)
+    }
+
+    pub fn set_sweep_shift(&self, shift: u8) {
+        self.sweep_shift.store(shift, Ordering::Relaxed);
     }
 
     /// Resolves with the reason once the client is killed. One waiter at a time

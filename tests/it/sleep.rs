@@ -71,6 +71,43 @@ async fn idle_clients_sleep_and_wake_with_their_state() {
         .all(|u| u == "postgres")));
 }
 
+/// A client the sweep put to sleep that sends again soon after was only between
+/// requests: the sweep lets it idle twice as long before it asks again (4 s, then 8 s),
+/// so that a client sending every few seconds does not pay a sleep and a wake per
+/// request (session/keeper.rs, `CAME_BACK`). It still sleeps once idle that long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_comes_back_soon_sleeps_later() {
+    let s = builder().setting("pool_mode", "transaction").start();
+    let c = pooled(&s, Some("regular")).await;
+    // Asleep on its own after its login; woken by a request, it is not a regular yet.
+    assert!(wait_asleep(&s, 1), "a quiet new client did not sleep");
+    select1(&c).await;
+    // Idle 2 s: the sweep puts it to sleep, and it comes back at once.
+    assert!(wait_asleep(&s, 1), "an idle client did not sleep");
+    select1(&c).await;
+    assert_eq!(asleep(&s), 0);
+    // Now it may idle 4 s: at 2.5 s it is still awake (it slept by then before).
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(
+        asleep(&s),
+        0,
+        "a client that came back soon was put to sleep at 2 s"
+    );
+    assert!(
+        wait_asleep(&s, 1),
+        "a client that came back did not sleep at 4 s"
+    );
+    // It comes back again: 8 s from now on.
+    select1(&c).await;
+    std::thread::sleep(Duration::from_millis(5000));
+    assert_eq!(
+        asleep(&s),
+        0,
+        "a client that came back twice was put to sleep at 4 s"
+    );
+    select1(&c).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sleeping_clients_are_killed_and_time_out() {
     let s = builder()
