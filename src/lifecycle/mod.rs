@@ -228,9 +228,19 @@ fn install_signals() -> Option<Signals> {
 
 async fn signals(app: Arc<App>, path: &Path, sink: &LogSink, sigs: Signals) -> i32 {
     let [mut hup, mut int, mut term, mut quit, mut usr1, mut usr2] = sigs;
+    // Shutdown progress is checked every 100 ms, only once a shutdown began (here, or
+    // from the console, which the watch tells): an idle pooler does not wake for it.
     let mut check = crate::timer::interval(Duration::from_millis(100));
+    let mut shutdown = app.shutdown_watch();
     loop {
+        let stopping = app.shutdown_mode() != Shutdown::No;
         tokio::select! {
+            r = shutdown.changed(), if !stopping => {
+                // Closed only with the app, which this task holds: never.
+                if r.is_err() {
+                    return 0;
+                }
+            }
             _ = hup.recv() => {
                 tracing::info!("got SIGHUP, re-reading config");
                 let _ = reload(&app, path, sink);
@@ -257,7 +267,7 @@ async fn signals(app: Arc<App>, path: &Path, sink: &LogSink, sigs: Signals) -> i
             }
             _ = usr1.recv() => crate::admin::control::signal_pause(&app),
             _ = usr2.recv() => crate::admin::control::signal_resume(&app),
-            _ = check.tick() => {
+            _ = check.tick(), if stopping => {
                 match app.shutdown_mode() {
                     Shutdown::No => {}
                     Shutdown::Immediate => return 0,
