@@ -34,9 +34,10 @@ pub const SWEEP_IDLE: Duration = Duration::from_secs(2);
 /// the next sweep asks it, up to [`SWEEP_IDLE`] << [`MAX_SWEEP_SHIFT`] (32 s). One
 /// that slept longer starts again from [`SWEEP_IDLE`]. A sleep and a wake cost ~4
 /// `epoll_ctl`, two `epoll_wait` and a task; for clients that send every few seconds
-/// that was ~1.3x PgBouncer's CPU per transaction (docs/performance.md, twenty-ninth
+/// that was 1.2-1.5x PgBouncer's CPU per transaction (docs/performance.md, twenty-ninth
 /// round), where an awake idle client costs only its memory (~1.2 KB more).
 pub const CAME_BACK: Duration = Duration::from_secs(60);
+/// The longest wait is [`SWEEP_IDLE`] times 2 to this power (32 s).
 pub const MAX_SWEEP_SHIFT: u8 = 4;
 
 /// How long the sweep lets a client with this `shift` idle before asking it to sleep.
