@@ -124,13 +124,19 @@ impl Stream {
             buf.reserve(64);
         }
         let spare = buf.capacity() - buf.len();
-        self.read_clearing(spare, |s| {
-            let n = SockRef::from(s).recv(buf.spare_capacity_mut())?;
-            // SAFETY: recv wrote the first `n` bytes of the spare capacity, so they
-            // are initialised, and `n` is at most the spare length.
-            unsafe { buf.set_len(buf.len() + n) };
-            Ok(n)
-        })
+        self.read_clearing(spare, |s| recv_into(s, buf))
+    }
+
+    /// The same read, tried without waiting for the event loop to report the socket
+    /// readable: for a socket just registered that is known to have bytes (a client
+    /// the keeper woke), whose readiness the loop would learn only a turn later. As
+    /// with [`Stream::read_first`], a read that drains the socket leaves no readiness
+    /// behind, as epoll checks a socket again before it reports it.
+    pub fn try_read_buf_now(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        if buf.len() == buf.capacity() {
+            buf.reserve(64);
+        }
+        recv_into(self.io.get_ref(), buf)
     }
 
     /// Non-blocking read into `dst`, clearing readiness as [`Stream::try_read_buf`].
@@ -352,4 +358,13 @@ impl AsFd for StdStream {
             StdStream::Unix(s) => s.as_fd(),
         }
     }
+}
+
+/// One `recv` into `buf`'s spare room.
+fn recv_into(s: &StdStream, buf: &mut BytesMut) -> io::Result<usize> {
+    let n = SockRef::from(s).recv(buf.spare_capacity_mut())?;
+    // SAFETY: recv wrote the first `n` bytes of the spare capacity, so they are
+    // initialised, and `n` is at most the spare length.
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(n)
 }

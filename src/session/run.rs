@@ -167,6 +167,8 @@ pub(super) fn serve<'a>(
     welcome: Option<Welcome>,
 ) -> impl Future<Output = Ended> + 'a {
     async move {
+        // Woken by the keeper: its socket turned readable (see the first read below).
+        let mut woken = welcome.is_none();
         if let Some(w) = welcome {
             if let Err(reason) = Box::pin(s.welcome(stream, w)).await {
                 return Ended::Closed(reason.into());
@@ -174,7 +176,11 @@ pub(super) fn serve<'a>(
         }
         let mode = s.mode;
         let reason = loop {
-            if s.relay.between_requests() {
+            // A client the keeper woke for its socket has bytes (or left): the first
+            // read goes straight to the socket, not through a wait that would learn
+            // it is readable only a loop turn later. Not for a killed one.
+            let at_once = std::mem::take(&mut woken) && s.info.kill_reason().is_none();
+            if s.relay.between_requests() && !at_once {
                 // Idle: the only await an idle client's task holds.
                 // A session-mode client that holds its server stays awake.
                 let can_sleep = s.server.is_none() && s.app().keeper.running();
@@ -200,12 +206,12 @@ pub(super) fn serve<'a>(
                 // Bytes are usually there by now: read them without a future; the wait
                 // for more is boxed so that it adds nothing to an idle client's task.
                 let relay = s.relay.get();
-                let read = match relay.try_read_unlinked(stream) {
+                let read = match relay.try_read_unlinked(stream, at_once) {
                     Some(r) => r,
-                    None if s.fresh && !relay.has_request() => {
-                        // Readable, yet nothing to read (readiness can be spurious): a
-                        // fresh client still quiet goes back to its idle wait, and to
-                        // sleep when that runs out.
+                    None if (s.fresh || at_once) && !relay.has_request() => {
+                        // Readable, yet nothing to read (readiness can be spurious, or
+                        // the keeper woke it for a timeout): a quiet client goes back
+                        // to its idle wait (a fresh one to sleep when that runs out).
                         s.relay.rest();
                         if s.relay.between_requests() {
                             continue;

@@ -179,7 +179,7 @@ impl Relay {
                     }
                 }
             }
-            if let Some(r) = self.try_read_unlinked(client) {
+            if let Some(r) = self.try_read_unlinked(client, false) {
                 return r;
             }
         }
@@ -187,9 +187,15 @@ impl Relay {
 
     /// One read of client bytes while no server is linked: `None` when nothing
     /// complete enough came (wait and try again), else as [`Relay::read_client_unlinked`].
-    pub fn try_read_unlinked(&mut self, client: &Stream) -> Option<Result<bool, Outcome>> {
+    /// `at_once`: read without waiting for the loop to report the socket readable
+    /// ([`Stream::try_read_buf_now`]).
+    pub fn try_read_unlinked(
+        &mut self,
+        client: &Stream,
+        at_once: bool,
+    ) -> Option<Result<bool, Outcome>> {
         let pending_before = self.pending;
-        match self.read_client(client) {
+        match self.read_client(client, at_once) {
             Ok(true) => self.note_client_activity(pending_before, Tick::now()),
             Ok(false) => return Some(Ok(false)),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
@@ -222,7 +228,7 @@ impl Relay {
     /// Reads client bytes while waiting for a server. `Ok(false)`: the client left
     /// (end of stream or Terminate), so the wait should be abandoned.
     pub fn read_while_waiting(&mut self, client: &Stream) -> io::Result<bool> {
-        let more = self.read_client(client)?;
+        let more = self.read_client(client, false)?;
         let prepared_terminate = self.prepared.as_ref().is_some_and(|p| p.has_terminate());
         Ok(more && !self.terminated && !prepared_terminate)
     }
@@ -329,7 +335,7 @@ impl Relay {
                         return Outcome::ClientFailed(e);
                     }
                     let pending_before = self.pending;
-                    match self.read_client(client) {
+                    match self.read_client(client, false) {
                         Ok(true) => {
                             self.note_client_activity(pending_before, Tick::now());
                             if let Err(e) = self.rewrite_pending(server) {
@@ -378,7 +384,7 @@ impl Relay {
 
     /// Reads from the client into `c2s` and follows its messages. `Ok(false)`: EOF.
     /// A protocol violation is reported as `InvalidData`.
-    fn read_client(&mut self, client: &Stream) -> io::Result<bool> {
+    fn read_client(&mut self, client: &Stream, at_once: bool) -> io::Result<bool> {
         // With prepared statements, client bytes wait in the rewriter's input until a
         // server is linked (the rewrite depends on what that server has prepared).
         let buf = match &mut self.prepared {
@@ -390,7 +396,11 @@ impl Relay {
         }
         buf.reserve(READ_CHUNK);
         let start = buf.len();
-        let n = client.try_read_buf(buf)?;
+        let n = if at_once {
+            client.try_read_buf_now(buf)?
+        } else {
+            client.try_read_buf(buf)?
+        };
         if n == 0 {
             return Ok(false);
         }
