@@ -10,7 +10,7 @@
 //! alone are 640 bytes, and the futures an idle session waits in about 600 more.
 
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,11 +19,12 @@ use mio::{Events, Interest, Poll, Token};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, Notify};
 
+use super::relay::FRESH_SLEEP;
 use super::{drive, Session};
 use crate::app::App;
 use crate::clock::Tick;
 use crate::net::{StdStream, Stream};
-use crate::stats::conns::ClientInfo;
+use crate::stats::conns::{ClientInfo, Slept};
 
 /// How long a client must have been idle (since its last request began) before the
 /// janitor's sweep asks it to sleep, at first: see [`sweep_idle`].
@@ -40,6 +41,19 @@ pub const CAME_BACK: Duration = Duration::from_secs(60);
 /// The longest wait is [`SWEEP_IDLE`] times 2 to this power (32 s).
 pub const MAX_SWEEP_SHIFT: u8 = 4;
 
+/// A client that slept quiet after its login and sends its first request within this
+/// long of connecting was slow to start, not idle: the wait before a new client sleeps
+/// ([`FRESH_SLEEP`], 10 ms) doubles for the clients after it, up to 320 ms, as an
+/// application that connects per request and queries some tens of milliseconds later
+/// otherwise pays a sleep and a wake per connection (docs/performance.md, twenty-ninth
+/// round). It halves again after [`FRESH_DECAY_SWEEPS`] janitor sweeps (5 s) in which
+/// no new client came back so soon. Clients that log in and stay quiet (a pool's idle
+/// connections, the bench's idle clients) never come back soon, so they keep the
+/// 10 ms that keeps a burst of logins from leaving heap holes.
+pub const FRESH_BACK: Duration = Duration::from_secs(1);
+pub const MAX_FRESH_SHIFT: u8 = 5;
+pub const FRESH_DECAY_SWEEPS: usize = 10;
+
 /// How long the sweep lets a client with this `shift` idle before asking it to sleep.
 pub fn sweep_idle(shift: u8) -> Duration {
     SWEEP_IDLE * (1u32 << shift.min(MAX_SWEEP_SHIFT))
@@ -55,10 +69,15 @@ fn next_shift(shift: u8, idle: Duration) -> u8 {
     }
 }
 
-/// A client put to sleep by the sweep is awake again: see [`CAME_BACK`].
-pub(super) fn came_back(info: &ClientInfo) {
+/// A sleeping client is awake again: see [`CAME_BACK`] and [`FRESH_BACK`].
+pub(super) fn came_back(keeper: &Keeper, info: &ClientInfo, slept: Slept) {
+    // Since its last request, or since it connected if it has sent none.
     let idle = info.request_age(Tick::now());
-    info.set_sweep_shift(next_shift(info.sweep_shift(), idle));
+    match slept {
+        Slept::WhenAsked => info.set_sweep_shift(next_shift(info.sweep_shift(), idle)),
+        Slept::OnItsOwn => keeper.fresh_came_back(idle),
+        Slept::No => {}
+    }
 }
 
 /// A sleeping client.
@@ -77,6 +96,13 @@ pub struct Keeper {
     /// Woken after a KILL, to wake killed sleepers.
     kick: Notify,
     asleep: AtomicUsize,
+    /// How long a new client may stay quiet before it sleeps, as a shift of
+    /// [`FRESH_SLEEP`] (see [`FRESH_BACK`]).
+    fresh_shift: AtomicU8,
+    /// New clients that slept and came back soon since the janitor's last sweep, and
+    /// the sweeps since one last did.
+    fresh_back: AtomicUsize,
+    sweeps_without: AtomicUsize,
 }
 
 impl std::fmt::Debug for Sleeper {
@@ -94,6 +120,9 @@ impl Default for Keeper {
             running: AtomicBool::new(false),
             kick: Notify::new(),
             asleep: AtomicUsize::new(0),
+            fresh_shift: AtomicU8::new(0),
+            fresh_back: AtomicUsize::new(0),
+            sweeps_without: AtomicUsize::new(0),
         }
     }
 }
@@ -107,6 +136,37 @@ impl Keeper {
     /// Clients asleep now.
     pub fn asleep(&self) -> usize {
         self.asleep.load(Ordering::Relaxed)
+    }
+
+    /// How long a client that has just logged in may stay quiet before it sleeps.
+    pub fn fresh_sleep(&self) -> Duration {
+        FRESH_SLEEP * (1u32 << self.fresh_shift.load(Ordering::Relaxed))
+    }
+
+    /// A client that slept quiet after its login sent its first request `since`
+    /// after it connected.
+    fn fresh_came_back(&self, since: Duration) {
+        if since < FRESH_BACK {
+            self.fresh_back.fetch_add(1, Ordering::Relaxed);
+            let shift = self.fresh_shift.load(Ordering::Relaxed);
+            self.fresh_shift
+                .store((shift + 1).min(MAX_FRESH_SHIFT), Ordering::Relaxed);
+        }
+    }
+
+    /// At each sweep: the wait shrinks back after [`FRESH_DECAY_SWEEPS`] sweeps in
+    /// which no new client came back soon.
+    fn fresh_sweep(&self) {
+        if self.fresh_back.swap(0, Ordering::Relaxed) > 0 {
+            self.sweeps_without.store(0, Ordering::Relaxed);
+            return;
+        }
+        if self.sweeps_without.fetch_add(1, Ordering::Relaxed) + 1 >= FRESH_DECAY_SWEEPS {
+            self.sweeps_without.store(0, Ordering::Relaxed);
+            let shift = self.fresh_shift.load(Ordering::Relaxed);
+            self.fresh_shift
+                .store(shift.saturating_sub(1), Ordering::Relaxed);
+        }
     }
 
     /// Wakes sleepers that were killed (KILL, KILL_CLIENT, a removed database).
@@ -279,6 +339,7 @@ pub fn sweep(app: &App) {
     if !app.keeper.running() {
         return;
     }
+    app.keeper.fresh_sweep();
     let now = Tick::now();
     app.client_reg.for_each(|c| {
         if !c.meta.admin
@@ -309,5 +370,31 @@ mod tests {
         assert_eq!(next_shift(2, CAME_BACK + back_soon), 0);
         // A shift out of range is held to the longest wait.
         assert_eq!(sweep_idle(u8::MAX), sweep_idle(MAX_SWEEP_SHIFT));
+    }
+
+    #[test]
+    fn new_clients_that_come_back_soon_make_the_next_ones_wait_longer() {
+        let k = Keeper::default();
+        assert_eq!(k.fresh_sleep(), FRESH_SLEEP);
+        // Quiet for a second or more after the login: idle, no change.
+        k.fresh_came_back(FRESH_BACK);
+        assert_eq!(k.fresh_sleep(), FRESH_SLEEP);
+        let soon = Duration::from_millis(25);
+        for ms in [20, 40, 80, 160, 320, 320] {
+            k.fresh_came_back(soon);
+            assert_eq!(k.fresh_sleep(), Duration::from_millis(ms));
+        }
+        // Sweeps with a client back soon keep it; then it halves every 10 without.
+        k.fresh_sweep();
+        for _ in 0..FRESH_DECAY_SWEEPS - 1 {
+            k.fresh_sweep();
+        }
+        assert_eq!(k.fresh_sleep(), Duration::from_millis(320));
+        k.fresh_sweep();
+        assert_eq!(k.fresh_sleep(), Duration::from_millis(160));
+        for _ in 0..FRESH_DECAY_SWEEPS * 8 {
+            k.fresh_sweep();
+        }
+        assert_eq!(k.fresh_sleep(), FRESH_SLEEP);
     }
 }

@@ -23,7 +23,7 @@ use crate::net::{Origin, PeerAddr, Stream};
 use crate::pool::PoolError;
 use crate::protocol::backend;
 use crate::protocol::sqlstate::*;
-use crate::stats::conns::{ClientInfo, ClientMeta};
+use crate::stats::conns::{ClientInfo, ClientMeta, Slept};
 use login::{LoggedIn, Startup};
 use relay::{Relay, Timeouts};
 pub(crate) use run::Session;
@@ -278,8 +278,9 @@ fn drive(
 ) -> impl Future<Output = ()> {
     async move {
         let info = s.info.clone();
-        if info.set_awake() {
-            keeper::came_back(&info);
+        let slept = info.set_awake();
+        if slept != Slept::No {
+            keeper::came_back(&s.app().keeper, &info, slept);
         }
         let ended = tokio::select! {
             biased;

@@ -184,7 +184,8 @@ pub(super) fn serve<'a>(
                 // Idle: the only await an idle client's task holds.
                 // A session-mode client that holds its server stays awake.
                 let can_sleep = s.server.is_none() && s.app().keeper.running();
-                match s.relay.wait_idle(stream, &s.info, s.fresh, can_sleep).await {
+                let fresh = s.fresh.then(|| s.app().keeper.fresh_sleep());
+                match s.relay.wait_idle(stream, &s.info, fresh, can_sleep).await {
                     // `fresh` stays until bytes come (below): a wake may find none.
                     Ok(Idle::Request) => {}
                     Ok(Idle::Sleep) => {

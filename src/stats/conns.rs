@@ -101,6 +101,17 @@ impl KillReason {
     }
 }
 
+/// How a client woken by the keeper had gone to sleep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slept {
+    /// It had not: a new session.
+    No,
+    /// Quiet after its login (no request yet).
+    OnItsOwn,
+    /// Asked to, by the janitor's sweep.
+    WhenAsked,
+}
+
 /// One registered client.
 #[derive(Debug)]
 // The fields every request reads or writes first (`repr(C)`), next to the Arc's
@@ -298,10 +309,13 @@ impl ClientInfo {
             .store(if asked { 3 } else { 2 }, Ordering::Relaxed);
     }
 
-    /// Marks the client awake; true if it had been put to sleep when asked to (by the
-    /// janitor's sweep), not on its own.
-    pub fn set_awake(&self) -> bool {
-        self.sleep.swap(0, Ordering::Relaxed) == 3
+    /// Marks the client awake; says how it had slept, if it had.
+    pub fn set_awake(&self) -> Slept {
+        match self.sleep.swap(0, Ordering::Relaxed) {
+            2 => Slept::OnItsOwn,
+            3 => Slept::WhenAsked,
+            _ => Slept::No,
+        }
     }
 
     pub fn is_asleep(&self) -> bool {

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::admin::{builder, pooled, psql_ok, select1};
+use crate::admin::{builder, console, pooled, psql_ok, select1, ADMIN, ADMIN_PW};
 use crate::support::probe::within;
 use crate::support::{wait_until, Sluice};
 
@@ -106,6 +106,52 @@ async fn a_client_that_comes_back_soon_sleeps_later() {
         "a client that came back twice was put to sleep at 4 s"
     );
     select1(&c).await;
+}
+
+/// New clients that sleep quiet after their login and send their first query soon
+/// after (an application that connects per request, then works a little) make the
+/// clients after them wait longer before they sleep: 10 ms doubling to 320 ms
+/// (session/keeper.rs, `FRESH_BACK`). A later client quiet for 100 ms is still awake;
+/// it sleeps once quiet for longer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_clients_slow_to_start_make_the_next_ones_wait_longer() {
+    let s = builder().setting("pool_mode", "transaction").start();
+    let admin = console(&s, ADMIN, ADMIN_PW).await;
+    let asleep_now = || async {
+        let rows = within(T, "SHOW MEM", admin.simple_query("SHOW MEM"))
+            .await
+            .expect("SHOW MEM");
+        rows.iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r)
+                    if r.get("name") == Some("asleep_client_cache") =>
+                {
+                    r.get("used").and_then(|v| v.parse::<u64>().ok())
+                }
+                _ => None,
+            })
+            .expect("SHOW MEM lists asleep_client_cache")
+    };
+    // Each quiet 200 ms after its login: it sleeps (at 10, 20, 40, 80, 160 ms) and
+    // comes back soon.
+    for _ in 0..5 {
+        let c = pooled(&s, Some("late")).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        select1(&c).await;
+    }
+    assert!(
+        wait_until(T, || asleep(&s) == 0),
+        "the late clients left, yet a client sleeps"
+    );
+    let quiet = pooled(&s, Some("quiet")).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        asleep_now().await,
+        0,
+        "a new client slept at 10 ms after late ones came back soon"
+    );
+    assert!(wait_asleep(&s, 1), "a quiet new client never slept");
+    select1(&quiet).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -86,7 +86,8 @@ impl Parked {
 /// of logins (the bench's 10,000 with a backlog of 4,096) the more clients are still
 /// awake at its end, the more heap holes their tasks leave: RSS per idle client was
 /// 0.88-0.94 KB at 50 ms, 0.67-0.74 KB at 10 ms. A client that pauses longer before
-/// its first query costs one sleep and wake-up (a few system calls).
+/// its first query costs one sleep and wake-up (a few system calls); when such clients
+/// come back soon, the keeper lets the next ones wait longer (`keeper::FRESH_BACK`).
 pub const FRESH_SLEEP: Duration = Duration::from_millis(10);
 
 /// Why [`Parked::wait_idle`] returned.
@@ -190,14 +191,15 @@ impl RelaySlot {
 
     /// Waits until the client sends something, or its client_idle_timeout runs out
     /// (the error is the reason to give), or, if it `can_sleep`, it should sleep: when
-    /// asked to (the janitor's sweep, [`ClientInfo::ask_to_sleep`]) or, for a `fresh`
-    /// client (just logged in), once it has sent nothing for [`FRESH_SLEEP`]. Reads
-    /// nothing: the relay made next does.
+    /// asked to (the janitor's sweep, [`ClientInfo::ask_to_sleep`]) or, for a client
+    /// just logged in (`fresh`: how long it may stay quiet, [`FRESH_SLEEP`] or the
+    /// keeper's longer wait), once it has sent nothing for that long. Reads nothing:
+    /// the relay made next does.
     pub async fn wait_idle(
         &self,
         client: &Stream,
         info: &ClientInfo,
-        fresh: bool,
+        fresh: Option<Duration>,
         can_sleep: bool,
     ) -> Result<Idle, &'static str> {
         let mut timer = self.idle_deadline().map(crate::timer::sleep_until);
@@ -218,10 +220,10 @@ impl RelaySlot {
             if info.asked_to_sleep() {
                 return Poll::Ready(Ok(Idle::Sleep));
             }
-            if fresh {
+            if let Some(fresh) = fresh {
                 // Made only once the client is seen to be quiet: a client that sends
                 // its first query right after the welcome (most do) never starts it.
-                let t = fresh_timer.get_or_insert_with(|| crate::timer::sleep(FRESH_SLEEP));
+                let t = fresh_timer.get_or_insert_with(|| crate::timer::sleep(fresh));
                 if Pin::new(t).poll(cx).is_ready() {
                     return Poll::Ready(Ok(Idle::Sleep));
                 }
