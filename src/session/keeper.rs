@@ -70,12 +70,13 @@ fn next_shift(shift: u8, idle: Duration) -> u8 {
 }
 
 /// A sleeping client is awake again: see [`CAME_BACK`] and [`FRESH_BACK`].
+/// Nothing for a new session (`Slept::No`): no clock read per connection.
 pub(super) fn came_back(keeper: &Keeper, info: &ClientInfo, slept: Slept) {
     // Since its last request, or since it connected if it has sent none.
-    let idle = info.request_age(Tick::now());
+    let idle = || info.request_age(Tick::now());
     match slept {
-        Slept::WhenAsked => info.set_sweep_shift(next_shift(info.sweep_shift(), idle)),
-        Slept::OnItsOwn => keeper.fresh_came_back(idle),
+        Slept::WhenAsked => info.set_sweep_shift(next_shift(info.sweep_shift(), idle())),
+        Slept::OnItsOwn => keeper.fresh_came_back(idle()),
         Slept::No => {}
     }
 }
@@ -99,9 +100,9 @@ pub struct Keeper {
     /// How long a new client may stay quiet before it sleeps, as a shift of
     /// [`FRESH_SLEEP`] (see [`FRESH_BACK`]).
     fresh_shift: AtomicU8,
-    /// New clients that slept and came back soon since the janitor's last sweep, and
-    /// the sweeps since one last did.
-    fresh_back: AtomicUsize,
+    /// Whether a new client that slept came back soon since the janitor's last sweep,
+    /// and the sweeps since one last did.
+    fresh_back: AtomicBool,
     sweeps_without: AtomicUsize,
 }
 
@@ -121,7 +122,7 @@ impl Default for Keeper {
             kick: Notify::new(),
             asleep: AtomicUsize::new(0),
             fresh_shift: AtomicU8::new(0),
-            fresh_back: AtomicUsize::new(0),
+            fresh_back: AtomicBool::new(false),
             sweeps_without: AtomicUsize::new(0),
         }
     }
@@ -147,17 +148,19 @@ impl Keeper {
     /// after it connected.
     fn fresh_came_back(&self, since: Duration) {
         if since < FRESH_BACK {
-            self.fresh_back.fetch_add(1, Ordering::Relaxed);
-            let shift = self.fresh_shift.load(Ordering::Relaxed);
-            self.fresh_shift
-                .store((shift + 1).min(MAX_FRESH_SHIFT), Ordering::Relaxed);
+            self.fresh_back.store(true, Ordering::Relaxed);
+            let _ = self
+                .fresh_shift
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
+                    Some((s + 1).min(MAX_FRESH_SHIFT))
+                });
         }
     }
 
     /// At each sweep: the wait shrinks back after [`FRESH_DECAY_SWEEPS`] sweeps in
     /// which no new client came back soon.
     fn fresh_sweep(&self) {
-        if self.fresh_back.swap(0, Ordering::Relaxed) > 0 {
+        if self.fresh_back.swap(false, Ordering::Relaxed) {
             self.sweeps_without.store(0, Ordering::Relaxed);
             return;
         }

@@ -23,7 +23,7 @@ use crate::net::{Origin, PeerAddr, Stream};
 use crate::pool::PoolError;
 use crate::protocol::backend;
 use crate::protocol::sqlstate::*;
-use crate::stats::conns::{ClientInfo, ClientMeta, Slept};
+use crate::stats::conns::{ClientInfo, ClientMeta};
 use login::{LoggedIn, Startup};
 use relay::{Relay, Timeouts};
 pub(crate) use run::Session;
@@ -278,10 +278,7 @@ fn drive(
 ) -> impl Future<Output = ()> {
     async move {
         let info = s.info.clone();
-        let slept = info.set_awake();
-        if slept != Slept::No {
-            keeper::came_back(&s.app().keeper, &info, slept);
-        }
+        keeper::came_back(&s.app().keeper, &info, info.set_awake());
         let ended = tokio::select! {
             biased;
             r = run::serve(&mut s, &stream, welcome) => r,

@@ -11,14 +11,14 @@
 
 use std::future::{poll_fn, Future};
 use std::sync::Arc;
-use std::task::{ready, Poll, Waker};
+use std::task::{Poll, Waker};
 
 use bytes::BytesMut;
 
 use super::assign::{acquire_linked, finish_server, link_server};
 use super::cancel::CancelKey;
 use super::params::ClientParams;
-use super::relay::{Idle, Outcome, Relay, RelaySlot, ReleaseAt};
+use super::relay::{Idle, Outcome, RelaySlot, ReleaseAt};
 use super::{fail_client, fail_with, protocol_failure, ClientSlot, ClientTag};
 use crate::app::App;
 use crate::clock::Tick;
@@ -29,7 +29,9 @@ use crate::protocol::backend;
 use crate::protocol::sqlstate::*;
 use crate::stats::conns::ClientInfo;
 
+mod watch;
 mod welcome;
+use watch::watch_client;
 pub(super) use welcome::{Registrations, Welcome};
 
 /// Why [`Session::try_link_idle`] linked no server.
@@ -38,36 +40,6 @@ enum Pending {
     Queued(Ticket),
     /// Anything else, with the idle server it took, if any.
     Other(Option<ServerConn>),
-}
-
-/// Waits for `acquire` while watching the client: one that leaves gives up its place
-/// at once (`None`) and its buffered query never runs; `on_more` is told when client
-/// bytes are read meanwhile. A plain readiness poll, not a `readable()` future, which
-/// would queue a waker on the socket per turn.
-async fn watch_client<T>(
-    stream: &Stream,
-    relay: &mut Relay,
-    mut on_more: impl FnMut(),
-    mut acquire: std::pin::Pin<&mut impl Future<Output = T>>,
-) -> Option<T> {
-    poll_fn(|cx| loop {
-        if let Poll::Ready(r) = acquire.as_mut().poll(cx) {
-            return Poll::Ready(Some(r));
-        }
-        if !relay.can_buffer_more() {
-            return Poll::Pending;
-        }
-        match ready!(stream.poll_read_ready(cx)) {
-            Err(_) => return Poll::Ready(None),
-            Ok(()) => match relay.read_while_waiting(stream) {
-                // More may come (or the read cleared readiness): look again.
-                Ok(true) => on_more(),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Ok(false) | Err(_) => return Poll::Ready(None),
-            },
-        }
-    })
-    .await
 }
 
 /// What a step leaves the session to do.
