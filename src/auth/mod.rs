@@ -7,6 +7,7 @@
 //! Deriving keys from a plaintext password (PBKDF2) is CPU-heavy, so callers should run
 //! [`ScramServer::new`] for [`Secret::Plain`] secrets on a blocking thread.
 
+mod derived;
 #[cfg(test)]
 mod hostile_tests;
 mod md5;
@@ -17,6 +18,7 @@ mod scram_server;
 mod scram_tests;
 mod secret;
 
+pub use self::derived::DerivedSecrets;
 pub use self::md5::{md5_response, md5_secret, verify_md5};
 pub use self::scram_client::{ScramClient, ScramCredential};
 pub use self::scram_common::{scram_secret_from_password, MAX_SERVER_ITERATIONS, SCRAM_SHA_256};

@@ -65,6 +65,17 @@ impl ScramServer {
         Some(ScramServer::with_nonce(secret, random_nonce(), false))
     }
 
+    /// Starts an exchange for a SCRAM secret at hand (one derived earlier from a
+    /// plaintext password: [`super::DerivedSecrets`]).
+    pub fn for_secret(secret: ScramSecret) -> ScramServer {
+        ScramServer::with_nonce(secret, random_nonce(), false)
+    }
+
+    /// The secret this exchange checks the client's proof against.
+    pub fn secret(&self) -> &ScramSecret {
+        &self.secret
+    }
+
     /// A fake exchange for an unknown user that looks like a real one (stable per-user
     /// salt, the given iteration count) and always fails with
     /// [`AuthError::WrongPassword`] at the end, so clients cannot probe which users exist.

@@ -125,6 +125,7 @@ impl Config {
             users,
             peers,
             userlist,
+            derived_secrets: Default::default(),
             warnings,
         })
     }

@@ -205,6 +205,9 @@ pub struct Config {
     pub peers: std::collections::BTreeMap<u16, super::PeerEntry>,
     /// `auth_file` contents: user name to secret (plaintext, `md5...` or `SCRAM-SHA-256$...`).
     pub userlist: NameMap<String>,
+    /// SCRAM secrets derived from `userlist`'s plaintext passwords; a copy of the
+    /// configuration starts with an empty one (auth/derived.rs).
+    pub derived_secrets: crate::auth::DerivedSecrets,
     /// Accepted-but-unimplemented settings and similar: logged as warnings at load.
     pub warnings: Vec<String>,
 }

@@ -311,7 +311,7 @@ pub(crate) async fn authenticate(
             .await
         }
         AuthType::Md5 | AuthType::ScramSha256 => {
-            Box::pin(scram(stream, buf, out, user, secret, s.scram_iterations)).await
+            Box::pin(scram(cfg, stream, buf, out, user, secret)).await
         }
         AuthType::Unsupported(name) => Err(ClientError::fatal(
             FEATURE_NOT_SUPPORTED,
@@ -377,23 +377,30 @@ async fn exchange(
 /// The SCRAM-SHA-256 exchange. Unknown users and md5 secrets get a mock exchange that
 /// fails at the end, so a client cannot tell them from a wrong password.
 async fn scram(
+    cfg: &Config,
     stream: &Stream,
     buf: &mut BytesMut,
     out: &mut BytesMut,
     user: &str,
     secret: Option<Secret>,
-    iterations: u32,
 ) -> Result<Option<ScramKeys>, ClientError> {
     let failed = || ClientError::fatal(INVALID_PASSWORD, "SASL authentication failed".into());
+    let iterations = cfg.settings.scram_iterations;
     // Only a stored SCRAM secret yields keys PostgreSQL accepts (same salt and iterations).
     let stored_scram = matches!(secret, Some(Secret::Scram(_)));
     let server = match secret {
-        Some(secret @ Secret::Plain(_)) => {
-            tokio::task::spawn_blocking(move || ScramServer::new(&secret, iterations))
+        // A plaintext password's SCRAM secret is derived once per configuration
+        // (auth/derived.rs), on a blocking thread: PBKDF2 is slow on purpose.
+        Some(secret @ Secret::Plain(_)) => match cfg.derived_secrets.get(user) {
+            Some(derived) => Some(ScramServer::for_secret(derived)),
+            None => tokio::task::spawn_blocking(move || ScramServer::new(&secret, iterations))
                 .await
                 .ok()
                 .flatten()
-        }
+                .map(|s| {
+                    ScramServer::for_secret(cfg.derived_secrets.insert(user, s.secret().clone()))
+                }),
+        },
         Some(secret) => ScramServer::new(&secret, iterations),
         None => None,
     };

@@ -7,6 +7,7 @@ mod support;
 
 mod admin;
 mod auth;
+mod auth_derived;
 mod auth_server;
 mod auth_server_fake;
 mod cancel;
