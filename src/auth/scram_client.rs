@@ -95,6 +95,13 @@ impl ScramClient {
         }
     }
 
+    /// Whether [`ScramClient::handle_server_first`] derives keys from a password
+    /// (PBKDF2 over the server's iteration count, up to a million rounds): then it
+    /// belongs on a blocking thread, not on an event loop other clients share.
+    pub fn derives_keys(&self) -> bool {
+        matches!(self.cred, ScramCredential::Password(_))
+    }
+
     /// The client-first-message (data of `SASLInitialResponse`): `n,,n=,r=<nonce>`.
     pub fn client_first(&self) -> Vec<u8> {
         format!("n,,{}", self.client_first_bare).into_bytes()

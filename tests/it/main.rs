@@ -10,6 +10,7 @@ mod auth;
 mod auth_derived;
 mod auth_server;
 mod auth_server_fake;
+mod auth_server_slow;
 mod cancel;
 mod config_cli;
 mod drivers;

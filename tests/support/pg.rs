@@ -263,6 +263,7 @@ impl PgServer {
                    host all sluice_md5 127.0.0.1/32 md5\n\
                    host all sluice_scram 127.0.0.1/32 scram-sha-256\n\
                    host all sluice_plain 127.0.0.1/32 password\n\
+                   host all sluice_slow_scram 127.0.0.1/32 scram-sha-256\n\
                    host all sluice_trust 127.0.0.1/32 trust\n\
                    host all all 127.0.0.1/32 trust\n";
         std::fs::write(self.data_dir.join("pg_hba.conf"), hba)
@@ -307,14 +308,15 @@ impl PgServer {
              CREATE ROLE sluice_scram LOGIN PASSWORD 'scrampass';\n\
              CREATE ROLE sluice_plain LOGIN PASSWORD 'plainpass';\n\
              CREATE ROLE sluice_trust LOGIN;\n\
+             CREATE ROLE sluice_slow_scram LOGIN;\n\
              CREATE DATABASE sluice_test OWNER postgres;\n\
              GRANT ALL ON DATABASE sluice_test \
-               TO sluice_md5, sluice_scram, sluice_plain, sluice_trust;\n",
+               TO sluice_md5, sluice_scram, sluice_plain, sluice_trust, sluice_slow_scram;\n",
         )?;
         self.try_psql(
             "sluice_test",
             "GRANT ALL ON SCHEMA public \
-               TO sluice_md5, sluice_scram, sluice_plain, sluice_trust;\n",
+               TO sluice_md5, sluice_scram, sluice_plain, sluice_trust, sluice_slow_scram;\n",
         )?;
         Ok(())
     }
