@@ -196,6 +196,13 @@ async fn janitor(app: Arc<App>) {
     loop {
         tick.tick().await;
         app.pools.maintain();
+        let gate = app.gate();
+        app.pools.reclaim_autodbs(
+            &app.config(),
+            crate::clock::Tick::now(),
+            |db| app.db_clients(db),
+            |db| gate.paused_dbs.iter().any(|d| d == db),
+        );
         crate::session::keeper::sweep(&app);
     }
 }

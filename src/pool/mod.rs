@@ -5,6 +5,7 @@
 //! idle, lent out or connecting, is exact across threads: see [`slot`].
 
 mod acquire;
+mod autodb;
 pub mod error;
 pub mod limits;
 mod line;

@@ -80,6 +80,8 @@ pub struct Pools {
     db_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
     /// `max_user_connections` counters by user name.
     user_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
+    /// Databases made from `*` with no client or server, since when (pool/autodb.rs).
+    auto_unused: Mutex<HashMap<String, crate::clock::Tick>>,
 }
 
 impl Pools {
@@ -89,7 +91,43 @@ impl Pools {
             ids: Arc::new(AtomicU64::new(1)),
             db_limits: Mutex::new(HashMap::new()),
             user_limits: Mutex::new(HashMap::new()),
+            auto_unused: Mutex::new(HashMap::new()),
         }
+    }
+
+    pub(super) fn auto_unused(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, crate::clock::Tick>> {
+        self.auto_unused.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Removes every pool of `database` and closes them, unless `in_use` says one of
+    /// them is (checked under the registry's lock, so no login can take one meanwhile:
+    /// a later login makes a new pool). Returns how many were removed.
+    pub(super) fn forget_database(
+        &self,
+        database: &str,
+        in_use: impl Fn(&Arc<Pool>) -> bool,
+    ) -> usize {
+        let removed: Vec<Arc<Pool>> = {
+            let mut map = self.lock();
+            let mine = || map.iter().filter(|(k, _)| k.database == database);
+            if mine().any(|(_, p)| in_use(p)) {
+                return 0;
+            }
+            let keys: Vec<PoolKey> = mine().map(|(k, _)| k.clone()).collect();
+            keys.iter().filter_map(|k| map.remove(k)).collect()
+        };
+        {
+            let mut limits = self.db_limits.lock().unwrap_or_else(|p| p.into_inner());
+            if limits.get(database).is_some_and(|l| l.count() == 0) {
+                limits.remove(database);
+            }
+        }
+        for p in &removed {
+            p.close();
+        }
+        removed.len()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PoolKey, Arc<Pool>>> {

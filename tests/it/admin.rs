@@ -7,6 +7,7 @@
 //! `stats_users`, `sluice_md5` is a pooled user that may not use the console.
 
 mod access;
+mod autodb;
 mod control;
 mod metrics;
 mod show;
