@@ -71,3 +71,79 @@ fn pool_in_use(pool: &Arc<Pool>, refs: usize) -> bool {
     let c = pool.counts();
     Arc::strong_count(pool) > refs || c.total > 0 || c.active > 0 || c.idle > 0 || c.waiting > 0
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::pool::PoolConfig;
+
+    fn config(timeout: u32) -> Config {
+        let ini = format!(
+            "[databases]\nnamed = host=127.0.0.1 port=1\n* = host=127.0.0.1 port=1\n\
+             [pgbouncer]\nautodb_idle_timeout = {timeout}\n"
+        );
+        Config::from_ini_str(&ini, Path::new("test.ini")).expect("config")
+    }
+
+    fn pool(pools: &Pools, cfg: &Config, db: &str, user: &str) -> Arc<Pool> {
+        let entry = cfg.database_entry(db).expect("entry");
+        pools.get_or_create(db, user, || PoolConfig::new(cfg, &entry, db, user))
+    }
+
+    fn names(pools: &Pools) -> Vec<String> {
+        let mut v: Vec<String> = pools
+            .all()
+            .iter()
+            .map(|p| format!("{}/{}", p.key.database, p.key.user))
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn an_auto_database_goes_with_all_its_pools_once_unused_for_the_timeout() {
+        let cfg = config(2);
+        let pools = Pools::new();
+        for (db, user) in [("auto", "u"), ("auto", "v"), ("named", "u"), ("kept", "u")] {
+            pool(&pools, &cfg, db, user);
+        }
+        let held = pool(&pools, &cfg, "held", "u");
+        let none = |_: &str| 0;
+        let paused = |db: &str| db == "kept";
+        let t0 = Tick::now();
+        pools.reclaim_autodbs(&cfg, t0, none, paused);
+        pools.reclaim_autodbs(&cfg, t0 + Duration::from_secs(1), none, paused);
+        assert_eq!(names(&pools).len(), 5, "gone before the timeout");
+        pools.reclaim_autodbs(&cfg, t0 + Duration::from_secs(3), none, paused);
+        // The configured database, the paused one and the one a session holds stay.
+        assert_eq!(names(&pools), ["held/u", "kept/u", "named/u"]);
+        // A database with a logged-in client stays too, however long.
+        let clients = |db: &str| u32::from(db == "held");
+        drop(held);
+        let t1 = t0 + Duration::from_secs(10);
+        pools.reclaim_autodbs(&cfg, t1, clients, paused);
+        pools.reclaim_autodbs(&cfg, t1 + Duration::from_secs(3), clients, paused);
+        assert!(names(&pools).contains(&"held/u".to_owned()));
+        // Once it has none, its unused time starts then.
+        let t2 = t1 + Duration::from_secs(4);
+        pools.reclaim_autodbs(&cfg, t2, none, paused);
+        assert!(names(&pools).contains(&"held/u".to_owned()));
+        pools.reclaim_autodbs(&cfg, t2 + Duration::from_secs(3), none, paused);
+        assert_eq!(names(&pools), ["kept/u", "named/u"]);
+    }
+
+    #[test]
+    fn a_zero_timeout_keeps_auto_databases() {
+        let cfg = config(0);
+        let pools = Pools::new();
+        pool(&pools, &cfg, "auto", "u");
+        let t0 = Tick::now();
+        for s in [0, 5, 100_000] {
+            pools.reclaim_autodbs(&cfg, t0 + Duration::from_secs(s), |_| 0, |_| false);
+        }
+        assert_eq!(names(&pools), ["auto/u"]);
+    }
+}
