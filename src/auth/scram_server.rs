@@ -55,25 +55,24 @@ impl ScramServer {
     pub fn new(secret: &Secret, iterations: u32) -> Option<ScramServer> {
         let secret = match secret {
             Secret::Scram(scram) => scram.clone(),
-            Secret::Plain(password) => {
-                let mut salt = [0u8; SALT_LEN];
-                rand::rng().fill_bytes(&mut salt);
-                derive_secret(password, &salt, iterations)
-            }
+            Secret::Plain(password) => ScramServer::derive_plain(password, iterations),
             Secret::Md5(_) => return None,
         };
-        Some(ScramServer::with_nonce(secret, random_nonce(), false))
+        Some(ScramServer::for_secret(secret))
+    }
+
+    /// The SCRAM secret for a plaintext password, with a fresh random 16-byte salt and
+    /// `iterations` (PBKDF2: run this on a blocking thread).
+    pub fn derive_plain(password: &str, iterations: u32) -> ScramSecret {
+        let mut salt = [0u8; SALT_LEN];
+        rand::rng().fill_bytes(&mut salt);
+        derive_secret(password, &salt, iterations)
     }
 
     /// Starts an exchange for a SCRAM secret at hand (one derived earlier from a
     /// plaintext password: [`super::DerivedSecrets`]).
     pub fn for_secret(secret: ScramSecret) -> ScramServer {
         ScramServer::with_nonce(secret, random_nonce(), false)
-    }
-
-    /// The secret this exchange checks the client's proof against.
-    pub fn secret(&self) -> &ScramSecret {
-        &self.secret
     }
 
     /// A fake exchange for an unknown user that looks like a real one (stable per-user

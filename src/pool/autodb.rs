@@ -33,26 +33,20 @@ impl Pools {
         let mut in_use: HashMap<String, bool> = HashMap::new();
         for pool in self.all() {
             let db = &pool.key.database;
-            if cfg.databases.contains_key(db) {
-                continue;
+            if !cfg.databases.contains_key(db) {
+                *in_use.entry(db.clone()).or_default() |= pool_in_use(&pool, 2);
             }
-            let busy = pool_in_use(&pool, 2);
-            *in_use.entry(db.clone()).or_default() |= busy;
         }
-        unused.retain(|db, _| in_use.get(db) == Some(&false));
+        in_use.retain(|db, busy| !*busy && clients(db) == 0 && !paused(db));
+        // What is left is unused now; one that was not has its time start now.
+        unused.retain(|db, _| in_use.contains_key(db));
         let mut expired = Vec::new();
-        for (db, busy) in in_use {
-            if busy || clients(&db) > 0 || paused(&db) {
-                unused.remove(&db);
-                continue;
-            }
+        for db in in_use.into_keys() {
             let since = *unused.entry(db.clone()).or_insert(now);
             if now.reached(since, timeout) {
+                unused.remove(&db);
                 expired.push(db);
             }
-        }
-        for db in &expired {
-            unused.remove(db);
         }
         drop(unused);
         for db in expired {
@@ -69,7 +63,8 @@ impl Pools {
 /// knows of (the registry's, and its own copy if it made one); any other is a user.
 fn pool_in_use(pool: &Arc<Pool>, refs: usize) -> bool {
     let c = pool.counts();
-    Arc::strong_count(pool) > refs || c.total > 0 || c.active > 0 || c.idle > 0 || c.waiting > 0
+    // `total` counts every connection: idle, lent out and connecting.
+    Arc::strong_count(pool) > refs || c.total > 0 || c.waiting > 0
 }
 
 #[cfg(test)]

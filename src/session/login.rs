@@ -391,16 +391,18 @@ async fn scram(
     let server = match secret {
         // A plaintext password's SCRAM secret is derived once per configuration
         // (auth/derived.rs), on a blocking thread: PBKDF2 is slow on purpose.
-        Some(secret @ Secret::Plain(_)) => match cfg.derived_secrets.get(user) {
-            Some(derived) => Some(ScramServer::for_secret(derived)),
-            None => tokio::task::spawn_blocking(move || ScramServer::new(&secret, iterations))
+        Some(Secret::Plain(password)) => {
+            let derived = match cfg.derived_secrets.get(user) {
+                Some(derived) => Some(derived),
+                None => tokio::task::spawn_blocking(move || {
+                    ScramServer::derive_plain(&password, iterations)
+                })
                 .await
                 .ok()
-                .flatten()
-                .map(|s| {
-                    ScramServer::for_secret(cfg.derived_secrets.insert(user, s.secret().clone()))
-                }),
-        },
+                .map(|d| cfg.derived_secrets.insert(user, d)),
+            };
+            derived.map(ScramServer::for_secret)
+        }
         Some(secret) => ScramServer::new(&secret, iterations),
         None => None,
     };
