@@ -5,7 +5,8 @@
 //! Everything here is pure computation: no I/O, no async, no global state. Callers feed
 //! the bytes of the relevant protocol messages in and send the returned bytes out.
 //! Deriving keys from a plaintext password (PBKDF2) is CPU-heavy, so callers should run
-//! [`ScramServer::new`] for [`Secret::Plain`] secrets on a blocking thread.
+//! [`ScramServer::derive_plain`] (and [`ScramServer::new`] for [`Secret::Plain`] secrets)
+//! on a blocking thread; [`DerivedSecrets`] keeps what was derived.
 
 mod derived;
 #[cfg(test)]
