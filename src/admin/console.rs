@@ -83,7 +83,17 @@ pub async fn login(
             user: Some(ADMIN_DB.to_owned()),
             ..Default::default()
         };
-        crate::session::login::authenticate(&cfg, &db, stream, buf, &mut out, &user).await?;
+        crate::session::login::authenticate(
+            &cfg,
+            &db,
+            stream,
+            buf,
+            &mut out,
+            &user,
+            cfg.userlist.get(&user).map(String::as_str),
+            false,
+        )
+        .await?;
         let listed = |l: &[String]| l.contains(&user);
         if listed(&s.admin_users) {
             Access::Admin

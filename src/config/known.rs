@@ -23,20 +23,23 @@ pub(super) enum Kind {
 
 use Kind::*;
 
+/// PgBouncer's `auth_query` (1.24.1 on: an expired role gets NULL, so no login).
+pub(crate) const DEFAULT_AUTH_QUERY: &str = "SELECT rolname, CASE WHEN rolvaliduntil < now() THEN NULL ELSE rolpassword END FROM pg_authid WHERE rolname=$1 AND rolcanlogin";
+
 /// PgBouncer 1.25's settings (alphabetical, as SHOW CONFIG lists them) with their
 /// defaults as PgBouncer prints them, plus two unreleased ones (`pool_idle_timeout`,
 /// `login_notify_message`). The alias `reserve_pool` is handled separately.
 pub(super) const KNOWN: &[(&str, &str, Kind)] = &[
     ("admin_users", "", Implemented),
     ("application_name_add_host", "0", Implemented),
-    ("auth_dbname", "", Str),
+    ("auth_dbname", "", Implemented),
     ("auth_file", "", Implemented),
     ("auth_hba_file", "", Str),
     ("auth_ident_file", "", Str),
     ("auth_ldap_options", "", Str),
-    ("auth_query", "SELECT rolname, CASE WHEN rolvaliduntil < now() THEN NULL ELSE rolpassword END FROM pg_authid WHERE rolname=$1 AND rolcanlogin", Str),
+    ("auth_query", DEFAULT_AUTH_QUERY, Implemented),
     ("auth_type", "md5", Implemented),
-    ("auth_user", "", Str),
+    ("auth_user", "", Implemented),
     ("autodb_idle_timeout", "3600", Implemented),
     ("cancel_wait_timeout", "10", Implemented),
     ("client_idle_timeout", "0", Implemented),

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::error::{warning_at, ConfigError};
 use super::known::Kind::*;
-use super::known::{KNOWN, NOT_LISTED};
+use super::known::{DEFAULT_AUTH_QUERY, KNOWN, NOT_LISTED};
 use super::types::{AuthType, PoolMode, Settings};
 use super::value::{
     opt_str, parse_bool, parse_int, parse_list, parse_octal_mode, parse_pool_mode, parse_seconds,
@@ -35,6 +35,9 @@ impl Default for Settings {
             user: None,
             auth_type: AuthType::Md5,
             auth_file: None,
+            auth_user: None,
+            auth_query: DEFAULT_AUTH_QUERY.to_string(),
+            auth_dbname: None,
             admin_users: Vec::new(),
             stats_users: Vec::new(),
             pool_mode: PoolMode::Session,
@@ -180,7 +183,9 @@ fn set_implemented(s: &mut Settings, name: &str, v: &str) -> Result<Option<Strin
     match name {
         "admin_users" => s.admin_users = parse_list(v),
         "application_name_add_host" => s.application_name_add_host = parse_bool(v)?,
+        "auth_dbname" => s.auth_dbname = opt_str(v),
         "auth_file" => s.auth_file = opt_str(v).map(PathBuf::from),
+        "auth_query" => s.auth_query = v.to_string(),
         "auth_type" => {
             s.auth_type = parse_auth_type(v)?;
             if let AuthType::Unsupported(t) = s.auth_type {
@@ -189,6 +194,7 @@ fn set_implemented(s: &mut Settings, name: &str, v: &str) -> Result<Option<Strin
                 )));
             }
         }
+        "auth_user" => s.auth_user = opt_str(v),
         "autodb_idle_timeout" => s.autodb_idle_timeout = parse_seconds(v)?,
         "cancel_wait_timeout" => s.cancel_wait_timeout = parse_seconds(v)?,
         "client_idle_timeout" => s.client_idle_timeout = parse_seconds(v)?,
@@ -515,12 +521,29 @@ mod tests {
         }
         for (k, v) in [
             ("client_tls_sslmode", "require"),
-            ("auth_user", "pgb"),
             ("pool_idle_timeout", "30"),
             ("login_notify_message", "hi"),
             ("syslog_facility", "local0"),
         ] {
             assert_eq!(set(k, v).unwrap().1.len(), 1, "{k} = {v}");
+        }
+    }
+
+    #[test]
+    fn auth_query_settings() {
+        let d = Settings::default();
+        assert_eq!((d.auth_user, d.auth_dbname), (None, None));
+        assert_eq!(d.auth_query, d.raw["auth_query"]);
+        assert!(d.auth_query.contains("rolvaliduntil"));
+        assert_eq!(ok("auth_user", "pgb").auth_user.as_deref(), Some("pgb"));
+        assert_eq!(ok("auth_user", "").auth_user, None);
+        assert_eq!(
+            ok("auth_dbname", "authdb").auth_dbname.as_deref(),
+            Some("authdb")
+        );
+        assert_eq!(ok("auth_query", "SELECT f($1)").auth_query, "SELECT f($1)");
+        for k in ["auth_user", "auth_query", "auth_dbname"] {
+            assert!(set(k, "x").unwrap().1.is_empty(), "{k} warns");
         }
     }
 

@@ -61,6 +61,12 @@ pub struct Settings {
     pub user: Option<String>,
     pub auth_type: AuthType,
     pub auth_file: Option<PathBuf>,
+    /// Role that runs `auth_query` for users not in `auth_file`; None: no lookups.
+    pub auth_user: Option<String>,
+    /// Query returning (name, secret or NULL) for `$1`, the user logging in.
+    pub auth_query: String,
+    /// `[databases]` entry the lookup runs against; None: the client's database.
+    pub auth_dbname: Option<String>,
     pub admin_users: Vec<String>,
     pub stats_users: Vec<String>,
     pub pool_mode: PoolMode,

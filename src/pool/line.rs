@@ -274,30 +274,19 @@ fn leave(st: &mut PoolState, id: u64) -> Option<Waiter> {
 #[cfg(test)]
 mod tests {
     use std::path::Path;
-    use std::sync::atomic::AtomicU64;
     use std::sync::Arc;
     use std::task::{Poll, Waker};
 
     use super::*;
     use crate::config::Config;
-    use crate::pool::limits::PoolLimits;
     use crate::pool::slot::SlotToken;
-    use crate::pool::{Checkout, PoolConfig, PoolKey};
+    use crate::pool::{Checkout, PoolConfig};
 
     fn pool() -> Arc<Pool> {
         let ini = "[databases]\ndb = host=127.0.0.1 port=1\n[pgbouncer]\ndefault_pool_size = 1\n";
         let cfg = Config::from_ini_str(ini, Path::new("test.ini")).expect("config");
         let entry = cfg.database_entry("db").expect("db entry");
-        let pc = PoolConfig::new(&cfg, &entry, "db", "u");
-        let key = PoolKey {
-            database: "db".into(),
-            user: "u".into(),
-        };
-        let limits = PoolLimits {
-            db: Default::default(),
-            user: Default::default(),
-        };
-        Arc::new(Pool::new(key, pc, Arc::new(AtomicU64::new(1)), limits))
+        Arc::new(Pool::for_tests(PoolConfig::new(&cfg, &entry, "db", "u")))
     }
 
     fn queue(p: &Arc<Pool>) -> Ticket {

@@ -9,6 +9,7 @@ mod autodb;
 pub mod error;
 pub mod limits;
 mod line;
+pub mod lookup;
 pub mod registry;
 pub mod server;
 mod slot;
@@ -30,6 +31,7 @@ pub use server::{ScramKeys, ServerConn, ServerIdent};
 use target::Reuse;
 pub use target::{PoolConfig, ServerAddr};
 
+use crate::auth::Secret;
 use crate::clock::Tick;
 use crate::protocol::backend::ErrorFields;
 use crate::stats::PoolStats;
@@ -176,6 +178,20 @@ impl Pool {
         }
     }
 
+    /// A pool of (`db`, `u`) counted against no shared limits, for unit tests.
+    #[cfg(test)]
+    pub(crate) fn for_tests(cfg: PoolConfig) -> Pool {
+        let key = PoolKey {
+            database: "db".into(),
+            user: "u".into(),
+        };
+        let limits = PoolLimits {
+            db: Default::default(),
+            user: Default::default(),
+        };
+        Pool::new(key, cfg, Arc::new(AtomicU64::new(1)), limits)
+    }
+
     /// The shared limits this pool counts against.
     pub fn limits(&self) -> &PoolLimits {
         &self.limits
@@ -193,8 +209,12 @@ impl Pool {
     }
 
     /// Replaces the settings; retires existing connections if the server side changed.
-    pub fn reconfigure(&self, new: PoolConfig) {
+    pub fn reconfigure(&self, mut new: PoolConfig) {
         let old = self.config();
+        if new.secret.is_none() && old.secret_queried {
+            new.secret = old.secret.clone();
+            new.secret_queried = true;
+        }
         let retire = old.needs_reconnect(&new);
         let reuse = new.reuse();
         self.cfg.store(Arc::new(new));
@@ -245,6 +265,21 @@ impl Pool {
     /// The parameters a client sees at login, if a server has logged in yet.
     pub fn welcome(&self) -> Option<Arc<Vec<(String, String)>>> {
         self.lock_state().welcome.clone()
+    }
+
+    /// Takes the secret `auth_query` just returned for the pool's user, to log in to
+    /// the server with (md5 with the hash, or SCRAM pass-through with a verifier).
+    /// Open connections stay: a changed password does not end a server session.
+    pub fn set_queried_secret(&self, secret: Secret) {
+        if self.cfg.load().secret.as_ref() == Some(&secret) {
+            return;
+        }
+        self.cfg.rcu(|c| {
+            let mut c = PoolConfig::clone(c);
+            c.secret = Some(secret.clone());
+            c.secret_queried = true;
+            c
+        });
     }
 
     /// Remembers a client's SCRAM keys for logging in to the server without a password.

@@ -209,7 +209,7 @@ impl ServerParams {
     }
 }
 
-fn read_err(e: ReadError) -> PoolError {
+pub(super) fn read_err(e: ReadError) -> PoolError {
     match e {
         ReadError::Io(e) => PoolError::io(e),
         ReadError::Eof => PoolError::Closed,

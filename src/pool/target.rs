@@ -47,6 +47,9 @@ pub struct PoolConfig {
     pub user: String,
     /// The secret to log in with: the database entry's password, else the userlist's.
     pub secret: Option<Secret>,
+    /// Whether `secret` came from `auth_query` (a reload, which knows only the
+    /// files, keeps it then).
+    pub secret_queried: bool,
     /// Extra startup parameters from the database entry (client_encoding, datestyle ...).
     pub startup: Vec<(String, String)>,
     pub connect_query: Option<String>,
@@ -110,8 +113,15 @@ impl PoolConfig {
     pub fn new(cfg: &Config, db: &DatabaseEntry, client_db: &str, user: &str) -> PoolConfig {
         let s = &cfg.settings;
         let user_entry = cfg.users.get(user);
-        let server_user = db.user.clone().unwrap_or_else(|| user.to_owned());
-        let secret = match (&db.user, &db.password) {
+        // The pool `auth_query` runs in logs in as the auth user itself, even on a
+        // database whose clients are all forced to another user.
+        let auth_user = db.auth_user.as_deref().or(s.auth_user.as_deref());
+        let forced = db
+            .user
+            .as_ref()
+            .filter(|f| auth_user != Some(user) || f.as_str() == user);
+        let server_user = forced.cloned().unwrap_or_else(|| user.to_owned());
+        let secret = match (forced, &db.password) {
             (Some(_), Some(p)) => Some(Secret::parse(p)),
             _ => cfg.userlist.get(&server_user).map(|p| Secret::parse(p)),
         };
@@ -140,6 +150,7 @@ impl PoolConfig {
             dbname: db.dbname.clone().unwrap_or_else(|| client_db.to_owned()),
             user: server_user,
             secret,
+            secret_queried: false,
             startup,
             connect_query: db.connect_query.clone(),
             pool_mode: user_entry
@@ -192,5 +203,59 @@ fn default_socket_dir(dir: &str) -> String {
         "/var/run/postgresql".to_owned()
     } else {
         dir.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::pool::Pool;
+
+    fn config(ini: &str) -> Config {
+        Config::from_ini_str(ini, Path::new("test.ini")).expect("config")
+    }
+
+    #[test]
+    fn the_auth_user_pool_logs_in_as_the_auth_user_despite_a_forced_user() {
+        let cfg = config(
+            "[databases]\ndb = host=h user=forced password=fpw auth_user=authu\n\
+             [pgbouncer]\nauth_user = global\n",
+        );
+        let entry = cfg.database_entry("db").expect("db");
+        let forced = PoolConfig::new(&cfg, &entry, "db", "forced");
+        assert_eq!(forced.user, "forced");
+        assert_eq!(forced.secret, Some(Secret::Plain("fpw".into())));
+        let auth = PoolConfig::new(&cfg, &entry, "db", "authu");
+        assert_eq!(auth.user, "authu");
+        assert_eq!(auth.secret, None);
+        // Only the database's own auth_user escapes the forced user.
+        let other = PoolConfig::new(&cfg, &entry, "db", "global");
+        assert_eq!(other.user, "forced");
+    }
+
+    #[test]
+    fn a_looked_up_secret_survives_a_reconfigure_that_knows_none() {
+        let cfg = config("[databases]\ndb = host=h\n");
+        let entry = cfg.database_entry("db").expect("db");
+        let pc = PoolConfig::new(&cfg, &entry, "db", "u");
+        assert_eq!(pc.secret, None);
+        let pool = Pool::for_tests(pc.clone());
+        let md5 = Secret::parse("md5aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+        pool.set_queried_secret(md5.clone());
+        assert_eq!(pool.config().secret.as_ref(), Some(&md5));
+        // A reload's fresh settings carry no secret for the user: the lookup's stays,
+        // and the connections are not retired for it.
+        let generation = pool.generation();
+        pool.reconfigure(pc.clone());
+        assert_eq!(pool.config().secret.as_ref(), Some(&md5));
+        assert_eq!(pool.generation(), generation);
+        // A secret the files do give wins.
+        let mut listed = pc;
+        listed.secret = Some(Secret::Plain("pw".into()));
+        pool.reconfigure(listed);
+        assert_eq!(pool.config().secret, Some(Secret::Plain("pw".into())));
+        assert!(!pool.config().secret_queried);
     }
 }

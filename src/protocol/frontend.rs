@@ -54,6 +54,31 @@ pub fn query(buf: &mut BytesMut, sql: &str) {
     tagged(buf, b'Q', |b| put_cstr(b, sql));
 }
 
+/// An unnamed statement run once with one text parameter: Parse, Bind, Execute
+/// (all rows) and Sync, as PgBouncer sends `auth_query`. The parameter travels
+/// apart from the SQL text, so no quoting is involved.
+pub fn query_with_param(buf: &mut BytesMut, sql: &str, param: &str) {
+    tagged(buf, b'P', |b| {
+        put_cstr(b, "");
+        put_cstr(b, sql);
+        b.put_i16(0);
+    });
+    tagged(buf, b'B', |b| {
+        put_cstr(b, "");
+        put_cstr(b, "");
+        b.put_i16(0);
+        b.put_i16(1);
+        b.put_i32(param.len() as i32);
+        b.extend_from_slice(param.as_bytes());
+        b.put_i16(0);
+    });
+    tagged(buf, b'E', |b| {
+        put_cstr(b, "");
+        b.put_i32(0);
+    });
+    tagged(buf, b'S', |_| {});
+}
+
 /// Terminate.
 pub fn terminate(buf: &mut BytesMut) {
     tagged(buf, b'X', |_| {});
@@ -62,6 +87,17 @@ pub fn terminate(buf: &mut BytesMut) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn query_with_param_bytes() {
+        let mut b = BytesMut::new();
+        query_with_param(&mut b, "SELECT $1", "al");
+        let want: &[u8] = b"P\0\0\0\x11\0SELECT $1\0\0\0\
+            B\0\0\0\x12\0\0\0\0\0\x01\0\0\0\x02al\0\0\
+            E\0\0\0\x09\0\0\0\0\0\
+            S\0\0\0\x04";
+        assert_eq!(&b[..], want);
+    }
 
     #[test]
     fn query_bytes() {

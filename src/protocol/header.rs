@@ -14,6 +14,7 @@ pub const TAG_COPY_IN_RESPONSE: u8 = b'G';
 pub const TAG_COPY_OUT_RESPONSE: u8 = b'H';
 pub const TAG_COPY_BOTH_RESPONSE: u8 = b'W';
 pub const TAG_NEGOTIATE_PROTOCOL_VERSION: u8 = b'v';
+pub const TAG_DATA_ROW: u8 = b'D';
 
 // Frontend (F) tags the relay looks at.
 pub const TAG_QUERY: u8 = b'Q';

@@ -210,7 +210,27 @@ pub async fn login(
         ));
     }
 
-    let keys = authenticate(&cfg, db, stream, buf, &mut out, &user).await?;
+    // A user missing from auth_file is looked up with auth_query, when an auth_user
+    // applies (boxed: a rare path, kept out of every login's future).
+    let listed = cfg.userlist.get(&user).map(String::as_str);
+    let queried = match listed {
+        None if s.auth_type != AuthType::Any => {
+            Box::pin(super::authq::look_up(app, &cfg, db, &database, &user)).await?
+        }
+        _ => None,
+    };
+    let stored = listed.or(queried.as_deref());
+    let keys = authenticate(
+        &cfg,
+        db,
+        stream,
+        buf,
+        &mut out,
+        &user,
+        stored,
+        queried.is_some(),
+    )
+    .await?;
 
     // As in PgBouncer, a forced user owns the pool: every client of the database
     // shares the forced user's server connections, whoever logged in.
@@ -218,9 +238,16 @@ pub async fn login(
     let pool = app.pools.get_or_create(&database, pool_user, || {
         PoolConfig::new(&cfg, db, &database, pool_user)
     });
-    // SCRAM keys prove the client's own password: they can only log in as that user.
-    if let Some(k) = keys.filter(|_| pool_user == user) {
-        pool.set_scram_keys(k);
+    if pool_user == user {
+        // The server login uses what auth_query found: an md5 hash as it is, a SCRAM
+        // verifier through the keys below.
+        if let Some(p) = queried.as_deref().filter(|p| !p.is_empty()) {
+            pool.set_queried_secret(Secret::parse(p));
+        }
+        // SCRAM keys prove the client's own password: they can only log in as that user.
+        if let Some(k) = keys {
+            pool.set_scram_keys(k);
+        }
     }
     // With application_name_add_host each client's value is its own: never reused.
     let reused = (!s.application_name_add_host)
@@ -250,8 +277,11 @@ pub async fn login(
     })
 }
 
-/// Runs the `auth_type` exchange. Returns SCRAM keys when the client proved itself with
-/// SCRAM against a stored SCRAM secret (usable for logging in to the server).
+/// Runs the `auth_type` exchange against `listed`, the user's stored password (from
+/// `auth_file`, or from `auth_query` when `queried`; `None`: no such user). Returns
+/// SCRAM keys when the client proved itself with SCRAM against a stored SCRAM secret
+/// (usable for logging in to the server).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn authenticate(
     cfg: &Config,
     db: &DatabaseEntry,
@@ -259,12 +289,13 @@ pub(crate) async fn authenticate(
     buf: &mut BytesMut,
     out: &mut BytesMut,
     user: &str,
+    listed: Option<&str>,
+    queried: bool,
 ) -> Result<Option<ScramKeys>, ClientError> {
     let s = &cfg.settings;
-    let listed = cfg.userlist.get(user);
     // An empty stored password never matches (as in PgBouncer); it still lists the
     // user for `trust`.
-    let secret = listed.filter(|p| !p.is_empty()).map(|p| Secret::parse(p));
+    let secret = listed.filter(|p| !p.is_empty()).map(Secret::parse);
     let failed = || ClientError::fatal(INVALID_PASSWORD, "password authentication failed".into());
     match s.auth_type {
         AuthType::Any => {
@@ -311,7 +342,7 @@ pub(crate) async fn authenticate(
             .await
         }
         AuthType::Md5 | AuthType::ScramSha256 => {
-            Box::pin(scram(cfg, stream, buf, out, user, secret)).await
+            Box::pin(scram(cfg, stream, buf, out, user, secret, queried)).await
         }
         AuthType::Unsupported(name) => Err(ClientError::fatal(
             FEATURE_NOT_SUPPORTED,
@@ -383,6 +414,7 @@ async fn scram(
     out: &mut BytesMut,
     user: &str,
     secret: Option<Secret>,
+    queried: bool,
 ) -> Result<Option<ScramKeys>, ClientError> {
     let failed = || ClientError::fatal(INVALID_PASSWORD, "SASL authentication failed".into());
     let iterations = cfg.settings.scram_iterations;
@@ -390,16 +422,20 @@ async fn scram(
     let stored_scram = matches!(secret, Some(Secret::Scram(_)));
     let server = match secret {
         // A plaintext password's SCRAM secret is derived once per configuration
-        // (auth/derived.rs), on a blocking thread: PBKDF2 is slow on purpose.
+        // (auth/derived.rs), on a blocking thread: PBKDF2 is slow on purpose. One
+        // auth_query returned may change at any login, so it is never kept.
         Some(Secret::Plain(password)) => {
-            let derived = match cfg.derived_secrets.get(user) {
+            let derived = match cfg.derived_secrets.get(user).filter(|_| !queried) {
                 Some(derived) => Some(derived),
                 None => tokio::task::spawn_blocking(move || {
                     ScramServer::derive_plain(&password, iterations)
                 })
                 .await
                 .ok()
-                .map(|d| cfg.derived_secrets.insert(user, d)),
+                .map(|d| match queried {
+                    true => d,
+                    false => cfg.derived_secrets.insert(user, d),
+                }),
             };
             derived.map(ScramServer::for_secret)
         }

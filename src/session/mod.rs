@@ -2,6 +2,7 @@
 //! until the client leaves; then the server goes back (reset) or is closed.
 
 mod assign;
+mod authq;
 pub mod cancel;
 pub mod framer;
 pub mod keeper;
