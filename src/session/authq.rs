@@ -63,6 +63,14 @@ pub(super) async fn look_up(
             e @ LookupError::Shape(_) => ClientError::fatal(INVALID_AUTHORIZATION, e.to_string()),
         }
     };
+    // A paused (or suspended) database lends no server, to a lookup either: the login
+    // waits, as the paused clients' queries do.
+    let mut gate = app.gate_watch();
+    while gate.borrow_and_update().blocks(auth_db_name) {
+        if gate.changed().await.is_err() {
+            break;
+        }
+    }
     let mut conn = pool.acquire().await.map_err(|e| fail(e.into()))?;
     let timeout = match s.server_connect_timeout {
         t if t.is_zero() => std::time::Duration::from_secs(3600),

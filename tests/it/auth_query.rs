@@ -293,3 +293,30 @@ async fn backend_pid(c: &tokio_postgres::Client) -> Result<i32, String> {
         .expect("query hung");
     row.map(|r| r.get::<_, i32>(0)).map_err(|e| e.to_string())
 }
+
+/// PAUSE lends no server to anyone: a login that needs a lookup waits for RESUME,
+/// as a paused client's query does, rather than open a connection to a database
+/// being worked on.
+#[tokio::test]
+async fn a_lookup_waits_while_the_database_is_paused() {
+    let sluice = with_auth_user("md5")
+        .userlist("postgres", "adminpw")
+        .start();
+    let cfg = sluice.config(support::MD5_USER, support::MD5_PASSWORD, support::TEST_DB);
+    // A first login before the PAUSE, so that the user's pool already knows its
+    // welcome and only the lookup needs a server.
+    assert_eq!(whoami(&cfg).await, support::MD5_USER);
+    let admin = support::connect(&sluice.config("postgres", "adminpw", "pgbouncer")).await;
+    admin.simple_query("PAUSE").await.expect("PAUSE");
+    // The login alone: a query would wait for RESUME anyway.
+    let login = tokio::spawn(async move { support::try_connect(&cfg).await.map(|_| ()) });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!login.is_finished(), "logged in while paused");
+    admin.simple_query("RESUME").await.expect("RESUME");
+    let who = tokio::time::timeout(LOGIN_LIMIT, login).await;
+    assert!(
+        matches!(&who, Ok(Ok(Ok(())))),
+        "{who:?}\n{}",
+        sluice.diagnostics()
+    );
+}
