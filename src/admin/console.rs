@@ -93,7 +93,8 @@ pub async fn login(
             cfg.userlist.get(&user).map(String::as_str),
             false,
         )
-        .await?;
+        .await
+        .map_err(|e| e.naming("pgbouncer", &user))?;
         let listed = |l: &[String]| l.contains(&user);
         if listed(&s.admin_users) {
             Access::Admin

@@ -215,7 +215,9 @@ pub async fn login(
     let listed = cfg.userlist.get(&user).map(String::as_str);
     let queried = match listed {
         None if s.auth_type != AuthType::Any => {
-            Box::pin(super::authq::look_up(app, &cfg, db, &database, &user)).await?
+            Box::pin(super::authq::look_up(app, &cfg, db, &database, &user))
+                .await
+                .map_err(|e| e.naming(&database, &user))?
         }
         _ => None,
     };
@@ -230,7 +232,8 @@ pub async fn login(
         stored,
         queried.is_some(),
     )
-    .await?;
+    .await
+    .map_err(|e| e.naming(&database, &user))?;
 
     // As in PgBouncer, a forced user owns the pool: every client of the database
     // shares the forced user's server connections, whoever logged in.

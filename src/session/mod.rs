@@ -58,8 +58,13 @@ impl std::fmt::Display for ClientTag<'_> {
 /// Why a client is being turned away or disconnected.
 #[derive(Debug)]
 pub enum ClientError {
-    /// Send this FATAL error to the client, then close.
-    Fatal { code: &'static str, message: String },
+    /// Send this FATAL error to the client, then close. `who` is the client's
+    /// `db/user` for the log, once its startup packet named them.
+    Fatal {
+        code: &'static str,
+        message: String,
+        who: Option<Box<str>>,
+    },
     /// The socket failed; nothing can be sent.
     Io(io::Error),
     /// The client closed its socket.
@@ -68,7 +73,24 @@ pub enum ClientError {
 
 impl ClientError {
     pub fn fatal(code: &'static str, message: String) -> ClientError {
-        ClientError::Fatal { code, message }
+        ClientError::Fatal {
+            code,
+            message,
+            who: None,
+        }
+    }
+
+    /// Names the client's database and user in the log line of a fatal error, as
+    /// PgBouncer's does once the startup packet is read.
+    pub fn naming(self, database: &str, user: &str) -> ClientError {
+        match self {
+            ClientError::Fatal { code, message, .. } => ClientError::Fatal {
+                code,
+                message,
+                who: Some(format!("{database}/{user}").into()),
+            },
+            other => other,
+        }
     }
 }
 
@@ -310,9 +332,10 @@ fn drive(
 
 async fn report_login_failure(id: u64, peer: &PeerAddr, stream: &Stream, e: ClientError) {
     match e {
-        ClientError::Fatal { code, message } => {
-            tracing::warn!("C-{id}: (nodb)/(nouser)@{peer} closing because: {message}");
-            tracing::warn!("C-{id}: (nodb)/(nouser)@{peer} pooler error: {message}");
+        ClientError::Fatal { code, message, who } => {
+            let who = who.as_deref().unwrap_or("(nodb)/(nouser)");
+            tracing::warn!("C-{id}: {who}@{peer} closing because: {message}");
+            tracing::warn!("C-{id}: {who}@{peer} pooler error: {message}");
             send_fatal(stream, code, &message).await;
         }
         ClientError::Io(e) => {

@@ -295,3 +295,25 @@ async fn auth_tokio_postgres_over_unix_socket() {
     let (code, msg) = login_error(&sluice.socket_config("carol", "nope", support::TEST_DB)).await;
     assert_eq!((code.as_str(), msg.as_str()), ("28P01", SASL_FAILED));
 }
+
+/// A refused password is logged with the database and user the client named, as
+/// PgBouncer logs it, so that an operator can tell whose login failed.
+#[tokio::test]
+async fn a_refused_login_is_logged_with_its_database_and_user() {
+    let sluice = sluice_as_trust_user("md5", &[("alice", "alicepw")]);
+    let (_, msg) = login_error(&sluice.config("alice", "wrong", support::TEST_DB)).await;
+    assert_eq!(msg, PW_FAILED);
+    let (_, msg) = login_error(&sluice.config("alice", "wrong", "pgbouncer")).await;
+    assert_eq!(msg, PW_FAILED);
+    for who in ["sluice_test/alice@127.0.0.1:", "pgbouncer/alice@127.0.0.1:"] {
+        assert!(
+            support::wait_until(Duration::from_secs(5), || sluice
+                .log()
+                .lines()
+                .any(|l| l.contains(who)
+                    && l.contains("closing because: password authentication failed"))),
+            "no line for {who}\n{}",
+            sluice.diagnostics()
+        );
+    }
+}
