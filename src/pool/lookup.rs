@@ -6,10 +6,8 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 
 use super::error::PoolError;
-use super::server::{read_err, ServerState};
-use crate::net::framed::read_message;
-use crate::protocol::backend::{parse_error_fields, parse_parameter_status};
-use crate::protocol::{frontend, header};
+use super::server::ServerState;
+use crate::protocol::frontend;
 
 /// Largest message accepted in the answer (a row holds a name and a verifier).
 const LOOKUP_MAX_LEN: u32 = 1 << 16;
@@ -54,41 +52,17 @@ impl ServerState {
         let fut = async {
             let mut out = BytesMut::with_capacity(query.len() + user.len() + 48);
             frontend::query_with_param(&mut out, query, user);
-            self.stream.write_all(&out).await.map_err(PoolError::io)?;
-            let mut buf = BytesMut::with_capacity(512);
             let mut rows: Vec<Option<String>> = Vec::new();
             let mut short_row = false;
-            let mut failed = None;
-            let status = loop {
-                let (tag, body) = read_message(&self.stream, &mut buf, LOOKUP_MAX_LEN)
-                    .await
-                    .map_err(read_err)?;
-                match tag {
-                    header::TAG_READY_FOR_QUERY => break body.first().copied(),
-                    header::TAG_ERROR_RESPONSE => {
-                        failed = Some(
-                            parse_error_fields(&body)
-                                .map(|f| f.message)
-                                .unwrap_or_else(|_| "malformed ErrorResponse".into()),
-                        )
-                    }
-                    header::TAG_DATA_ROW => match second_column(&body) {
-                        Some(secret) => rows.push(secret),
-                        None => short_row = true,
-                    },
-                    header::TAG_PARAMETER_STATUS => {
-                        if let Ok((k, v)) = parse_parameter_status(&body) {
-                            let (k, v) = (k.to_owned(), v.to_owned());
-                            self.params.set(&k, &v);
-                        }
-                    }
-                    // ParseComplete, BindComplete, CommandComplete, notices.
-                    _ => {}
-                }
-            };
-            let clean = Clean(buf.is_empty() && status == Some(b'I'));
-            let result = if let Some(msg) = failed {
-                Err(LookupError::Query(msg))
+            let answer = self
+                .exchange(&out, LOOKUP_MAX_LEN, |row| match second_column(row) {
+                    Some(secret) => rows.push(secret),
+                    None => short_row = true,
+                })
+                .await?;
+            let clean = Clean(!answer.trailing && answer.status == Some(b'I'));
+            let result = if let Some(e) = answer.error {
+                Err(LookupError::Query(e.message))
             } else if short_row {
                 Err(LookupError::Shape(
                     "must return two columns: name and password",

@@ -138,29 +138,11 @@ impl ServerState {
         let fut = async {
             let mut out = BytesMut::with_capacity(sql.len() + 6);
             frontend::query(&mut out, sql);
-            self.stream.write_all(&out).await.map_err(PoolError::io)?;
-            let mut buf = BytesMut::with_capacity(512);
-            let mut failed = None;
-            loop {
-                let (tag, body) = read_message(&self.stream, &mut buf, LOGIN_MAX_LEN)
-                    .await
-                    .map_err(read_err)?;
-                match tag {
-                    header::TAG_READY_FOR_QUERY => break,
-                    header::TAG_ERROR_RESPONSE => failed = parse_error_fields(&body).ok(),
-                    header::TAG_PARAMETER_STATUS => {
-                        if let Ok((k, v)) = parse_parameter_status(&body) {
-                            let (k, v) = (k.to_owned(), v.to_owned());
-                            self.params.set(&k, &v);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            if !buf.is_empty() {
+            let answer = self.exchange(&out, LOGIN_MAX_LEN, |_| {}).await?;
+            if answer.trailing {
                 return Err(PoolError::Protocol("unexpected bytes after ReadyForQuery"));
             }
-            match failed {
+            match answer.error {
                 Some(e) => Err(PoolError::Server(e)),
                 None => Ok(()),
             }
@@ -170,6 +152,59 @@ impl ServerState {
             Err(_) => Err(PoolError::Timeout("internal query timed out")),
         }
     }
+
+    /// Sends `out` (requests ending in a Query or Sync) and reads the answer up to
+    /// ReadyForQuery, keeping ParameterStatus current and giving each DataRow's body
+    /// to `on_row`: the loop of the few queries Sluice runs itself.
+    pub(super) async fn exchange(
+        &mut self,
+        out: &[u8],
+        max_len: u32,
+        mut on_row: impl FnMut(&[u8]),
+    ) -> Result<Answer, PoolError> {
+        self.stream.write_all(out).await.map_err(PoolError::io)?;
+        let mut buf = BytesMut::with_capacity(512);
+        let mut error = None;
+        loop {
+            let (tag, body) = read_message(&self.stream, &mut buf, max_len)
+                .await
+                .map_err(read_err)?;
+            match tag {
+                header::TAG_READY_FOR_QUERY => {
+                    return Ok(Answer {
+                        error,
+                        status: body.first().copied(),
+                        trailing: !buf.is_empty(),
+                    })
+                }
+                header::TAG_ERROR_RESPONSE => {
+                    // One that does not parse still failed the query.
+                    error = Some(parse_error_fields(&body).unwrap_or_else(|_| ErrorFields {
+                        message: "malformed ErrorResponse".into(),
+                        ..ErrorFields::default()
+                    }))
+                }
+                header::TAG_DATA_ROW => on_row(&body),
+                header::TAG_PARAMETER_STATUS => {
+                    if let Ok((k, v)) = parse_parameter_status(&body) {
+                        let (k, v) = (k.to_owned(), v.to_owned());
+                        self.params.set(&k, &v);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// What a server answered up to ReadyForQuery ([`ServerState::exchange`]).
+pub(super) struct Answer {
+    /// The last ErrorResponse, if any.
+    pub error: Option<ErrorFields>,
+    /// ReadyForQuery's transaction status (`I`, `T`, `E`).
+    pub status: Option<u8>,
+    /// Whether bytes came after ReadyForQuery.
+    pub trailing: bool,
 }
 
 /// The parameters a server reported, and the client parameter set they were last
@@ -209,7 +244,7 @@ impl ServerParams {
     }
 }
 
-pub(super) fn read_err(e: ReadError) -> PoolError {
+fn read_err(e: ReadError) -> PoolError {
     match e {
         ReadError::Io(e) => PoolError::io(e),
         ReadError::Eof => PoolError::Closed,
