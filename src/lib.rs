@@ -19,3 +19,4 @@ pub mod protocol;
 pub mod session;
 pub mod stats;
 pub mod timer;
+pub mod tls;

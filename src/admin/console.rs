@@ -43,11 +43,12 @@ pub fn is_console(params: &StartupParams) -> bool {
     db == Some(ADMIN_DB)
 }
 
-/// Whether the peer is this process's own OS user on the UNIX socket.
-fn same_os_user(stream: &Stream) -> bool {
+/// Whether the peer is this process's own OS user on the UNIX socket. `unix` comes
+/// from accept: a TLS client's stream is a socket pair whose peer is Sluice itself.
+fn same_os_user(stream: &Stream, unix: bool) -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
-    stream.peer_uid() == Some(me)
+    unix && stream.peer_uid() == Some(me)
 }
 
 /// Authenticates a console client and decides what it may do. Writes
@@ -55,6 +56,7 @@ fn same_os_user(stream: &Stream) -> bool {
 pub async fn login(
     app: &App,
     stream: &Stream,
+    unix: bool,
     buf: &mut BytesMut,
     minor: u16,
     params: StartupParams,
@@ -75,7 +77,7 @@ pub async fn login(
     if minor > 0 || !options.is_empty() {
         backend::negotiate_protocol_version(&mut out, 0, &options);
     }
-    let access = if user == ADMIN_DB && same_os_user(stream) {
+    let access = if user == ADMIN_DB && same_os_user(stream, unix) {
         Access::Admin
     } else {
         let db = DatabaseEntry {
@@ -139,7 +141,7 @@ pub async fn serve(
     mut buf: BytesMut,
     who: AdminLogin,
     id: u64,
-    peer: PeerAddr,
+    (peer, local, tls): (PeerAddr, Option<std::net::SocketAddr>, crate::tls::TlsInfo),
 ) {
     let started = Instant::now();
     let tag = format!("C-{id}: {ADMIN_DB}/{}@{peer}", who.user);
@@ -149,9 +151,10 @@ pub async fn serve(
         database: ADMIN_DB.into(),
         pool_user: ADMIN_DB.into(),
         peer,
-        local_addr: stream.local_addr().map(Into::into),
+        local_addr: local.map(Into::into),
         application_name: who.application_name.as_str().into(),
         admin: true,
+        tls,
     });
     app.admin.console_stats.flush(&mut StatsDelta {
         counts: Totals {

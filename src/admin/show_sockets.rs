@@ -127,7 +127,7 @@ fn client_row(c: &ClientInfo, state: &str, listen_port: u16, debug: bool) -> Vec
             .unwrap_or_default()
             .into(),
         0u32.into(),
-        "".into(),
+        c.meta.tls.to_string().into(),
         c.meta.application_name.to_string().into(),
         c.prepared().into(),
         c.meta.id.into(),

@@ -18,7 +18,7 @@ pub(super) enum Kind {
     /// Accepted and ignored; the value must be a number of seconds.
     Time,
     /// Accepted and ignored; the value must be an sslmode.
-    SslMode,
+    TlsMode,
 }
 
 use Kind::*;
@@ -45,14 +45,14 @@ pub(super) const KNOWN: &[(&str, &str, Kind)] = &[
     ("client_idle_timeout", "0", Implemented),
     ("client_login_timeout", "60", Implemented),
     ("client_tls13_ciphers", "", Str),
-    ("client_tls_ca_file", "", Str),
-    ("client_tls_cert_file", "", Str),
+    ("client_tls_ca_file", "", Implemented),
+    ("client_tls_cert_file", "", Implemented),
     ("client_tls_ciphers", "default", Str),
     ("client_tls_dheparams", "auto", Str),
     ("client_tls_ecdhcurve", "auto", Str),
-    ("client_tls_key_file", "", Str),
-    ("client_tls_protocols", "secure", Str),
-    ("client_tls_sslmode", "disable", SslMode),
+    ("client_tls_key_file", "", Implemented),
+    ("client_tls_protocols", "secure", Implemented),
+    ("client_tls_sslmode", "disable", Implemented),
     ("conffile", "", Str),
     ("default_pool_size", "20", Implemented),
     ("disable_pqexec", "0", Bool),
@@ -106,7 +106,7 @@ pub(super) const KNOWN: &[(&str, &str, Kind)] = &[
     ("server_tls_ciphers", "default", Str),
     ("server_tls_key_file", "", Str),
     ("server_tls_protocols", "secure", Str),
-    ("server_tls_sslmode", "prefer", SslMode),
+    ("server_tls_sslmode", "prefer", TlsMode),
     ("service_name", "", Str),
     ("so_reuseport", "0", Implemented),
     ("stats_period", "60", Implemented),

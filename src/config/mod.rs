@@ -40,6 +40,19 @@ pub fn setting_default(name: &str) -> Option<&'static str> {
 pub use types::*;
 pub use userlist::{load_userlist, parse_userlist};
 
+/// The client TLS configuration; a file that cannot be read is named as such, any
+/// other problem is put at `file:line`.
+fn client_tls(
+    s: &Settings,
+    file: &Path,
+    line: usize,
+) -> Result<Option<std::sync::Arc<rustls::ServerConfig>>, ConfigError> {
+    crate::tls::acceptor(s).map_err(|e| match e {
+        crate::tls::TlsSetupError::Io { file, source } => ConfigError::io(&file, source),
+        crate::tls::TlsSetupError::Invalid(m) => ConfigError::at(file, line, m),
+    })
+}
+
 /// The database name clients use for the admin console; never a pooled database.
 pub const ADMIN_DB: &str = "pgbouncer";
 
@@ -117,6 +130,11 @@ impl Config {
             Some(f) => load_userlist(f)?,
             None => NameMap::default(),
         };
+        // A problem that is no one file's is reported at the line setting the mode.
+        let (mode_file, mode_line) = (ini.entries.iter())
+            .rfind(|e| e.section == "pgbouncer" && e.key == "client_tls_sslmode")
+            .map_or((path, 0), |e| (e.file.as_path(), e.line));
+        let client_tls = client_tls(&settings, mode_file, mode_line)?;
         Ok(Config {
             path: path.to_path_buf(),
             settings,
@@ -127,6 +145,7 @@ impl Config {
             userlist,
             derived_secrets: Default::default(),
             warnings,
+            client_tls,
         })
     }
 
@@ -141,6 +160,9 @@ impl Config {
                 Some(f) => load_userlist(f)?,
                 None => NameMap::default(),
             };
+        }
+        if key.starts_with("client_tls") {
+            new.client_tls = client_tls(&new.settings, &self.path, 0)?;
         }
         for w in warnings {
             tracing::warn!("{w}");

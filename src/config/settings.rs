@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::error::{warning_at, ConfigError};
 use super::known::Kind::*;
 use super::known::{DEFAULT_AUTH_QUERY, KNOWN, NOT_LISTED};
-use super::types::{AuthType, PoolMode, Settings};
+use super::types::{AuthType, PoolMode, Settings, SslMode};
 use super::value::{
     opt_str, parse_bool, parse_int, parse_list, parse_octal_mode, parse_pool_mode, parse_seconds,
 };
@@ -40,6 +40,11 @@ impl Default for Settings {
             auth_dbname: None,
             admin_users: Vec::new(),
             stats_users: Vec::new(),
+            client_tls_sslmode: SslMode::Disable,
+            client_tls_key_file: None,
+            client_tls_cert_file: None,
+            client_tls_ca_file: None,
+            client_tls_protocols: "secure".to_string(),
             pool_mode: PoolMode::Session,
             default_pool_size: 20,
             min_pool_size: 0,
@@ -150,20 +155,7 @@ pub(crate) fn apply_setting(
             Int => Some(parse_int::<i64>(value).map_err(bad)?) == parse_int::<i64>(default).ok(),
             Bool => Some(parse_bool(value).map_err(bad)?) == parse_bool(default).ok(),
             Time => Some(parse_seconds(value).map_err(bad)?) == parse_seconds(default).ok(),
-            SslMode => {
-                const MODES: &[&str] = &[
-                    "disable",
-                    "allow",
-                    "prefer",
-                    "require",
-                    "verify-ca",
-                    "verify-full",
-                ];
-                if !MODES.iter().any(|m| m.eq_ignore_ascii_case(value)) {
-                    return Err(bad(format!("expected one of {}", MODES.join(", "))));
-                }
-                value.eq_ignore_ascii_case(default)
-            }
+            TlsMode => Some(parse_sslmode(value).map_err(bad)?) == parse_sslmode(default).ok(),
             Str | Implemented => value.eq_ignore_ascii_case(default),
         };
         if !is_default {
@@ -199,6 +191,19 @@ fn set_implemented(s: &mut Settings, name: &str, v: &str) -> Result<Option<Strin
         "cancel_wait_timeout" => s.cancel_wait_timeout = parse_seconds(v)?,
         "client_idle_timeout" => s.client_idle_timeout = parse_seconds(v)?,
         "client_login_timeout" => s.client_login_timeout = parse_seconds(v)?,
+        "client_tls_ca_file" => s.client_tls_ca_file = opt_str(v).map(PathBuf::from),
+        "client_tls_cert_file" => s.client_tls_cert_file = opt_str(v).map(PathBuf::from),
+        "client_tls_key_file" => s.client_tls_key_file = opt_str(v).map(PathBuf::from),
+        "client_tls_protocols" => {
+            let (_, dropped) = crate::tls::protocols(v)?;
+            s.client_tls_protocols = v.to_string();
+            if dropped {
+                return Ok(Some(
+                    "TLS 1.0 and 1.1 are not offered by Sluice; only TLS 1.2 and 1.3".into(),
+                ));
+            }
+        }
+        "client_tls_sslmode" => s.client_tls_sslmode = parse_sslmode(v)?,
         "default_pool_size" => s.default_pool_size = parse_int(v)?,
         "idle_transaction_timeout" => s.idle_transaction_timeout = parse_seconds(v)?,
         "ignore_startup_parameters" => s.ignore_startup_parameters = parse_list(v),
@@ -285,6 +290,10 @@ fn parse_listen_addr(v: &str) -> Result<Option<String>, String> {
         return Err(expected());
     }
     Ok(Some(v.to_string()))
+}
+
+fn parse_sslmode(v: &str) -> Result<SslMode, String> {
+    SslMode::parse(v).ok_or_else(|| format!("expected one of {}", SslMode::NAMES.join(", ")))
 }
 
 fn parse_auth_type(v: &str) -> Result<AuthType, String> {
@@ -520,7 +529,7 @@ mod tests {
             assert!(set(k, v).unwrap().1.is_empty(), "{k} = {v}");
         }
         for (k, v) in [
-            ("client_tls_sslmode", "require"),
+            ("server_tls_sslmode", "require"),
             ("pool_idle_timeout", "30"),
             ("login_notify_message", "hi"),
             ("syslog_facility", "local0"),

@@ -29,6 +29,44 @@ impl PoolMode {
     }
 }
 
+/// How far TLS is asked for or required (`client_tls_sslmode`, `server_tls_sslmode`),
+/// in libpq's order: each mode asks for at least what the one before it does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SslMode {
+    Disable,
+    Allow,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+impl SslMode {
+    pub const NAMES: [&'static str; 6] = [
+        "disable",
+        "allow",
+        "prefer",
+        "require",
+        "verify-ca",
+        "verify-full",
+    ];
+
+    /// Parses a mode, any case.
+    pub fn parse(v: &str) -> Option<SslMode> {
+        let i = Self::NAMES.iter().position(|m| m.eq_ignore_ascii_case(v))?;
+        Some(
+            [
+                SslMode::Disable,
+                SslMode::Allow,
+                SslMode::Prefer,
+                SslMode::Require,
+                SslMode::VerifyCa,
+                SslMode::VerifyFull,
+            ][i],
+        )
+    }
+}
+
 /// How clients prove who they are (`auth_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AuthType {
@@ -69,6 +107,14 @@ pub struct Settings {
     pub auth_dbname: Option<String>,
     pub admin_users: Vec<String>,
     pub stats_users: Vec<String>,
+    /// TLS towards clients on TCP (UNIX-socket clients never use it, as in PgBouncer).
+    pub client_tls_sslmode: SslMode,
+    pub client_tls_key_file: Option<PathBuf>,
+    pub client_tls_cert_file: Option<PathBuf>,
+    /// Roots that client certificates are checked against.
+    pub client_tls_ca_file: Option<PathBuf>,
+    /// The TLS versions offered, as PgBouncer writes them (`secure`, `tlsv1.3`, ...).
+    pub client_tls_protocols: String,
     pub pool_mode: PoolMode,
     /// 0 means unlimited (PgBouncer 1.24+).
     pub default_pool_size: u32,
@@ -216,4 +262,7 @@ pub struct Config {
     pub derived_secrets: crate::auth::DerivedSecrets,
     /// Accepted-but-unimplemented settings and similar: logged as warnings at load.
     pub warnings: Vec<String>,
+    /// The TLS acceptor's configuration, built from `client_tls_*` and the files they
+    /// name at each load; None when `client_tls_sslmode` is `disable`.
+    pub client_tls: Option<std::sync::Arc<rustls::ServerConfig>>,
 }

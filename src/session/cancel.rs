@@ -186,6 +186,7 @@ mod tests {
             local_addr: None,
             application_name: "".into(),
             admin: false,
+            tls: Default::default(),
         }));
         reg.register(&info)
     }

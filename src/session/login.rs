@@ -1,4 +1,4 @@
-//! Client login: the startup packet (with SSL/GSS refusals and CancelRequest), startup
+//! Client login: the startup packet (with TLS, the GSS refusal and CancelRequest), startup
 //! parameters, database lookup, and authentication by `auth_type`.
 
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use super::params::{self, ClientParams, StartupTracked};
 use super::ClientError;
 use crate::app::App;
 use crate::auth::{verify_md5, ScramServer, Secret};
-use crate::config::{AuthType, Config, DatabaseEntry};
+use crate::config::{AuthType, Config, DatabaseEntry, SslMode};
 use crate::net::framed::{read_message, ReadError};
 use crate::net::Stream;
 use crate::pool::{Pool, PoolConfig, ScramKeys};
@@ -19,6 +19,7 @@ use crate::protocol::backend::{
 use crate::protocol::header::TAG_PASSWORD;
 use crate::protocol::sqlstate::*;
 use crate::protocol::startup::{self, StartupPacket, StartupParams};
+use crate::tls::TlsInfo;
 
 /// Largest password or SASL message accepted from a client before it is logged in.
 const AUTH_MAX_LEN: u32 = 65_536;
@@ -44,13 +45,16 @@ pub enum Startup {
     Cancel,
 }
 
-/// Reads startup-family packets until a StartupMessage or CancelRequest arrives,
-/// refusing SSL and GSS encryption.
+/// Reads startup-family packets until a StartupMessage or CancelRequest arrives.
+/// An SSLRequest from a TCP client is taken up when `client_tls_sslmode` allows TLS:
+/// `stream` is then replaced by the plaintext end of the client's TLS tunnel, and
+/// `tls` tells what was negotiated. GSS encryption is always refused.
 pub async fn read_startup(
     app: &App,
-    stream: &Stream,
+    stream: &mut Stream,
     buf: &mut BytesMut,
-    read_at_once: bool,
+    (read_at_once, tcp): (bool, bool),
+    tls: &mut TlsInfo,
 ) -> Result<Startup, ClientError> {
     let mut at_once = read_at_once;
     loop {
@@ -96,15 +100,30 @@ pub async fn read_startup(
             parsed
         };
         match parsed.map_err(bad_startup)? {
-            StartupPacket::Ssl | StartupPacket::GssEnc => {
+            p @ (StartupPacket::Ssl | StartupPacket::GssEnc) => {
                 if !buf.is_empty() {
-                    // Bytes after an encryption request would be read as plaintext.
+                    // Bytes after an encryption request were not encrypted, and may
+                    // have been put there by someone in between.
                     return Err(ClientError::fatal(
                         PROTOCOL_VIOLATION,
                         "unexpected data after encryption request".into(),
                     ));
                 }
-                stream.write_all(b"N").await.map_err(ClientError::Io)?;
+                if p == StartupPacket::Ssl && tls.is_tls() {
+                    return Err(ClientError::Dropped("SSL req inside SSL".into()));
+                }
+                let config = match p {
+                    StartupPacket::Ssl if tcp => app.config().client_tls.clone(),
+                    _ => None,
+                };
+                let Some(config) = config else {
+                    stream.write_all(b"N").await.map_err(ClientError::Io)?;
+                    continue;
+                };
+                stream.write_all(b"S").await.map_err(ClientError::Io)?;
+                *tls = crate::tls::tunnel::accept(config, stream)
+                    .await
+                    .map_err(|e| ClientError::Dropped(e.to_string()))?;
             }
             StartupPacket::Cancel { pid, key } => {
                 let cfg = app.config();
@@ -113,7 +132,17 @@ pub async fn read_startup(
                 return Ok(Startup::Cancel);
             }
             StartupPacket::Startup { minor, params } => {
-                return Ok(Startup::Login { minor, params })
+                // As PgBouncer: UNIX-socket clients are never asked for TLS.
+                if tcp
+                    && !tls.is_tls()
+                    && app.config().settings.client_tls_sslmode >= SslMode::Require
+                {
+                    return Err(ClientError::fatal(
+                        PROTOCOL_VIOLATION,
+                        "SSL required".into(),
+                    ));
+                }
+                return Ok(Startup::Login { minor, params });
             }
         }
     }

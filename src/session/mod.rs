@@ -25,6 +25,7 @@ use crate::pool::PoolError;
 use crate::protocol::backend;
 use crate::protocol::sqlstate::*;
 use crate::stats::conns::{ClientInfo, ClientMeta};
+use crate::tls::TlsInfo;
 use login::{LoggedIn, Startup};
 use relay::{Relay, Timeouts};
 pub(crate) use run::Session;
@@ -69,6 +70,9 @@ pub enum ClientError {
     Io(io::Error),
     /// The client closed its socket.
     Gone,
+    /// Close without a word to the client (it could not read one: a failed TLS
+    /// handshake), logging why.
+    Dropped(String),
 }
 
 impl ClientError {
@@ -119,7 +123,7 @@ pub fn spawn_client(app: Arc<App>, stream: Stream, origin: Origin) {
 }
 
 /// Serves one accepted client connection to the end.
-async fn serve_client(app: Arc<App>, stream: Stream, origin: Origin) {
+async fn serve_client(app: Arc<App>, mut stream: Stream, origin: Origin) {
     let id = app
         .client_ids
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -137,27 +141,33 @@ async fn serve_client(app: Arc<App>, stream: Stream, origin: Origin) {
     }
     let slot = ClientSlot(app.clone());
     let mut buf = BytesMut::new();
+    let mut tls = TlsInfo::default();
+    let tcp = matches!(peer, PeerAddr::Tcp(_));
 
     // Boxed: the login state is big and short-lived; an idle client keeps only the
     // session's (small) state inline in its task.
     let login = Box::pin(async {
-        match login::read_startup(&app, &stream, &mut buf, read_at_once).await? {
+        let stream = &mut stream;
+        let how = (read_at_once, tcp);
+        match login::read_startup(&app, stream, &mut buf, how, &mut tls).await? {
             Startup::Cancel => Ok(None),
             Startup::Login { minor, params } => {
                 if cfg.settings.log_connections {
                     let user = params.get("user").unwrap_or("");
                     let db = params.get("database").unwrap_or(user);
+                    let t: &dyn std::fmt::Display = if tls.is_tls() { &tls } else { &"no" };
                     tracing::info!(
-                        "C-{id}: {db}/{user}@{peer} login attempt: db={db} user={user} tls=no"
+                        "C-{id}: {db}/{user}@{peer} login attempt: db={db} user={user} tls={t}"
                     );
                 }
+                let stream = &*stream;
                 if crate::admin::is_console(&params) {
                     // Boxed: rare, and its future is as large as a pooled login's.
-                    return Box::pin(crate::admin::login(&app, &stream, &mut buf, minor, params))
-                        .await
-                        .map(|a| Some(Who::Console(a)));
+                    let unix = !tcp;
+                    let login = crate::admin::login(&app, stream, unix, &mut buf, minor, params);
+                    return Box::pin(login).await.map(|a| Some(Who::Console(a)));
                 }
-                login::login(&app, &stream, &mut buf, minor, params)
+                login::login(&app, stream, &mut buf, minor, params)
                     .await
                     .map(|w| Some(Who::Pooled(w)))
             }
@@ -192,13 +202,14 @@ async fn serve_client(app: Arc<App>, stream: Stream, origin: Origin) {
             Box::new((who, buf))
         }
         other => {
-            Box::pin(other_login(other, &app, &stream, buf, id, peer)).await;
+            let at = (peer, local, tls);
+            Box::pin(other_login(other, &app, &stream, buf, id, at)).await;
             drop(slot);
             return;
         }
     };
     let Some((session, welcome)) =
-        open_session(app, &stream, start, id, (&peer, local), slot, &cfg).await
+        open_session(app, &stream, start, id, (&peer, local, tls), slot, &cfg).await
     else {
         return;
     };
@@ -215,12 +226,12 @@ async fn other_login(
     stream: &Stream,
     buf: BytesMut,
     id: u64,
-    peer: PeerAddr,
+    at: (PeerAddr, Option<SocketAddr>, TlsInfo),
 ) {
     match result {
-        Ok(Some(Who::Console(a))) => crate::admin::serve(app, stream, buf, a, id, peer).await,
+        Ok(Some(Who::Console(a))) => crate::admin::serve(app, stream, buf, a, id, at).await,
         Ok(Some(Who::Pooled(_))) | Ok(None) => {}
-        Err(e) => report_login_failure(id, &peer, stream, e).await,
+        Err(e) => report_login_failure(id, &at.0, stream, e).await,
     }
 }
 
@@ -232,7 +243,7 @@ async fn open_session(
     stream: &Stream,
     start: Box<(LoggedIn, BytesMut)>,
     id: u64,
-    (peer, local): (&PeerAddr, Option<SocketAddr>),
+    (peer, local, tls): (&PeerAddr, Option<SocketAddr>, TlsInfo),
     slot: ClientSlot,
     cfg: &crate::config::Config,
 ) -> Option<(Box<Session>, Welcome)> {
@@ -253,6 +264,7 @@ async fn open_session(
         local_addr: local.map(Into::into),
         application_name: who.params.get("application_name").unwrap_or("").into(),
         admin: false,
+        tls,
     }));
     let log_pooler_errors = cfg.settings.log_pooler_errors;
     let s = &cfg.settings;
@@ -343,6 +355,9 @@ async fn report_login_failure(id: u64, peer: &PeerAddr, stream: &Stream, e: Clie
         }
         ClientError::Gone => {
             tracing::debug!("C-{id}: (nodb)/(nouser)@{peer} closing because: client unexpected eof")
+        }
+        ClientError::Dropped(why) => {
+            tracing::info!("C-{id}: (nodb)/(nouser)@{peer} closing because: {why}")
         }
     }
 }

@@ -72,6 +72,8 @@ pub struct ClientMeta {
     pub application_name: Box<str>,
     /// A console connection rather than a pooled one.
     pub admin: bool,
+    /// What its TLS session negotiated; all zero for plaintext.
+    pub tls: crate::tls::TlsInfo,
 }
 
 /// Why a client was killed (the reason it is told, and the log's).
@@ -470,6 +472,7 @@ pub(crate) fn test_meta(id: u64) -> ClientMeta {
         local_addr: None,
         application_name: "".into(),
         admin: false,
+        tls: Default::default(),
     }
 }
 

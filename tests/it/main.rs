@@ -24,4 +24,5 @@ mod relay;
 mod signals;
 mod sleep;
 mod startup;
+mod tls;
 mod txn;
