@@ -6,18 +6,20 @@
 
 use std::io;
 use std::os::unix::net::UnixStream as StdUnixStream;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use rustls::ServerConfig;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::task::Poll;
+
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
 use super::TlsInfo;
-use crate::net::{StdStream, Stream};
-
-/// Bytes moved per read, each way (a TLS record carries at most 16 KB).
-const CHUNK: usize = 16 * 1024;
+use crate::net::{bufpool, StdStream, Stream};
 
 /// Takes `stream` (a TCP client that was just told `S`) through the TLS handshake and
 /// puts the plaintext end of a new socket pair in its place. On an error `stream` is
@@ -46,45 +48,110 @@ pub async fn accept(config: Arc<ServerConfig>, stream: &mut Stream) -> io::Resul
     Ok(info)
 }
 
+/// The TLS session, shared by the tunnel's two directions. Both run in one task and
+/// lock it only inside a single poll, never across an await, so the lock is never
+/// contended (a Mutex rather than a RefCell only because the task must be Send).
+type Shared = Mutex<TlsStream<tokio::net::TcpStream>>;
+
+fn lock(tls: &Shared) -> std::sync::MutexGuard<'_, TlsStream<tokio::net::TcpStream>> {
+    // Nothing panics while holding it; were it poisoned, the stream is still whole.
+    tls.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Passes bytes both ways until either side ends. The session closing its end sends
 /// the client close_notify; the client leaving closes the session's end for writing,
 /// so the session sees its end of file. Either way both sockets close, so a client
 /// that ignores the close_notify does not keep its TCP connection open.
+///
+/// The two directions move independently (one blocked on a full socket must not
+/// stop the other, or a client that writes much while the session writes back much
+/// would deadlock both). Each waits for its socket to be readable and only then takes
+/// a buffer from the per-thread pool, giving it back once the socket has nothing
+/// more: an idle TLS client holds no buffer.
 async fn carry(tls: TlsStream<tokio::net::TcpStream>, plain: tokio::net::UnixStream) {
-    let (mut tls_r, mut tls_w) = tokio::io::split(tls);
+    let tls = Mutex::new(tls);
     let (mut plain_r, mut plain_w) = plain.into_split();
-    let up = async {
-        let mut buf = vec![0u8; CHUNK];
-        loop {
-            match tls_r.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if plain_w.write_all(&buf[..n]).await.is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-        let _ = plain_w.shutdown().await;
-    };
-    let down = async {
-        let mut buf = vec![0u8; CHUNK];
-        loop {
-            match plain_r.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    // TlsStream's write encrypts and sends; flush makes sure
-                    // nothing stays in the record layer.
-                    if tls_w.write_all(&buf[..n]).await.is_err() || tls_w.flush().await.is_err() {
-                        return;
-                    }
-                }
-            }
-        }
-        let _ = tls_w.shutdown().await;
-    };
     tokio::select! {
-        _ = up => {}
-        _ = down => {}
+        _ = to_session(&tls, &mut plain_w) => {}
+        _ = to_client(&mut plain_r, &tls) => {}
     }
+}
+
+/// Passes what the client sends to the session until the client leaves or a socket
+/// fails; then closes the session's end for writing.
+async fn to_session(tls: &Shared, plain: &mut OwnedWriteHalf) {
+    loop {
+        // Drained first: the handshake may have read the client's first bytes, which
+        // rustls holds and the socket will not report again.
+        let mut buf = bufpool::take();
+        let more = loop {
+            buf.clear();
+            // One poll: Pending means rustls holds nothing and the socket is empty.
+            let read = poll_fn(|cx| {
+                let mut tls = lock(tls);
+                let read = tls.read_buf(&mut buf);
+                match std::pin::pin!(read).poll(cx) {
+                    Poll::Ready(r) => Poll::Ready(Some(r)),
+                    Poll::Pending => Poll::Ready(None),
+                }
+            });
+            match read.await {
+                None => break true,
+                Some(Ok(0)) | Some(Err(_)) => break false,
+                Some(Ok(_)) => {
+                    if plain.write_all(&buf).await.is_err() {
+                        break false;
+                    }
+                }
+            }
+        };
+        buf.clear();
+        bufpool::give(buf);
+        let ready = more
+            && poll_fn(|cx| lock(tls).get_ref().0.poll_read_ready(cx))
+                .await
+                .is_ok();
+        if !ready {
+            let _ = plain.shutdown().await;
+            return;
+        }
+    }
+}
+
+/// Passes what the session writes to the client until the session closes its end
+/// or a socket fails; then sends close_notify.
+async fn to_client(plain: &mut OwnedReadHalf, tls: &Shared) {
+    while plain.readable().await.is_ok() {
+        let mut buf = bufpool::take();
+        let more = loop {
+            buf.clear();
+            match plain.try_read_buf(&mut buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break true,
+                Ok(0) | Err(_) => break false,
+                Ok(_) => {
+                    if write_all(tls, &buf).await.is_err() {
+                        break false;
+                    }
+                }
+            }
+        };
+        buf.clear();
+        bufpool::give(buf);
+        if !more {
+            break;
+        }
+    }
+    let _ = poll_fn(|cx| Pin::new(&mut *lock(tls)).poll_shutdown(cx)).await;
+}
+
+/// Encrypts and sends `data`, then flushes so that nothing stays in the record layer.
+async fn write_all(tls: &Shared, mut data: &[u8]) -> io::Result<()> {
+    while !data.is_empty() {
+        let n = poll_fn(|cx| Pin::new(&mut *lock(tls)).poll_write(cx, data)).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        data = &data[n..];
+    }
+    poll_fn(|cx| Pin::new(&mut *lock(tls)).poll_flush(cx)).await
 }

@@ -396,6 +396,54 @@ fn a_failed_handshake_harms_no_one_else() {
     assert!(s.log().contains("TLS handshake failed"), "{}", s.log());
 }
 
+/// Megabytes each way: a COPY out, and a pipeline that writes many requests while
+/// their answers come back (the tunnel's two directions must move independently).
+#[test]
+fn large_transfers_both_ways() {
+    let certs = Certs::new();
+    let s = certs.sluice("require").start();
+    let sql = "COPY (SELECT g, repeat('x', 500) FROM generate_series(1, 20000) g) TO STDOUT";
+    let (ok, text) = psql_tls(&s, support::TEST_DB, &[("PGSSLMODE", "require")], sql);
+    assert!(ok, "{}", support::tail(&text, 5));
+    assert_eq!(text.lines().count(), 20000);
+    assert!(text.lines().all(|l| l.len() > 500), "a line was cut");
+
+    let mut script = String::from("\\startpipeline\n");
+    for i in 0..400 {
+        script.push_str(&format!(
+            "SELECT {i}, repeat('y', 3000) FROM generate_series(1, 20) WHERE length('{}') > 0;\n",
+            "z".repeat(2000)
+        ));
+    }
+    script.push_str("\\endpipeline\n");
+    let out = pgbench(&s, &["-c", "2", "-t", "5", "-M", "extended"], &script);
+    assert!(
+        out.contains("actually processed: 10/10"),
+        "{out}\n{}",
+        s.diagnostics()
+    );
+}
+
+/// pgbench over TLS with `args`, running `script`; its report.
+fn pgbench(s: &Sluice, args: &[&str], script: &str) -> String {
+    let mut cmd = Command::new("pgbench");
+    support::clear_pg_env(&mut cmd);
+    cmd.env("PGPASSWORD", support::MD5_PASSWORD)
+        .env("PGSSLMODE", "require")
+        .env("PGSSLCERT", "/nonexistent/sluice-test.crt")
+        .args(["-n", "-f", "-"])
+        .args(args)
+        .args(["-h", "127.0.0.1", "-p", &s.port().to_string()])
+        .args(["-U", support::MD5_USER, support::TEST_DB]);
+    let out = support::run_bounded(&mut cmd, Some(script), Duration::from_secs(120))
+        .expect("pgbench hung");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 #[test]
 fn pgbench_through_tls_in_transaction_pooling() {
     let certs = Certs::new();
@@ -404,23 +452,11 @@ fn pgbench_through_tls_in_transaction_pooling() {
         .setting("pool_mode", "transaction")
         .setting("default_pool_size", "2")
         .start();
-    let mut cmd = Command::new("pgbench");
-    support::clear_pg_env(&mut cmd);
-    cmd.env("PGPASSWORD", support::MD5_PASSWORD)
-        .env("PGSSLMODE", "require")
-        .env("PGSSLCERT", "/nonexistent/sluice-test.crt")
-        .args(["-n", "-c", "6", "-t", "200", "-M", "extended", "-f", "-"])
-        .args(["-h", "127.0.0.1", "-p", &s.port().to_string()])
-        .args(["-U", support::MD5_USER, support::TEST_DB]);
-    let script = "SELECT generate_series(1, 100);\n";
-    let out = support::run_bounded(&mut cmd, Some(script), Duration::from_secs(120))
-        .expect("pgbench hung");
-    let report = String::from_utf8_lossy(&out.stdout);
+    let args = ["-c", "6", "-t", "200", "-M", "extended"];
+    let out = pgbench(&s, &args, "SELECT generate_series(1, 100);\n");
     assert!(
-        out.status.success()
-            && report.contains("number of transactions actually processed: 1200/1200"),
-        "{report}\n{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
+        out.contains("number of transactions actually processed: 1200/1200"),
+        "{out}\n{}",
         s.diagnostics()
     );
 }
