@@ -83,7 +83,7 @@ async fn drain(app: &App, db: Option<&str>) {
     }
 }
 
-/// PAUSE [db].
+/// `PAUSE [db]`.
 pub async fn pause(ctx: &mut Ctx<'_>, db: &str) -> Result<(), CmdError> {
     ctx.need_admin()?;
     let app = ctx.app;
@@ -109,7 +109,7 @@ pub async fn pause(ctx: &mut Ctx<'_>, db: &str) -> Result<(), CmdError> {
     Ok(())
 }
 
-/// RESUME [db].
+/// `RESUME [db]`.
 pub fn resume(ctx: &mut Ctx<'_>, db: &str) -> Result<(), CmdError> {
     ctx.need_admin()?;
     let app = ctx.app;
