@@ -186,7 +186,7 @@ pub fn disable(ctx: &mut Ctx<'_>, db: &str, disable: bool) -> Result<(), CmdErro
     Ok(())
 }
 
-/// RECONNECT [db]: servers close when next released; new ones replace them.
+/// `RECONNECT [db]`: servers close when next released; new ones replace them.
 pub fn reconnect(ctx: &mut Ctx<'_>, db: &str) -> Result<(), CmdError> {
     ctx.need_admin()?;
     let db = (!db.is_empty()).then_some(db);
@@ -204,7 +204,7 @@ pub fn reconnect(ctx: &mut Ctx<'_>, db: &str) -> Result<(), CmdError> {
     Ok(())
 }
 
-/// KILL [db]: drops the clients and servers at once and leaves the database (or, with
+/// `KILL [db]`: drops the clients and servers at once and leaves the database (or, with
 /// no argument, the pooler) paused until RESUME.
 pub fn kill(ctx: &mut Ctx<'_>, db: &str) -> Result<(), CmdError> {
     ctx.need_admin()?;
@@ -285,7 +285,7 @@ fn closing_servers(app: &App, db: Option<&str>) -> usize {
         .sum()
 }
 
-/// WAIT_CLOSE [db]: waits until the servers marked for closing are gone.
+/// `WAIT_CLOSE [db]`: waits until the servers marked for closing are gone.
 pub async fn wait_close(ctx: &mut Ctx<'_>, db: &str) -> Result<(), CmdError> {
     ctx.need_admin()?;
     let db = (!db.is_empty()).then_some(db);
