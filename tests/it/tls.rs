@@ -270,40 +270,97 @@ fn a_tls_client_is_not_taken_for_the_os_user() {
     );
 }
 
+/// Client certificates checked against `client_tls_ca_file`: required from
+/// `verify-ca` on; optional below it, but one that is offered must verify.
 #[test]
-fn verify_ca_requires_a_client_certificate_from_the_ca() {
+fn client_certificates_are_checked_against_the_ca() {
     let certs = Certs::new();
-    let s = certs
-        .sluice("verify-ca")
-        .setting("client_tls_ca_file", &certs.path("ca.pem"))
-        .start();
-    let (cert, key) = (certs.path("client.pem"), certs.path("client.key"));
-    let with_cert = [
+    let (ours, ours_key) = (certs.path("client.pem"), certs.path("client.key"));
+    let (other, other_key) = (certs.path("stranger.pem"), certs.path("stranger.key"));
+    let ours = [
         ("PGSSLMODE", "require"),
-        ("PGSSLCERT", cert.as_str()),
-        ("PGSSLKEY", key.as_str()),
+        ("PGSSLCERT", ours.as_str()),
+        ("PGSSLKEY", ours_key.as_str()),
     ];
-    assert!(conninfo(&s, &with_cert).contains("SSL connection"));
-    let text = refused(&s, &[("PGSSLMODE", "require")]);
-    assert!(text.contains("certificate required"), "{text}");
+    let stranger = [
+        ("PGSSLMODE", "require"),
+        ("PGSSLCERT", other.as_str()),
+        ("PGSSLKEY", other_key.as_str()),
+    ];
+    for mode in ["verify-ca", "prefer"] {
+        let s = certs
+            .sluice(mode)
+            .setting("client_tls_ca_file", &certs.path("ca.pem"))
+            .start();
+        assert!(conninfo(&s, &ours).contains("SSL connection"), "{mode}");
+        let none = [("PGSSLMODE", "require")];
+        if mode == "verify-ca" {
+            let text = refused(&s, &none);
+            assert!(text.contains("certificate required"), "{text}");
+            assert!(
+                wait_until(Duration::from_secs(5), || s
+                    .log()
+                    .contains("TLS handshake failed")),
+                "{}",
+                s.diagnostics()
+            );
+        } else {
+            assert!(conninfo(&s, &none).contains("SSL connection"), "{mode}");
+        }
+        // A certificate from a CA Sluice does not know, in either mode.
+        let text = refused(&s, &stranger);
+        assert!(text.contains("unknown ca"), "{mode}: {text}");
+    }
+}
+
+/// libpq sends its CancelRequest on a new connection without TLS; `require` must
+/// still take it (as PgBouncer does), so psql's Ctrl-C cancels a query over TLS.
+#[test]
+fn a_tls_client_s_query_is_cancelled_under_require() {
+    let certs = Certs::new();
+    let s = certs.sluice("require").start();
+    let mut cmd = support::psql_cmd_pw(
+        s.port(),
+        "127.0.0.1",
+        support::MD5_USER,
+        support::TEST_DB,
+        support::MD5_PASSWORD,
+    );
+    cmd.env("PGSSLMODE", "require")
+        .env("PGSSLCERT", "/nonexistent/sluice-test.crt")
+        .args(["-c", "SELECT pg_sleep(60)"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = cmd.spawn().expect("psql");
+    let pid = child.id() as libc::pid_t;
+    // Cancel once the query runs in PostgreSQL.
+    let running = wait_until(Duration::from_secs(20), || {
+        support::pg()
+            .psql("SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)'")
+            .trim()
+            == "1"
+    });
+    assert!(running, "the query never ran\n{}", s.diagnostics());
+    // SAFETY: kill has no memory preconditions; pid is our own child, not yet reaped.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let (done, waited) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    let out = match waited.recv_timeout(T) {
+        Ok(out) => out.expect("psql"),
+        Err(_) => {
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("psql was not cancelled\n{}", s.diagnostics());
+        }
+    };
+    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        wait_until(Duration::from_secs(5), || s
-            .log()
-            .contains("TLS handshake failed")),
-        "{}",
+        err.contains("canceling statement due to user request"),
+        "{err}\n{}",
         s.diagnostics()
     );
-    // A certificate from a CA Sluice does not know.
-    let (cert, key) = (certs.path("stranger.pem"), certs.path("stranger.key"));
-    let text = refused(
-        &s,
-        &[
-            ("PGSSLMODE", "require"),
-            ("PGSSLCERT", cert.as_str()),
-            ("PGSSLKEY", key.as_str()),
-        ],
-    );
-    assert!(text.contains("unknown ca"), "{text}");
 }
 
 #[test]
