@@ -72,6 +72,16 @@ pub fn protocols(v: &str) -> Result<(Vec<&'static SupportedProtocolVersion>, boo
     Ok((versions, set & 0b0011 != 0))
 }
 
+/// The most application data one TLS record carries to a client. libpq reads with
+/// room for at least 8 kB and OpenSSL returns one record per read, so a larger record
+/// can leave plaintext in OpenSSL's buffer, where an application that waits on the
+/// socket (pgbench, or any driver on libpq's asynchronous API) never sees it and
+/// hangs; PostgreSQL itself sends records of at most 8 kB. Found by a pgbench pipeline
+/// that hung at its end about one run in six with rustls's default of 16 kB.
+pub const MAX_RECORD_PLAINTEXT: usize = 8192;
+/// A TLS record's header, which rustls counts in its fragment size.
+const RECORD_HEADER: usize = 5;
+
 /// The acceptor's configuration for `client_tls_*`; None when `client_tls_sslmode` is
 /// `disable`. A CA file makes client certificates checked: required from
 /// `verify-ca` on, optional below it (a certificate offered must still verify).
@@ -112,9 +122,10 @@ pub fn acceptor(s: &Settings) -> Result<Option<Arc<ServerConfig>>, TlsSetupError
         None => builder.with_no_client_auth(),
     };
     let key = PrivateKeyDer::from_pem_file(key_file).map_err(|e| pem_error(key_file, e))?;
-    let config = builder
+    let mut config = builder
         .with_single_cert(certificates(cert_file)?, key)
         .map_err(|e| invalid(key_file, e))?;
+    config.max_fragment_size = Some(MAX_RECORD_PLAINTEXT + RECORD_HEADER);
     Ok(Some(Arc::new(config)))
 }
 

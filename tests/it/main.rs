@@ -25,4 +25,5 @@ mod signals;
 mod sleep;
 mod startup;
 mod tls;
+mod tls_records;
 mod txn;

@@ -17,12 +17,12 @@ const T: Duration = Duration::from_secs(30);
 /// A CA, a server certificate for `localhost`/127.0.0.1 and a client certificate
 /// for [`support::MD5_USER`], all signed by the CA; a second CA, and a client
 /// certificate it signed.
-struct Certs {
+pub(crate) struct Certs {
     dir: TempDir,
 }
 
 impl Certs {
-    fn new() -> Certs {
+    pub(crate) fn new() -> Certs {
         let dir = TempDir::new("sluice-tls");
         let ca = |name: &str| {
             let key = KeyPair::generate().expect("key");
@@ -59,12 +59,12 @@ impl Certs {
         Certs { dir }
     }
 
-    fn path(&self, name: &str) -> String {
+    pub(crate) fn path(&self, name: &str) -> String {
         self.dir.join(name).display().to_string()
     }
 
     /// A Sluice with md5 users and `client_tls_sslmode = mode`.
-    fn sluice(&self, mode: &str) -> SluiceBuilder {
+    pub(crate) fn sluice(&self, mode: &str) -> SluiceBuilder {
         SluiceBuilder::new()
             .setting("client_tls_sslmode", mode)
             .setting("client_tls_key_file", &self.path("server.key"))
