@@ -153,6 +153,7 @@ struct ServerView {
     backend_pid: u32,
     application_name: String,
     prepared: u32,
+    tls: crate::tls::TlsInfo,
 }
 
 fn server_row(s: &ServerView, debug: bool) -> Vec<Cell> {
@@ -179,7 +180,7 @@ fn server_row(s: &ServerView, debug: bool) -> Vec<Cell> {
         server_ptr(s.id).into(),
         s.link.map(client_ptr).unwrap_or_default().into(),
         s.backend_pid.into(),
-        "".into(),
+        s.tls.to_string().into(),
         s.application_name.clone().into(),
         s.prepared.into(),
         s.id.into(),
@@ -216,6 +217,7 @@ fn server_views(app: &App) -> Vec<ServerView> {
                     backend_pid: s.backend_pid,
                     application_name: c.meta.application_name.to_string(),
                     prepared: s.prepared(),
+                    tls: s.tls,
                 });
             }
         }
@@ -238,6 +240,7 @@ fn server_views(app: &App) -> Vec<ServerView> {
                 backend_pid: ident.backend_pid,
                 application_name: String::new(),
                 prepared: s.prepared,
+                tls: ident.tls,
             });
         }
     }

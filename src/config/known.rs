@@ -17,8 +17,6 @@ pub(super) enum Kind {
     Bool,
     /// Accepted and ignored; the value must be a number of seconds.
     Time,
-    /// Accepted and ignored; the value must be an sslmode.
-    TlsMode,
 }
 
 use Kind::*;
@@ -101,12 +99,12 @@ pub(super) const KNOWN: &[(&str, &str, Kind)] = &[
     ("server_reset_query_always", "0", Implemented),
     ("server_round_robin", "0", Implemented),
     ("server_tls13_ciphers", "", Str),
-    ("server_tls_ca_file", "", Str),
-    ("server_tls_cert_file", "", Str),
+    ("server_tls_ca_file", "", Implemented),
+    ("server_tls_cert_file", "", Implemented),
     ("server_tls_ciphers", "default", Str),
-    ("server_tls_key_file", "", Str),
-    ("server_tls_protocols", "secure", Str),
-    ("server_tls_sslmode", "prefer", TlsMode),
+    ("server_tls_key_file", "", Implemented),
+    ("server_tls_protocols", "secure", Implemented),
+    ("server_tls_sslmode", "prefer", Implemented),
     ("service_name", "", Str),
     ("so_reuseport", "0", Implemented),
     ("stats_period", "60", Implemented),

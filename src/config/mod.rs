@@ -47,10 +47,32 @@ fn client_tls(
     file: &Path,
     line: usize,
 ) -> Result<Option<std::sync::Arc<rustls::ServerConfig>>, ConfigError> {
-    crate::tls::acceptor(s).map_err(|e| match e {
+    crate::tls::acceptor(s).map_err(|e| tls_error(e, file, line))
+}
+
+/// The server TLS configuration, with errors as [`client_tls`]'s.
+fn server_tls(
+    s: &Settings,
+    file: &Path,
+    line: usize,
+) -> Result<Option<std::sync::Arc<crate::tls::server::ServerTls>>, ConfigError> {
+    let tls = crate::tls::server::connector(s).map_err(|e| tls_error(e, file, line))?;
+    Ok(tls.map(std::sync::Arc::new))
+}
+
+fn tls_error(e: crate::tls::TlsSetupError, file: &Path, line: usize) -> ConfigError {
+    match e {
         crate::tls::TlsSetupError::Io { file, source } => ConfigError::io(&file, source),
         crate::tls::TlsSetupError::Invalid(m) => ConfigError::at(file, line, m),
-    })
+    }
+}
+
+/// Where a problem of a TLS configuration as a whole is reported: the line setting
+/// `mode_key`, else the ini itself.
+fn mode_line<'a>(ini: &'a Ini, mode_key: &str, path: &'a Path) -> (&'a Path, usize) {
+    (ini.entries.iter())
+        .rfind(|e| e.section == "pgbouncer" && e.key == mode_key)
+        .map_or((path, 0), |e| (e.file.as_path(), e.line))
 }
 
 /// The database name clients use for the admin console; never a pooled database.
@@ -131,10 +153,10 @@ impl Config {
             None => NameMap::default(),
         };
         // A problem that is no one file's is reported at the line setting the mode.
-        let (mode_file, mode_line) = (ini.entries.iter())
-            .rfind(|e| e.section == "pgbouncer" && e.key == "client_tls_sslmode")
-            .map_or((path, 0), |e| (e.file.as_path(), e.line));
-        let client_tls = client_tls(&settings, mode_file, mode_line)?;
+        let (file, line) = mode_line(&ini, "client_tls_sslmode", path);
+        let client_tls = client_tls(&settings, file, line)?;
+        let (file, line) = mode_line(&ini, "server_tls_sslmode", path);
+        let server_tls = server_tls(&settings, file, line)?;
         Ok(Config {
             path: path.to_path_buf(),
             settings,
@@ -146,6 +168,7 @@ impl Config {
             derived_secrets: Default::default(),
             warnings,
             client_tls,
+            server_tls,
         })
     }
 
@@ -163,6 +186,9 @@ impl Config {
         }
         if key.starts_with("client_tls") {
             new.client_tls = client_tls(&new.settings, &self.path, 0)?;
+        }
+        if key.starts_with("server_tls") {
+            new.server_tls = server_tls(&new.settings, &self.path, 0)?;
         }
         for w in warnings {
             tracing::warn!("{w}");

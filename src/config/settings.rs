@@ -45,6 +45,11 @@ impl Default for Settings {
             client_tls_cert_file: None,
             client_tls_ca_file: None,
             client_tls_protocols: "secure".to_string(),
+            server_tls_sslmode: SslMode::Prefer,
+            server_tls_key_file: None,
+            server_tls_cert_file: None,
+            server_tls_ca_file: None,
+            server_tls_protocols: "secure".to_string(),
             pool_mode: PoolMode::Session,
             default_pool_size: 20,
             min_pool_size: 0,
@@ -155,7 +160,6 @@ pub(crate) fn apply_setting(
             Int => Some(parse_int::<i64>(value).map_err(bad)?) == parse_int::<i64>(default).ok(),
             Bool => Some(parse_bool(value).map_err(bad)?) == parse_bool(default).ok(),
             Time => Some(parse_seconds(value).map_err(bad)?) == parse_seconds(default).ok(),
-            TlsMode => Some(parse_sslmode(value).map_err(bad)?) == parse_sslmode(default).ok(),
             Str | Implemented => value.eq_ignore_ascii_case(default),
         };
         if !is_default {
@@ -194,9 +198,13 @@ fn set_implemented(s: &mut Settings, name: &str, v: &str) -> Result<Option<Strin
         "client_tls_ca_file" => s.client_tls_ca_file = opt_str(v).map(PathBuf::from),
         "client_tls_cert_file" => s.client_tls_cert_file = opt_str(v).map(PathBuf::from),
         "client_tls_key_file" => s.client_tls_key_file = opt_str(v).map(PathBuf::from),
-        "client_tls_protocols" => {
+        "client_tls_protocols" | "server_tls_protocols" => {
             let (_, dropped) = crate::tls::protocols(v)?;
-            s.client_tls_protocols = v.to_string();
+            if name == "client_tls_protocols" {
+                s.client_tls_protocols = v.to_string();
+            } else {
+                s.server_tls_protocols = v.to_string();
+            }
             if dropped {
                 return Ok(Some(
                     "TLS 1.0 and 1.1 are not offered by Sluice; only TLS 1.2 and 1.3".into(),
@@ -204,6 +212,10 @@ fn set_implemented(s: &mut Settings, name: &str, v: &str) -> Result<Option<Strin
             }
         }
         "client_tls_sslmode" => s.client_tls_sslmode = parse_sslmode(v)?,
+        "server_tls_ca_file" => s.server_tls_ca_file = opt_str(v).map(PathBuf::from),
+        "server_tls_cert_file" => s.server_tls_cert_file = opt_str(v).map(PathBuf::from),
+        "server_tls_key_file" => s.server_tls_key_file = opt_str(v).map(PathBuf::from),
+        "server_tls_sslmode" => s.server_tls_sslmode = parse_sslmode(v)?,
         "default_pool_size" => s.default_pool_size = parse_int(v)?,
         "idle_transaction_timeout" => s.idle_transaction_timeout = parse_seconds(v)?,
         "ignore_startup_parameters" => s.ignore_startup_parameters = parse_list(v),

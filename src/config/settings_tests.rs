@@ -210,7 +210,7 @@ fn unimplemented_settings_warn_unless_default() {
         assert!(set(k, v).unwrap().1.is_empty(), "{k} = {v}");
     }
     for (k, v) in [
-        ("server_tls_sslmode", "require"),
+        ("server_tls_ciphers", "fast"),
         ("pool_idle_timeout", "30"),
         ("login_notify_message", "hi"),
         ("syslog_facility", "local0"),

@@ -115,6 +115,14 @@ pub struct Settings {
     pub client_tls_ca_file: Option<PathBuf>,
     /// The TLS versions offered, as PgBouncer writes them (`secure`, `tlsv1.3`, ...).
     pub client_tls_protocols: String,
+    /// TLS towards servers on TCP (never on a UNIX socket, as in PgBouncer).
+    pub server_tls_sslmode: SslMode,
+    /// A client certificate and its key, for servers that ask for one.
+    pub server_tls_key_file: Option<PathBuf>,
+    pub server_tls_cert_file: Option<PathBuf>,
+    /// Roots that server certificates are checked against (`verify-ca`, `verify-full`).
+    pub server_tls_ca_file: Option<PathBuf>,
+    pub server_tls_protocols: String,
     pub pool_mode: PoolMode,
     /// 0 means unlimited (PgBouncer 1.24+).
     pub default_pool_size: u32,
@@ -265,4 +273,7 @@ pub struct Config {
     /// The TLS acceptor's configuration, built from `client_tls_*` and the files they
     /// name at each load; None when `client_tls_sslmode` is `disable`.
     pub client_tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    /// The TLS connector for server connections, from `server_tls_*`; None when
+    /// `server_tls_sslmode` is `disable`.
+    pub server_tls: Option<std::sync::Arc<crate::tls::server::ServerTls>>,
 }

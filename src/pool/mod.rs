@@ -12,6 +12,7 @@ mod line;
 pub mod lookup;
 pub mod registry;
 pub mod server;
+mod server_tls;
 mod slot;
 pub mod target;
 

@@ -91,6 +91,8 @@ pub struct ServerIdent {
     pub generation: u64,
     /// The local end of the socket (SHOW SERVERS `local_addr`/`local_port`).
     pub local_addr: Option<std::net::SocketAddr>,
+    /// What TLS negotiated (SHOW SERVERS `tls`); all zero for plaintext.
+    pub tls: crate::tls::TlsInfo,
     /// Prepared statements it held when last linked (SHOW SERVERS); written only by
     /// the client that links it.
     prepared: AtomicU32,
@@ -106,6 +108,7 @@ impl ServerIdent {
             created: Tick::now(),
             generation,
             local_addr: None,
+            tls: Default::default(),
             prepared: AtomicU32::new(0),
         }
     }
@@ -295,7 +298,24 @@ pub(crate) async fn connect(
     generation: u64,
     slot: SlotToken,
 ) -> Result<ServerConn, PoolError> {
-    let stream = open(&cfg.addr, cfg.server_connect_timeout, &cfg.tcp).await?;
+    let mut stream = open(&cfg.addr, cfg.server_connect_timeout, &cfg.tcp).await?;
+    // Before TLS puts a socket pair in its place.
+    let local_addr = stream.local_addr();
+    let limit = if cfg.server_connect_timeout.is_zero() {
+        Duration::from_secs(3600)
+    } else {
+        cfg.server_connect_timeout
+    };
+    let tls = match &cfg.tls {
+        Some(tls) => {
+            let negotiate = super::server_tls::negotiate(&mut stream, &cfg.addr, tls);
+            match crate::timer::timeout(limit, negotiate).await {
+                Ok(r) => r?,
+                Err(_) => return Err(PoolError::Connect(format!("{}: TLS timed out", cfg.addr))),
+            }
+        }
+        None => Default::default(),
+    };
     let mut out = BytesMut::with_capacity(256);
     let mut params: Vec<(&str, &str)> = vec![("user", &cfg.user), ("database", &cfg.dbname)];
     for (k, v) in &cfg.startup {
@@ -310,17 +330,13 @@ pub(crate) async fn connect(
         scram: None,
         scram_verified: false,
     };
-    let limit = if cfg.server_connect_timeout.is_zero() {
-        Duration::from_secs(3600)
-    } else {
-        cfg.server_connect_timeout
-    };
     let (pid, key, server_params) = match crate::timer::timeout(limit, login.run(&stream)).await {
         Ok(r) => r?,
         Err(_) => return Err(PoolError::Connect(format!("{}: login timed out", cfg.addr))),
     };
     let ident = ServerIdent {
-        local_addr: stream.local_addr(),
+        local_addr,
+        tls,
         ..ServerIdent::new(id, (pid, key), cfg.addr.clone(), generation)
     };
     let now = ident.created;

@@ -76,6 +76,8 @@ pub struct PoolConfig {
     pub server_check_delay: Duration,
     /// TCP options for its server connections (`net::tune`).
     pub tcp: TcpTuning,
+    /// TLS for a server on TCP (`server_tls_*`); None: plaintext.
+    pub tls: Option<std::sync::Arc<crate::tls::server::ServerTls>>,
 }
 
 /// What lending and taking back a connection need of the settings: a copy kept in
@@ -134,6 +136,10 @@ impl PoolConfig {
             Some(h) if !h.is_empty() => ServerAddr::for_host(h, port),
             _ => ServerAddr::Unix(default_socket_dir(&s.unix_socket_dir), port),
         };
+        let tls = match addr {
+            ServerAddr::Tcp(..) => cfg.server_tls.clone(),
+            ServerAddr::Unix(..) => None,
+        };
         let mut startup = Vec::new();
         for (k, v) in [
             ("client_encoding", &db.client_encoding),
@@ -182,6 +188,7 @@ impl PoolConfig {
             server_check_query: (!s.server_check_disabled).then(|| s.server_check_query.clone()),
             server_check_delay: s.server_check_delay,
             tcp: TcpTuning::from_settings(s),
+            tls,
         }
     }
 
@@ -193,6 +200,7 @@ impl PoolConfig {
             || self.secret != new.secret
             || self.startup != new.startup
             || self.connect_query != new.connect_query
+            || self.tls != new.tls
     }
 }
 

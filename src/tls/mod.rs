@@ -5,6 +5,7 @@
 //!
 //! rustls with the ring provider: TLS 1.2 and 1.3 only, its default cipher suites.
 
+pub mod server;
 pub mod tunnel;
 
 use std::path::{Path, PathBuf};
@@ -175,7 +176,7 @@ pub struct TlsInfo {
 
 impl TlsInfo {
     /// The parameters of an established connection.
-    pub fn of(c: &rustls::ServerConnection) -> TlsInfo {
+    pub fn of(c: &rustls::CommonState) -> TlsInfo {
         let position = |found: Option<usize>| found.map_or(0, |i| (i + 1) as u8);
         let suite = c.negotiated_cipher_suite().map(|s| s.suite());
         let group = c.negotiated_key_exchange_group().map(|g| g.name());

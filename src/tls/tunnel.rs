@@ -1,8 +1,9 @@
-//! A TLS client's connection: the handshake, then a task that passes bytes between
-//! the TLS session and one end of a socket pair, whose other end becomes the
-//! client's [`Stream`]. The session, the relay and the idle-client keeper see a
-//! plain socket as for any other client, so none of them changes and plaintext
-//! clients pay nothing for TLS; a TLS client pays a hop through the pair each way.
+//! A TLS connection, a client's or a server's: the handshake, then a task that passes
+//! bytes between the TLS session and one end of a socket pair, whose other end
+//! becomes the connection's [`Stream`]. The session, the relay, the pools and the
+//! idle-client keeper see a plain socket as for any other connection, so none of
+//! them changes and plaintext connections pay nothing for TLS; a TLS one pays a hop
+//! through the pair each way.
 
 use std::io;
 use std::os::unix::net::UnixStream as StdUnixStream;
@@ -13,10 +14,12 @@ use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::task::Poll;
 
+use rustls::pki_types::ServerName;
+use rustls::ClientConfig;
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
-use tokio_rustls::server::TlsStream;
-use tokio_rustls::TlsAcceptor;
+use tokio::net::TcpStream;
+use tokio_rustls::{TlsAcceptor, TlsConnector, TlsStream};
 
 use super::TlsInfo;
 use crate::net::{bufpool, StdStream, Stream};
@@ -25,35 +28,62 @@ use crate::net::{bufpool, StdStream, Stream};
 /// puts the plaintext end of a new socket pair in its place. On an error `stream` is
 /// left as a closed pair end, and the TCP connection is closed.
 pub async fn accept(config: Arc<ServerConfig>, stream: &mut Stream) -> io::Result<TlsInfo> {
-    let (inner, outer) = StdUnixStream::pair()?;
-    inner.set_nonblocking(true)?;
-    outer.set_nonblocking(true)?;
-    let inner = Stream::from_std(StdStream::Unix(inner))?;
-    let tcp = match std::mem::replace(stream, inner).into_std() {
-        StdStream::Tcp(s) => tokio::net::TcpStream::from_std(s)?,
-        StdStream::Unix(_) => {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "TLS is only for TCP clients",
-            ))
-        }
-    };
+    let (tcp, outer) = swap_in_pair(stream)?;
     let tls = TlsAcceptor::from(config)
         .accept(tcp)
         .await
         .map_err(|e| io::Error::new(e.kind(), format!("TLS handshake failed: {e}")))?;
     let info = TlsInfo::of(tls.get_ref().1);
+    start(tls.into(), outer)?;
+    Ok(info)
+}
+
+/// The same for a server connection that answered `S` to an SSLRequest: Sluice is
+/// the TLS client, checking the server as `config` says, under the name `name`.
+pub async fn connect(
+    config: Arc<ClientConfig>,
+    name: ServerName<'static>,
+    stream: &mut Stream,
+) -> io::Result<TlsInfo> {
+    let (tcp, outer) = swap_in_pair(stream)?;
+    let tls = TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+        .map_err(|e| io::Error::new(e.kind(), format!("TLS handshake failed: {e}")))?;
+    let info = TlsInfo::of(tls.get_ref().1);
+    start(tls.into(), outer)?;
+    Ok(info)
+}
+
+/// Puts one end of a new socket pair in `stream`'s place; returns the TCP socket it
+/// held and the pair's other end.
+fn swap_in_pair(stream: &mut Stream) -> io::Result<(TcpStream, StdUnixStream)> {
+    let (inner, outer) = StdUnixStream::pair()?;
+    inner.set_nonblocking(true)?;
+    outer.set_nonblocking(true)?;
+    let inner = Stream::from_std(StdStream::Unix(inner))?;
+    match std::mem::replace(stream, inner).into_std() {
+        StdStream::Tcp(s) => Ok((TcpStream::from_std(s)?, outer)),
+        StdStream::Unix(_) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "TLS is only for TCP connections",
+        )),
+    }
+}
+
+/// Spawns the task that carries bytes between `tls` and `outer`.
+fn start(tls: TlsStream<TcpStream>, outer: StdUnixStream) -> io::Result<()> {
     let outer = tokio::net::UnixStream::from_std(outer)?;
     tokio::spawn(Box::pin(carry(tls, outer)));
-    Ok(info)
+    Ok(())
 }
 
 /// The TLS session, shared by the tunnel's two directions. Both run in one task and
 /// lock it only inside a single poll, never across an await, so the lock is never
 /// contended (a Mutex rather than a RefCell only because the task must be Send).
-type Shared = Mutex<TlsStream<tokio::net::TcpStream>>;
+type Shared = Mutex<TlsStream<TcpStream>>;
 
-fn lock(tls: &Shared) -> std::sync::MutexGuard<'_, TlsStream<tokio::net::TcpStream>> {
+fn lock(tls: &Shared) -> std::sync::MutexGuard<'_, TlsStream<TcpStream>> {
     // Nothing panics while holding it; were it poisoned, the stream is still whole.
     tls.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -68,7 +98,7 @@ fn lock(tls: &Shared) -> std::sync::MutexGuard<'_, TlsStream<tokio::net::TcpStre
 /// would deadlock both). Each waits for its socket to be readable and only then takes
 /// a buffer from the per-thread pool, giving it back once the socket has nothing
 /// more: an idle TLS client holds no buffer.
-async fn carry(tls: TlsStream<tokio::net::TcpStream>, plain: tokio::net::UnixStream) {
+async fn carry(tls: TlsStream<TcpStream>, plain: tokio::net::UnixStream) {
     let tls = Mutex::new(tls);
     let (mut plain_r, mut plain_w) = plain.into_split();
     tokio::select! {

@@ -42,11 +42,18 @@ fn read_exact_or_eof(s: &mut TcpStream, n: usize) -> Option<Vec<u8>> {
     s.read_exact(&mut v).ok().map(|_| v)
 }
 
-/// Reads the untagged StartupMessage.
+/// Reads the untagged StartupMessage, answering `N` to an SSLRequest before it (as a
+/// server without TLS does; Sluice asks first under the default `prefer`).
 fn read_startup(s: &mut TcpStream) -> Option<Vec<u8>> {
-    let len = read_exact_or_eof(s, 4)?;
-    let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
-    read_exact_or_eof(s, len.checked_sub(4)?)
+    loop {
+        let len = read_exact_or_eof(s, 4)?;
+        let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
+        let body = read_exact_or_eof(s, len.checked_sub(4)?)?;
+        if body != 80877103u32.to_be_bytes() {
+            return Some(body);
+        }
+        s.write_all(b"N").ok()?;
+    }
 }
 
 /// Reads one tagged frontend message.

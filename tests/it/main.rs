@@ -26,4 +26,5 @@ mod sleep;
 mod startup;
 mod tls;
 mod tls_records;
+mod tls_server;
 mod txn;

@@ -50,6 +50,13 @@ impl Certs {
                 "stranger",
                 leaf(Vec::new(), support::MD5_USER, (&other_ca, &other_key)),
             ),
+            // For PostgreSQL (tls_server.rs): named for localhost only, and a client
+            // certificate for `cert` authentication as sluice_plain.
+            (
+                "localhost",
+                leaf(vec!["localhost".into()], "localhost", ours),
+            ),
+            ("plain", leaf(Vec::new(), support::PLAIN_USER, ours)),
         ] {
             dir.write(&format!("{name}.pem"), &cert);
             write_key(&dir, &format!("{name}.key"), &key);
@@ -61,6 +68,11 @@ impl Certs {
 
     pub(crate) fn path(&self, name: &str) -> String {
         self.dir.join(name).display().to_string()
+    }
+
+    /// A file's contents.
+    pub(crate) fn pem(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.join(name)).expect("certificate file")
     }
 
     /// A Sluice with md5 users and `client_tls_sslmode = mode`.
@@ -399,18 +411,9 @@ fn a_reload_turns_tls_on() {
     let certs = Certs::new();
     let mut s = certs.sluice("disable").start();
     assert!(!conninfo(&s, &[("PGSSLMODE", "prefer")]).contains("SSL"));
-    let ini = std::fs::read_to_string(s.ini_path()).expect("ini");
-    s.rewrite_ini(&ini.replace(
+    s.reload_replacing(
         "client_tls_sslmode = disable",
         "client_tls_sslmode = require",
-    ));
-    s.signal(libc::SIGHUP);
-    assert!(
-        wait_until(Duration::from_secs(5), || s
-            .log()
-            .contains("config reloaded")),
-        "{}",
-        s.diagnostics()
     );
     assert!(conninfo(&s, &[("PGSSLMODE", "prefer")]).contains("SSL connection"));
     let text = refused(&s, &[("PGSSLMODE", "disable")]);

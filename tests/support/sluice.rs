@@ -492,6 +492,20 @@ impl Sluice {
             .unwrap_or_else(|e| panic!("write {}: {e}", self.ini_path.display()));
     }
 
+    /// Replaces `from` with `to` in the ini (`from` must be there), sends SIGHUP and
+    /// waits for the reload to be logged. Panics with the diagnostics if it is not.
+    pub fn reload_replacing(&mut self, from: &str, to: &str) {
+        let ini = read_lossy(&self.ini_path);
+        assert!(ini.contains(from), "{from:?} not in the ini:\n{ini}");
+        self.rewrite_ini(&ini.replace(from, to));
+        let before = self.log().matches("config reloaded").count();
+        self.signal(libc::SIGHUP);
+        let reloaded = crate::support::wait_until(Duration::from_secs(5), || {
+            self.log().matches("config reloaded").count() > before
+        });
+        assert!(reloaded, "no reload logged\n{}", self.diagnostics());
+    }
+
     /// Waits up to `timeout` for the process to exit; `None` if still running.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let deadline = Instant::now() + timeout;

@@ -59,6 +59,40 @@ impl PrivatePg {
         self.start_again();
     }
 
+    /// Turns TLS on: writes `files` (name, PEM) into the data directory, owned by the
+    /// server's user and readable by it alone, puts `hba` before the harness's own
+    /// pg_hba.conf lines, sets `settings` (`ssl = on`, the file names) and reloads,
+    /// waiting until new sessions see `ssl` on.
+    pub fn enable_tls(&self, files: &[(&str, &str)], hba: &str, settings: &[(&str, &str)]) {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = &self.server.data_dir;
+        let owner = std::fs::metadata(dir).expect("data dir");
+        for (name, pem) in files {
+            let path = dir.join(name);
+            std::fs::write(&path, pem).expect("write a TLS file");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+            std::os::unix::fs::chown(&path, Some(owner.uid()), Some(owner.gid())).expect("chown");
+        }
+        let hba_path = dir.join("pg_hba.conf");
+        let old = std::fs::read_to_string(&hba_path).expect("read pg_hba.conf");
+        std::fs::write(&hba_path, format!("{hba}\n{old}")).expect("write pg_hba.conf");
+        let mut sql = String::new();
+        for (k, v) in settings {
+            sql.push_str(&format!("ALTER SYSTEM SET {k} = '{v}';\n"));
+        }
+        sql.push_str("SELECT pg_reload_conf();\n");
+        self.server.psql(&sql);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while self.server.psql("SHOW ssl").trim() != "on" {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "ssl still off\n{}",
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     fn log_tail(&self) -> String {
         tail(&read_lossy(&self.server.log_path), 30)
     }

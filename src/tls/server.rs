@@ -1,0 +1,220 @@
+//! TLS towards servers (`server_tls_*`): the connector's configuration, built from the
+//! settings at every load, and how far a server's certificate is checked.
+//!
+//! As libpq and PgBouncer: `allow`, `prefer` and `require` encrypt without checking
+//! who answers; `verify-ca` checks the chain against `server_tls_ca_file`;
+//! `verify-full` checks the host name too.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore};
+use rustls::{Error, SignatureScheme};
+
+use super::{certificates, invalid, pem_error, protocols, TlsSetupError};
+use crate::config::{Settings, SslMode};
+
+/// What server connections use: the mode and the connector built for it. Two are
+/// equal when built from the same settings, so a reload that leaves `server_tls_*`
+/// alone keeps the pools' connections (as PgBouncer 1.24), though every load reads
+/// the files again.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    pub mode: SslMode,
+    pub config: Arc<ClientConfig>,
+    from: (Option<PathBuf>, Option<PathBuf>, Option<PathBuf>, String),
+}
+
+impl PartialEq for ServerTls {
+    fn eq(&self, other: &ServerTls) -> bool {
+        self.mode == other.mode && self.from == other.from
+    }
+}
+
+/// The connector for `server_tls_*`; None when `server_tls_sslmode` is `disable`.
+pub fn connector(s: &Settings) -> Result<Option<ServerTls>, TlsSetupError> {
+    let mode = s.server_tls_sslmode;
+    if mode == SslMode::Disable {
+        return Ok(None);
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let (versions, _) = protocols(&s.server_tls_protocols).map_err(TlsSetupError::Invalid)?;
+    let builder = ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&versions)
+        .map_err(|e| TlsSetupError::Invalid(format!("server_tls_protocols: {e}")))?;
+    let webpki = match (&s.server_tls_ca_file, mode) {
+        (Some(ca), SslMode::VerifyCa | SslMode::VerifyFull) => {
+            let mut roots = RootCertStore::empty();
+            for c in certificates(ca)? {
+                roots.add(c).map_err(|e| invalid(ca, e))?;
+            }
+            let webpki =
+                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone());
+            Some(webpki.build().map_err(|e| invalid(ca, e))?)
+        }
+        (None, SslMode::VerifyCa | SslMode::VerifyFull) => {
+            return Err(TlsSetupError::Invalid(
+                "server_tls_sslmode verify-ca and verify-full need server_tls_ca_file".into(),
+            ))
+        }
+        _ => None,
+    };
+    let verifier = Arc::new(Judge {
+        webpki,
+        names: mode == SslMode::VerifyFull,
+        provider,
+    });
+    let builder = builder
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
+    let config = match (&s.server_tls_key_file, &s.server_tls_cert_file) {
+        (Some(key_file), Some(cert_file)) => {
+            let key = PrivateKeyDer::from_pem_file(key_file).map_err(|e| pem_error(key_file, e))?;
+            builder
+                .with_client_auth_cert(certificates(cert_file)?, key)
+                .map_err(|e| invalid(key_file, e))?
+        }
+        (None, None) => builder.with_no_client_auth(),
+        _ => {
+            return Err(TlsSetupError::Invalid(
+                "server_tls_key_file and server_tls_cert_file go together".into(),
+            ))
+        }
+    };
+    Ok(Some(ServerTls {
+        mode,
+        config: Arc::new(config),
+        from: (
+            s.server_tls_ca_file.clone(),
+            s.server_tls_key_file.clone(),
+            s.server_tls_cert_file.clone(),
+            s.server_tls_protocols.clone(),
+        ),
+    }))
+}
+
+/// The name a server is checked against (and sent as SNI, when it is a DNS name).
+pub fn server_name(host: &str) -> Result<ServerName<'static>, String> {
+    ServerName::try_from(host.to_owned()).map_err(|e| format!("{host}: {e}"))
+}
+
+/// How a server's certificate is judged. With `webpki` (`verify-ca`, `verify-full`)
+/// the chain must lead to a root in the CA file, and the host name must match only
+/// if `names`; without (`allow`, `prefer`, `require`) any certificate is taken, as
+/// libpq does without a root file. The handshake's signature is always checked
+/// against the certificate presented.
+#[derive(Debug)]
+struct Judge {
+    webpki: Option<Arc<WebPkiServerVerifier>>,
+    names: bool,
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for Judge {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, Error> {
+        let Some(webpki) = &self.webpki else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match webpki.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
+            // rustls checks the name last, once the chain is known good.
+            Err(Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) if !self.names => Ok(ServerCertVerified::assertion()),
+            r => r,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, Error> {
+        let algorithms = &self.provider.signature_verification_algorithms;
+        verify_tls12_signature(message, cert, dss, algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, Error> {
+        let algorithms = &self.provider.signature_verification_algorithms;
+        verify_tls13_signature(message, cert, dss, algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        (self.provider.signature_verification_algorithms).supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(pairs: &[(&str, &str)]) -> Settings {
+        let mut s = Settings::default();
+        for (k, v) in pairs {
+            match *k {
+                "mode" => s.server_tls_sslmode = SslMode::parse(v).unwrap_or(SslMode::Disable),
+                "ca" => s.server_tls_ca_file = Some(PathBuf::from(v)),
+                "key" => s.server_tls_key_file = Some(PathBuf::from(v)),
+                "protocols" => s.server_tls_protocols = v.to_string(),
+                _ => unreachable!("{k}"),
+            }
+        }
+        s
+    }
+
+    fn error(pairs: &[(&str, &str)]) -> String {
+        match connector(&with(pairs)) {
+            Err(e) => e.to_string(),
+            Ok(_) => "built".into(),
+        }
+    }
+
+    #[test]
+    fn modes_and_their_needs() {
+        assert!(matches!(connector(&with(&[("mode", "disable")])), Ok(None)));
+        let prefer = connector(&with(&[])).ok().flatten();
+        assert_eq!(prefer.map(|t| t.mode), Some(SslMode::Prefer));
+        assert_eq!(
+            error(&[("mode", "verify-full")]),
+            "server_tls_sslmode verify-ca and verify-full need server_tls_ca_file"
+        );
+        assert_eq!(
+            error(&[("key", "/k.pem")]),
+            "server_tls_key_file and server_tls_cert_file go together"
+        );
+        assert!(error(&[("protocols", "tlsv1.1")]).contains("no TLS version"));
+        assert!(
+            error(&[("mode", "verify-ca"), ("ca", "/nonexistent/ca.pem")])
+                .starts_with("/nonexistent/ca.pem: cannot read")
+        );
+    }
+
+    #[test]
+    fn equal_when_built_from_the_same_settings() {
+        let a = connector(&with(&[("mode", "require")])).ok().flatten();
+        let b = connector(&with(&[("mode", "require")])).ok().flatten();
+        let c = connector(&with(&[("mode", "require"), ("protocols", "tlsv1.3")]))
+            .ok()
+            .flatten();
+        assert!(a.is_some() && a == b, "rebuilt, still equal");
+        assert_ne!(a, c);
+        assert_ne!(a, connector(&with(&[])).ok().flatten());
+    }
+}

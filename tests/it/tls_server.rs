@@ -1,0 +1,215 @@
+//! TLS towards PostgreSQL (`server_tls_*`), against a private server with `ssl = on`
+//! whose certificate names `localhost` only. The server itself reports whether a
+//! session is encrypted (`pg_stat_ssl`), so nothing here trusts Sluice's word.
+
+use std::time::Duration;
+
+use crate::support::pg::PrivatePg;
+use crate::support::{self, Sluice, SluiceBuilder, MD5_PASSWORD, MD5_USER, TEST_DB};
+use crate::tls::Certs;
+
+/// `ssl` and `version` of the server session that runs the query.
+const WHICH: &str = "SELECT ssl::text || ' ' || coalesce(version, '') \
+                     FROM pg_stat_ssl WHERE pid = pg_backend_pid()";
+
+/// A private server with TLS on: sluice_scram may log in over TLS only, and
+/// sluice_plain only with a client certificate for its name.
+fn tls_server(certs: &Certs) -> PrivatePg {
+    let pg = PrivatePg::start();
+    pg.enable_tls(
+        &[
+            ("server.crt", &certs.pem("localhost.pem")),
+            ("server.key", &certs.pem("localhost.key")),
+            ("root.crt", &certs.pem("ca.pem")),
+        ],
+        "hostnossl all sluice_scram 127.0.0.1/32 reject\n\
+         hostssl all sluice_plain 127.0.0.1/32 cert",
+        &[
+            ("ssl", "on"),
+            ("ssl_cert_file", "server.crt"),
+            ("ssl_key_file", "server.key"),
+            ("ssl_ca_file", "root.crt"),
+        ],
+    );
+    pg
+}
+
+/// A Sluice for `pg` under the name `host`, with `settings`.
+fn sluice(pg: &PrivatePg, host: &str, settings: &[(&str, &str)]) -> Sluice {
+    let mut b = SluiceBuilder::new()
+        .userlist(MD5_USER, MD5_PASSWORD)
+        .userlist(support::SCRAM_USER, support::SCRAM_PASSWORD)
+        .userlist(support::PLAIN_USER, "unused")
+        .userlist(crate::admin::ADMIN, crate::admin::ADMIN_PW)
+        .database(
+            TEST_DB,
+            &format!("host={host} port={} dbname={TEST_DB}", pg.port()),
+        );
+    for (k, v) in settings {
+        b = b.setting(k, v);
+    }
+    b.start()
+}
+
+/// What [`WHICH`] says for `user` through `s`, or the error the client got.
+async fn which(s: &Sluice, user: &str, password: &str) -> Result<String, String> {
+    let cfg = s.config(user, password, TEST_DB);
+    let connect = tokio::time::timeout(Duration::from_secs(20), cfg.connect(tokio_postgres::NoTls));
+    let (client, conn) = match connect.await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return Err(message(&e)),
+        Err(_) => return Err("login timed out".into()),
+    };
+    tokio::spawn(conn);
+    let row = client
+        .query_one(WHICH, &[])
+        .await
+        .map_err(|e| message(&e))?;
+    Ok(row.get(0))
+}
+
+/// The server's (or Sluice's) message, not tokio-postgres's "db error".
+fn message(e: &tokio_postgres::Error) -> String {
+    e.as_db_error()
+        .map_or(e.to_string(), |d| d.message().to_owned())
+}
+
+async fn md5(s: &Sluice) -> Result<String, String> {
+    which(s, MD5_USER, MD5_PASSWORD).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_tls_modes_and_certificate_checks() {
+    let (pg, certs) = tokio::task::spawn_blocking(|| {
+        let certs = Certs::new();
+        (tls_server(&certs), certs)
+    })
+    .await
+    .expect("server");
+
+    // prefer, PgBouncer's default: encrypted, and the console shows it.
+    let s = sluice(&pg, "127.0.0.1", &[]);
+    assert_eq!(md5(&s).await.as_deref(), Ok("true TLSv1.3"));
+    let servers = crate::admin::psql(&s, "SHOW SERVERS");
+    let col = servers.header.iter().position(|h| h == "tls");
+    let cells: Vec<&str> = (servers.rows.iter())
+        .filter_map(|r| col.and_then(|c| r.get(c)).map(String::as_str))
+        .collect();
+    assert!(
+        cells.len() == 1 && cells[0].starts_with("TLSv1.3/TLS_"),
+        "{servers:?}"
+    );
+    drop(s);
+
+    // disable: plaintext, which the server refuses sluice_scram.
+    let s = sluice(&pg, "127.0.0.1", &[("server_tls_sslmode", "disable")]);
+    assert_eq!(md5(&s).await.as_deref(), Ok("false "));
+    let err = which(&s, support::SCRAM_USER, support::SCRAM_PASSWORD).await;
+    assert!(
+        err.as_ref().is_err_and(|e| e.contains("no encryption")),
+        "{err:?}"
+    );
+    drop(s);
+
+    // require, TLS 1.2 only.
+    let s = sluice(
+        &pg,
+        "127.0.0.1",
+        &[
+            ("server_tls_sslmode", "require"),
+            ("server_tls_protocols", "tlsv1.2"),
+        ],
+    );
+    assert_eq!(md5(&s).await.as_deref(), Ok("true TLSv1.2"));
+    drop(s);
+
+    // verify-ca checks the chain but not the name; verify-full checks both.
+    let ca = certs.path("ca.pem");
+    fn verify<'a>(mode: &'a str, ca: &'a str) -> [(&'a str, &'a str); 2] {
+        [("server_tls_sslmode", mode), ("server_tls_ca_file", ca)]
+    }
+    let s = sluice(&pg, "127.0.0.1", &verify("verify-ca", &ca));
+    assert_eq!(md5(&s).await.as_deref(), Ok("true TLSv1.3"));
+    drop(s);
+    let s = sluice(&pg, "localhost", &verify("verify-full", &ca));
+    assert_eq!(md5(&s).await.as_deref(), Ok("true TLSv1.3"));
+    drop(s);
+    let s = sluice(&pg, "127.0.0.1", &verify("verify-full", &ca));
+    assert!(md5(&s).await.is_err());
+    assert!(s.log().contains("TLS handshake failed"), "{}", s.log());
+    assert!(s.log().contains("not valid for name"), "{}", s.log());
+    drop(s);
+    let other = certs.path("other-ca.pem");
+    let s = sluice(&pg, "127.0.0.1", &verify("verify-ca", &other));
+    assert!(md5(&s).await.is_err());
+    assert!(
+        s.log().contains("invalid peer certificate: UnknownIssuer"),
+        "{}",
+        s.log()
+    );
+    drop(s);
+
+    // A client certificate for servers that ask for one.
+    let s = sluice(
+        &pg,
+        "127.0.0.1",
+        &[
+            ("server_tls_key_file", &certs.path("plain.key")),
+            ("server_tls_cert_file", &certs.path("plain.pem")),
+        ],
+    );
+    let got = which(&s, support::PLAIN_USER, "unused").await;
+    assert_eq!(got.as_deref(), Ok("true TLSv1.3"), "{}", s.diagnostics());
+}
+
+/// `require` against a server without TLS: the client is told, and nothing goes
+/// over plaintext.
+#[tokio::test]
+async fn require_fails_against_a_server_without_tls() {
+    let s = SluiceBuilder::new()
+        .userlist(MD5_USER, MD5_PASSWORD)
+        .setting("server_tls_sslmode", "require")
+        .start();
+    let err = md5(&s).await.expect_err("logged in over plaintext");
+    assert!(err.contains("server refused SSL"), "{err}");
+    // prefer falls back to plaintext there.
+    let s = SluiceBuilder::new()
+        .userlist(MD5_USER, MD5_PASSWORD)
+        .start();
+    assert_eq!(md5(&s).await.as_deref(), Ok("false "));
+}
+
+/// A reload that changes `server_tls_sslmode` replaces the pools' connections; one
+/// that leaves it alone keeps them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_changing_server_tls_reconnects() {
+    let (pg, _certs) = tokio::task::spawn_blocking(|| {
+        let certs = Certs::new();
+        (tls_server(&certs), certs)
+    })
+    .await
+    .expect("server");
+    let mut s = sluice(&pg, "127.0.0.1", &[("server_tls_sslmode", "disable")]);
+    assert_eq!(md5(&s).await.as_deref(), Ok("false "));
+    s.reload_replacing(
+        "server_tls_sslmode = disable",
+        "server_tls_sslmode = require",
+    );
+    assert_eq!(md5(&s).await.as_deref(), Ok("true TLSv1.3"));
+    let before = backend_pid(&s).await;
+    // Nothing changed: the same connection serves on.
+    s.reload_replacing("server_tls_sslmode", "server_tls_sslmode");
+    assert_eq!(backend_pid(&s).await, before, "the same server connection");
+}
+
+/// The backend pid of the server connection sluice_md5 gets.
+async fn backend_pid(s: &Sluice) -> i32 {
+    let cfg = s.config(MD5_USER, MD5_PASSWORD, TEST_DB);
+    let (client, conn) = cfg.connect(tokio_postgres::NoTls).await.expect("login");
+    tokio::spawn(conn);
+    let row = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("query");
+    row.get(0)
+}
