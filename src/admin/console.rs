@@ -56,7 +56,7 @@ fn same_os_user(stream: &Stream, unix: bool) -> bool {
 pub async fn login(
     app: &App,
     stream: &Stream,
-    unix: bool,
+    (unix, tls): (bool, &crate::tls::TlsPeer),
     buf: &mut BytesMut,
     minor: u16,
     params: StartupParams,
@@ -94,6 +94,7 @@ pub async fn login(
             &user,
             cfg.userlist.get(&user).map(String::as_str),
             false,
+            tls,
         )
         .await
         .map_err(|e| e.naming("pgbouncer", &user))?;

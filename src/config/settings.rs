@@ -316,7 +316,7 @@ fn parse_auth_type(v: &str) -> Result<AuthType, String> {
         "md5" => AuthType::Md5,
         "scram-sha-256" => AuthType::ScramSha256,
         // Accepted so the file loads; session code refuses logins it cannot check.
-        "cert" => AuthType::Unsupported("cert"),
+        "cert" => AuthType::Cert,
         "hba" => AuthType::Unsupported("hba"),
         "ldap" => AuthType::Unsupported("ldap"),
         "pam" => AuthType::Unsupported("pam"),

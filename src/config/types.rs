@@ -80,7 +80,9 @@ pub enum AuthType {
     Md5,
     /// SCRAM-SHA-256.
     ScramSha256,
-    /// Accepted by the parser but not implemented (cert, hba, ldap, pam).
+    /// A TLS client certificate whose common name is the user name.
+    Cert,
+    /// Accepted by the parser but not implemented (hba, ldap, pam).
     Unsupported(&'static str),
 }
 

@@ -19,7 +19,7 @@ use crate::protocol::backend::{
 use crate::protocol::header::TAG_PASSWORD;
 use crate::protocol::sqlstate::*;
 use crate::protocol::startup::{self, StartupPacket, StartupParams};
-use crate::tls::TlsInfo;
+use crate::tls::TlsPeer;
 
 /// Largest password or SASL message accepted from a client before it is logged in.
 const AUTH_MAX_LEN: u32 = 65_536;
@@ -54,7 +54,7 @@ pub async fn read_startup(
     stream: &mut Stream,
     buf: &mut BytesMut,
     (read_at_once, tcp): (bool, bool),
-    tls: &mut TlsInfo,
+    tls: &mut TlsPeer,
 ) -> Result<Startup, ClientError> {
     let mut at_once = read_at_once;
     loop {
@@ -109,7 +109,7 @@ pub async fn read_startup(
                         "unexpected data after encryption request".into(),
                     ));
                 }
-                if p == StartupPacket::Ssl && tls.is_tls() {
+                if p == StartupPacket::Ssl && tls.info.is_tls() {
                     return Err(ClientError::Dropped("SSL req inside SSL".into()));
                 }
                 let config = match p {
@@ -134,7 +134,7 @@ pub async fn read_startup(
             StartupPacket::Startup { minor, params } => {
                 // As PgBouncer: UNIX-socket clients are never asked for TLS.
                 if tcp
-                    && !tls.is_tls()
+                    && !tls.info.is_tls()
                     && app.config().settings.client_tls_sslmode >= SslMode::Require
                 {
                     return Err(ClientError::fatal(
@@ -165,6 +165,7 @@ pub async fn login(
     buf: &mut BytesMut,
     minor: u16,
     startup_params: StartupParams,
+    tls: &TlsPeer,
 ) -> Result<LoggedIn, ClientError> {
     let cfg = app.config();
     let s = &cfg.settings;
@@ -260,6 +261,7 @@ pub async fn login(
         &user,
         stored,
         queried.is_some(),
+        tls,
     )
     .await
     .map_err(|e| e.naming(&database, &user))?;
@@ -323,6 +325,7 @@ pub(crate) async fn authenticate(
     user: &str,
     listed: Option<&str>,
     queried: bool,
+    tls: &TlsPeer,
 ) -> Result<Option<ScramKeys>, ClientError> {
     let s = &cfg.settings;
     // An empty stored password never matches (as in PgBouncer); it still lists the
@@ -375,6 +378,17 @@ pub(crate) async fn authenticate(
         }
         AuthType::Md5 | AuthType::ScramSha256 => {
             Box::pin(scram(cfg, stream, buf, out, user, secret, queried)).await
+        }
+        // As PgBouncer: the user name must be the certificate's common name. Only a
+        // certificate that verified against client_tls_ca_file is ever present.
+        AuthType::Cert => {
+            let refuse = |m: &str| Err(ClientError::fatal(INVALID_AUTHORIZATION, m.into()));
+            match (&tls.common_name, tls.info.is_tls()) {
+                (_, false) => refuse("TLS connection required"),
+                (None, true) => refuse("TLS client certificate required"),
+                (Some(name), true) if name != user => refuse("TLS certificate name mismatch"),
+                (Some(_), true) => Ok(None),
+            }
         }
         AuthType::Unsupported(name) => Err(ClientError::fatal(
             FEATURE_NOT_SUPPORTED,

@@ -25,7 +25,7 @@ use crate::pool::PoolError;
 use crate::protocol::backend;
 use crate::protocol::sqlstate::*;
 use crate::stats::conns::{ClientInfo, ClientMeta};
-use crate::tls::TlsInfo;
+use crate::tls::{TlsInfo, TlsPeer};
 use login::{LoggedIn, Startup};
 use relay::{Relay, Timeouts};
 pub(crate) use run::Session;
@@ -141,7 +141,7 @@ async fn serve_client(app: Arc<App>, mut stream: Stream, origin: Origin) {
     }
     let slot = ClientSlot(app.clone());
     let mut buf = BytesMut::new();
-    let mut tls = TlsInfo::default();
+    let mut tls = TlsPeer::default();
     let tcp = matches!(peer, PeerAddr::Tcp(_));
 
     // Boxed: the login state is big and short-lived; an idle client keeps only the
@@ -155,7 +155,8 @@ async fn serve_client(app: Arc<App>, mut stream: Stream, origin: Origin) {
                 if cfg.settings.log_connections {
                     let user = params.get("user").unwrap_or("");
                     let db = params.get("database").unwrap_or(user);
-                    let t: &dyn std::fmt::Display = if tls.is_tls() { &tls } else { &"no" };
+                    let t: &dyn std::fmt::Display =
+                        if tls.info.is_tls() { &tls.info } else { &"no" };
                     tracing::info!(
                         "C-{id}: {db}/{user}@{peer} login attempt: db={db} user={user} tls={t}"
                     );
@@ -164,10 +165,11 @@ async fn serve_client(app: Arc<App>, mut stream: Stream, origin: Origin) {
                 if crate::admin::is_console(&params) {
                     // Boxed: rare, and its future is as large as a pooled login's.
                     let unix = !tcp;
-                    let login = crate::admin::login(&app, stream, unix, &mut buf, minor, params);
+                    let login =
+                        crate::admin::login(&app, stream, (unix, &tls), &mut buf, minor, params);
                     return Box::pin(login).await.map(|a| Some(Who::Console(a)));
                 }
-                login::login(&app, stream, &mut buf, minor, params)
+                login::login(&app, stream, &mut buf, minor, params, &tls)
                     .await
                     .map(|w| Some(Who::Pooled(w)))
             }
@@ -202,14 +204,22 @@ async fn serve_client(app: Arc<App>, mut stream: Stream, origin: Origin) {
             Box::new((who, buf))
         }
         other => {
-            let at = (peer, local, tls);
+            let at = (peer, local, tls.info);
             Box::pin(other_login(other, &app, &stream, buf, id, at)).await;
             drop(slot);
             return;
         }
     };
-    let Some((session, welcome)) =
-        open_session(app, &stream, start, id, (&peer, local, tls), slot, &cfg).await
+    let Some((session, welcome)) = open_session(
+        app,
+        &stream,
+        start,
+        id,
+        (&peer, local, tls.info),
+        slot,
+        &cfg,
+    )
+    .await
     else {
         return;
     };

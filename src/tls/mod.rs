@@ -5,8 +5,11 @@
 //!
 //! rustls with the ring provider: TLS 1.2 and 1.3 only, its default cipher suites.
 
+mod peer;
 pub mod server;
 pub mod tunnel;
+
+pub use peer::{common_name, TlsPeer};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -21,21 +21,21 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio_rustls::{TlsAcceptor, TlsConnector, TlsStream};
 
-use super::TlsInfo;
+use super::{TlsInfo, TlsPeer};
 use crate::net::{bufpool, StdStream, Stream};
 
 /// Takes `stream` (a TCP client that was just told `S`) through the TLS handshake and
 /// puts the plaintext end of a new socket pair in its place. On an error `stream` is
 /// left as a closed pair end, and the TCP connection is closed.
-pub async fn accept(config: Arc<ServerConfig>, stream: &mut Stream) -> io::Result<TlsInfo> {
+pub async fn accept(config: Arc<ServerConfig>, stream: &mut Stream) -> io::Result<TlsPeer> {
     let (tcp, outer) = swap_in_pair(stream)?;
     let tls = TlsAcceptor::from(config)
         .accept(tcp)
         .await
         .map_err(|e| io::Error::new(e.kind(), format!("TLS handshake failed: {e}")))?;
-    let info = TlsInfo::of(tls.get_ref().1);
+    let peer = TlsPeer::of(tls.get_ref().1);
     start(tls.into(), outer)?;
-    Ok(info)
+    Ok(peer)
 }
 
 /// The same for a server connection that answered `S` to an SSLRequest: Sluice is

@@ -25,6 +25,7 @@ mod signals;
 mod sleep;
 mod startup;
 mod tls;
+mod tls_cert;
 mod tls_records;
 mod tls_server;
 mod txn;

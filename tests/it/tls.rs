@@ -96,7 +96,7 @@ fn write_key(dir: &TempDir, name: &str, pem: &str) -> PathBuf {
 
 /// psql over TCP to `db` as the md5 user, with libpq's TLS settings in `env`
 /// (`PGSSLMODE`, ...). Host `localhost` (for verify-full) dialled at 127.0.0.1.
-fn psql_tls(s: &Sluice, db: &str, env: &[(&str, &str)], sql: &str) -> (bool, String) {
+pub(crate) fn psql_tls(s: &Sluice, db: &str, env: &[(&str, &str)], sql: &str) -> (bool, String) {
     let (user, pw) = match db {
         "pgbouncer" => (ADMIN, ADMIN_PW),
         _ => (support::MD5_USER, support::MD5_PASSWORD),
@@ -120,7 +120,7 @@ fn psql_tls(s: &Sluice, db: &str, env: &[(&str, &str)], sql: &str) -> (bool, Str
 }
 
 /// What psql says when `SELECT 1` with `env` is refused (it fails if it gets in).
-fn refused(s: &Sluice, env: &[(&str, &str)]) -> String {
+pub(crate) fn refused(s: &Sluice, env: &[(&str, &str)]) -> String {
     let (ok, text) = psql_tls(s, support::TEST_DB, env, "SELECT 1");
     assert!(!ok, "got in with {env:?}");
     text
