@@ -213,3 +213,56 @@ async fn backend_pid(s: &Sluice) -> i32 {
         .expect("query");
     row.get(0)
 }
+
+/// Megabytes each way through a TLS server link (the tunnel as a TLS client), and a
+/// server killed in the middle of a client's transaction: that client gets an error,
+/// the next one a new encrypted connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_data_and_a_dying_server_over_tls() {
+    let (pg, _certs) = tokio::task::spawn_blocking(|| {
+        let certs = Certs::new();
+        (tls_server(&certs), certs)
+    })
+    .await
+    .expect("server");
+    let settings = [
+        ("server_tls_sslmode", "require"),
+        ("pool_mode", "transaction"),
+        ("default_pool_size", "2"),
+    ];
+    let s = sluice(&pg, "127.0.0.1", &settings);
+    let psql = |sql: &str, input: Option<&str>| {
+        let mut cmd = s.psql(MD5_USER, MD5_PASSWORD, TEST_DB);
+        cmd.args(["-c", sql]);
+        let out =
+            support::run_bounded(&mut cmd, input, Duration::from_secs(60)).expect("psql hung");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{sql}: {err}\n{}", s.diagnostics());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let data: String = (0..20000)
+        .map(|k| format!("{k}\t{}\n", "v".repeat(250 + k % 7)))
+        .collect();
+    psql("CREATE TABLE big (k int, v text)", None);
+    psql("COPY big FROM STDIN", Some(&data));
+    let back = psql("COPY (SELECT k, v FROM big ORDER BY k) TO STDOUT", None);
+    assert!(back == data, "{} bytes back of {}", back.len(), data.len());
+
+    let cfg = s.config(MD5_USER, MD5_PASSWORD, TEST_DB);
+    let (holder, conn) = cfg.connect(tokio_postgres::NoTls).await.expect("login");
+    tokio::spawn(conn);
+    holder
+        .batch_execute("BEGIN; SELECT 1")
+        .await
+        .expect("begin");
+    pg.psql(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE usename = 'sluice_md5' AND state = 'idle in transaction'",
+    );
+    let lost = tokio::time::timeout(Duration::from_secs(20), holder.batch_execute("SELECT 2"));
+    assert!(
+        lost.await.expect("an answer").is_err(),
+        "the killed server answered"
+    );
+    assert_eq!(md5(&s).await.as_deref(), Ok("true TLSv1.3"));
+}
