@@ -34,6 +34,16 @@ fn tls_server(certs: &Certs) -> PrivatePg {
     pg
 }
 
+/// [`tls_server`] with certificates of its own, started off the async workers.
+async fn started() -> (PrivatePg, Certs) {
+    tokio::task::spawn_blocking(|| {
+        let certs = Certs::new();
+        (tls_server(&certs), certs)
+    })
+    .await
+    .expect("server")
+}
+
 /// A Sluice for `pg` under the name `host`, with `settings`.
 fn sluice(pg: &PrivatePg, host: &str, settings: &[(&str, &str)]) -> Sluice {
     let mut b = SluiceBuilder::new()
@@ -80,12 +90,7 @@ async fn md5(s: &Sluice) -> Result<String, String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_tls_modes_and_certificate_checks() {
-    let (pg, certs) = tokio::task::spawn_blocking(|| {
-        let certs = Certs::new();
-        (tls_server(&certs), certs)
-    })
-    .await
-    .expect("server");
+    let (pg, certs) = started().await;
 
     // prefer, PgBouncer's default: encrypted, and the console shows it.
     let s = sluice(&pg, "127.0.0.1", &[]);
@@ -183,12 +188,7 @@ async fn require_fails_against_a_server_without_tls() {
 /// that leaves it alone keeps them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_changing_server_tls_reconnects() {
-    let (pg, _certs) = tokio::task::spawn_blocking(|| {
-        let certs = Certs::new();
-        (tls_server(&certs), certs)
-    })
-    .await
-    .expect("server");
+    let (pg, _certs) = started().await;
     let mut s = sluice(&pg, "127.0.0.1", &[("server_tls_sslmode", "disable")]);
     assert_eq!(md5(&s).await.as_deref(), Ok("false "));
     s.reload_replacing(
@@ -219,12 +219,7 @@ async fn backend_pid(s: &Sluice) -> i32 {
 /// the next one a new encrypted connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulk_data_and_a_dying_server_over_tls() {
-    let (pg, _certs) = tokio::task::spawn_blocking(|| {
-        let certs = Certs::new();
-        (tls_server(&certs), certs)
-    })
-    .await
-    .expect("server");
+    let (pg, _certs) = started().await;
     let settings = [
         ("server_tls_sslmode", "require"),
         ("pool_mode", "transaction"),
