@@ -7,6 +7,7 @@
 
 mod peer;
 pub mod server;
+mod tcp;
 pub mod tunnel;
 
 pub use peer::{common_name, TlsPeer};

@@ -21,6 +21,7 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio_rustls::{TlsAcceptor, TlsConnector, TlsStream};
 
+use super::tcp::{read_pair, Tcp};
 use super::{TlsInfo, TlsPeer};
 use crate::net::{bufpool, StdStream, Stream};
 
@@ -57,13 +58,13 @@ pub async fn connect(
 
 /// Puts one end of a new socket pair in `stream`'s place; returns the TCP socket it
 /// held and the pair's other end.
-fn swap_in_pair(stream: &mut Stream) -> io::Result<(TcpStream, StdUnixStream)> {
+fn swap_in_pair(stream: &mut Stream) -> io::Result<(Tcp, StdUnixStream)> {
     let (inner, outer) = StdUnixStream::pair()?;
     inner.set_nonblocking(true)?;
     outer.set_nonblocking(true)?;
     let inner = Stream::from_std(StdStream::Unix(inner))?;
     match std::mem::replace(stream, inner).into_std() {
-        StdStream::Tcp(s) => Ok((TcpStream::from_std(s)?, outer)),
+        StdStream::Tcp(s) => Ok((Tcp(TcpStream::from_std(s)?), outer)),
         StdStream::Unix(_) => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "TLS is only for TCP connections",
@@ -72,7 +73,7 @@ fn swap_in_pair(stream: &mut Stream) -> io::Result<(TcpStream, StdUnixStream)> {
 }
 
 /// Spawns the task that carries bytes between `tls` and `outer`.
-fn start(tls: TlsStream<TcpStream>, outer: StdUnixStream) -> io::Result<()> {
+fn start(tls: TlsStream<Tcp>, outer: StdUnixStream) -> io::Result<()> {
     let outer = tokio::net::UnixStream::from_std(outer)?;
     tokio::spawn(Box::pin(carry(tls, outer)));
     Ok(())
@@ -81,9 +82,9 @@ fn start(tls: TlsStream<TcpStream>, outer: StdUnixStream) -> io::Result<()> {
 /// The TLS session, shared by the tunnel's two directions. Both run in one task and
 /// lock it only inside a single poll, never across an await, so the lock is never
 /// contended (a Mutex rather than a RefCell only because the task must be Send).
-type Shared = Mutex<TlsStream<TcpStream>>;
+type Shared = Mutex<TlsStream<Tcp>>;
 
-fn lock(tls: &Shared) -> std::sync::MutexGuard<'_, TlsStream<TcpStream>> {
+fn lock(tls: &Shared) -> std::sync::MutexGuard<'_, TlsStream<Tcp>> {
     // Nothing panics while holding it; were it poisoned, the stream is still whole.
     tls.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -98,7 +99,7 @@ fn lock(tls: &Shared) -> std::sync::MutexGuard<'_, TlsStream<TcpStream>> {
 /// would deadlock both). Each waits for its socket to be readable and only then takes
 /// a buffer from the per-thread pool, giving it back once the socket has nothing
 /// more: an idle TLS client holds no buffer.
-async fn carry(tls: TlsStream<TcpStream>, plain: tokio::net::UnixStream) {
+async fn carry(tls: TlsStream<Tcp>, plain: tokio::net::UnixStream) {
     let tls = Mutex::new(tls);
     let (mut plain_r, mut plain_w) = plain.into_split();
     tokio::select! {
@@ -138,7 +139,7 @@ async fn to_session(tls: &Shared, plain: &mut OwnedWriteHalf) {
         buf.clear();
         bufpool::give(buf);
         let ready = more
-            && poll_fn(|cx| lock(tls).get_ref().0.poll_read_ready(cx))
+            && poll_fn(|cx| lock(tls).get_ref().0 .0.poll_read_ready(cx))
                 .await
                 .is_ok();
         if !ready {
@@ -155,12 +156,15 @@ async fn to_client(plain: &mut OwnedReadHalf, tls: &Shared) {
         let mut buf = bufpool::take();
         let more = loop {
             buf.clear();
-            match plain.try_read_buf(&mut buf) {
+            match read_pair(plain.as_ref(), &mut buf) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break true,
-                Ok(0) | Err(_) => break false,
-                Ok(_) => {
+                Ok((0, _)) | Err(_) => break false,
+                Ok((_, drained)) => {
                     if write_all(tls, &buf).await.is_err() {
                         break false;
+                    }
+                    if drained {
+                        break true;
                     }
                 }
             }

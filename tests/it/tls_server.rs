@@ -189,24 +189,39 @@ async fn require_fails_against_a_server_without_tls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_changing_server_tls_reconnects() {
     let (pg, _certs) = started().await;
-    let mut s = sluice(&pg, "127.0.0.1", &[("server_tls_sslmode", "disable")]);
+    // One server, lent per transaction: the pid tells whether it is the same one.
+    let settings = [
+        ("server_tls_sslmode", "disable"),
+        ("pool_mode", "transaction"),
+        ("default_pool_size", "1"),
+    ];
+    let mut s = sluice(&pg, "127.0.0.1", &settings);
     assert_eq!(md5(&s).await.as_deref(), Ok("false "));
     s.reload_replacing(
         "server_tls_sslmode = disable",
         "server_tls_sslmode = require",
     );
     assert_eq!(md5(&s).await.as_deref(), Ok("true TLSv1.3"));
-    let before = backend_pid(&s).await;
-    // Nothing changed: the same connection serves on.
-    s.reload_replacing("server_tls_sslmode", "server_tls_sslmode");
-    assert_eq!(backend_pid(&s).await, before, "the same server connection");
-}
-
-/// The backend pid of the server connection sluice_md5 gets.
-async fn backend_pid(s: &Sluice) -> i32 {
     let cfg = s.config(MD5_USER, MD5_PASSWORD, TEST_DB);
     let (client, conn) = cfg.connect(tokio_postgres::NoTls).await.expect("login");
     tokio::spawn(conn);
+    let before = backend_pid(&client).await;
+    // Nothing changed: the same connection serves on, transaction after transaction.
+    s.reload_replacing("server_tls_sslmode", "server_tls_sslmode");
+    assert_eq!(
+        backend_pid(&client).await,
+        before,
+        "the same server connection"
+    );
+    assert_eq!(
+        backend_pid(&client).await,
+        before,
+        "the same server connection"
+    );
+}
+
+/// The backend pid of the server connection `client`'s next transaction runs on.
+async fn backend_pid(client: &tokio_postgres::Client) -> i32 {
     let row = client
         .query_one("SELECT pg_backend_pid()", &[])
         .await
