@@ -29,6 +29,7 @@ pub use error::PoolError;
 pub use line::Request;
 pub use registry::{PoolKey, Pools};
 pub use server::{ScramKeys, ServerConn, ServerIdent};
+pub use server_tls::negotiate as negotiate_tls;
 use target::Reuse;
 pub use target::{PoolConfig, ServerAddr};
 

@@ -14,7 +14,7 @@ const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
 /// puts the tunnel's plaintext end in `stream`'s place. A server that answers `N` is
 /// used in plaintext unless the mode is `require` or stricter. UNIX sockets never use
 /// TLS. What was negotiated is returned (all zero for plaintext).
-pub(super) async fn negotiate(
+pub async fn negotiate(
     stream: &mut Stream,
     addr: &ServerAddr,
     tls: &ServerTls,

@@ -16,6 +16,7 @@ use crate::config::Config;
 use crate::pool::ServerAddr;
 use crate::protocol::startup::cancel_request;
 use crate::stats::conns::ClientInfo;
+use crate::tls::server::ServerTls;
 
 const PEER_SHIFT: u32 = 16;
 const PEER_MASK: u32 = 0x3fff;
@@ -122,11 +123,15 @@ impl CancelRegistry {
                     return false;
                 };
                 let (spid, skey) = (server.backend_pid, server.backend_key);
-                send_cancel(&server.addr, spid, skey, timeout).await
+                // Over TLS when the server connection is, as libpq 17 does: the key
+                // would otherwise cross the network in clear.
+                let tls = cfg.server_tls.as_deref().filter(|_| server.tls.is_tls());
+                send_cancel(&server.addr, spid, skey, timeout, tls).await
             }
             Route::Peer { peer, pid, key } => match cfg.peers.get(&peer) {
                 Some(p) => {
-                    send_cancel(&ServerAddr::for_host(&p.host, p.port), pid, key, timeout).await
+                    let addr = ServerAddr::for_host(&p.host, p.port);
+                    send_cancel(&addr, pid, key, timeout, None).await
                 }
                 None => {
                     tracing::debug!("cancel request for unknown peer {peer} ignored");
@@ -144,11 +149,23 @@ impl CancelRegistry {
 /// Sends a CancelRequest for (pid, key) to `addr` (a server or a peer) and waits
 /// until it closes the connection (PostgreSQL does once it has read the request, a
 /// peer once it has passed it on), so the cancel is delivered before we report success.
-async fn send_cancel(addr: &ServerAddr, pid: u32, key: u32, timeout: Duration) -> bool {
+/// With `tls`, the server is asked for TLS first, as for a server connection.
+async fn send_cancel(
+    addr: &ServerAddr,
+    pid: u32,
+    key: u32,
+    timeout: Duration,
+    tls: Option<&ServerTls>,
+) -> bool {
     let send = async {
         // A connection that lives for one packet: no keepalive or buffer options.
         let tcp = crate::net::TcpTuning::default();
-        let stream = crate::pool::server::connect_to(addr, &tcp).await?;
+        let mut stream = crate::pool::server::connect_to(addr, &tcp).await?;
+        if let Some(tls) = tls {
+            crate::pool::negotiate_tls(&mut stream, addr, tls)
+                .await
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+        }
         stream.write_all(&cancel_request(pid, key)).await?;
         let mut buf = bytes::BytesMut::with_capacity(16);
         let _ = stream.read_buf(&mut buf).await;

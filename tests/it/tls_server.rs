@@ -2,7 +2,11 @@
 //! whose certificate names `localhost` only. The server itself reports whether a
 //! session is encrypted (`pg_stat_ssl`), so nothing here trusts Sluice's word.
 
-use std::time::Duration;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::support::pg::PrivatePg;
 use crate::support::{self, Sluice, SluiceBuilder, MD5_PASSWORD, MD5_USER, TEST_DB};
@@ -275,4 +279,88 @@ async fn bulk_data_and_a_dying_server_over_tls() {
         "the killed server answered"
     );
     assert_eq!(md5(&s).await.as_deref(), Ok("true TLSv1.3"));
+}
+
+/// A TCP forwarder to `port` that passes only connections opening with an
+/// SSLRequest, as a network that lets nothing through in clear; others are closed
+/// and counted. Stops accepting after `life`.
+fn tls_only_gate(port: u16, life: Duration) -> (u16, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let gate = listener.local_addr().expect("addr").port();
+    listener.set_nonblocking(true).expect("nonblocking");
+    let refused = Arc::new(AtomicUsize::new(0));
+    let counted = refused.clone();
+    std::thread::spawn(move || {
+        let until = Instant::now() + life;
+        while Instant::now() < until {
+            let Ok((mut inbound, _)) = listener.accept() else {
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            };
+            let _ = inbound.set_nonblocking(false);
+            let _ = inbound.set_read_timeout(Some(Duration::from_secs(10)));
+            let mut first = [0u8; 8];
+            if inbound.read_exact(&mut first).is_err() || first[4..] != 80877103u32.to_be_bytes() {
+                counted.fetch_add(1, Ordering::SeqCst);
+                continue;
+            }
+            let _ = inbound.set_read_timeout(None);
+            let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", port)) else {
+                continue;
+            };
+            let _ = outbound.write_all(&first);
+            let pipe = |mut from: TcpStream, mut to: TcpStream| {
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut to);
+                    let _ = to.shutdown(std::net::Shutdown::Write);
+                })
+            };
+            if let (Ok(a), Ok(b)) = (inbound.try_clone(), outbound.try_clone()) {
+                pipe(a, outbound);
+                pipe(b, inbound);
+            }
+        }
+    });
+    (gate, refused)
+}
+
+/// A cancel for a client whose server link is TLS goes over TLS too: through a
+/// network that passes nothing in clear, the query is still cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_requests_use_tls_when_the_server_link_does() {
+    let (pg, _certs) = started().await;
+    let (gate, refused) = tls_only_gate(pg.port(), Duration::from_secs(120));
+    let s = SluiceBuilder::new()
+        .userlist(MD5_USER, MD5_PASSWORD)
+        .database(
+            TEST_DB,
+            &format!("host=127.0.0.1 port={gate} dbname={TEST_DB}"),
+        )
+        .setting("server_tls_sslmode", "require")
+        .start();
+    let cfg = s.config(MD5_USER, MD5_PASSWORD, TEST_DB);
+    let (client, conn) = cfg.connect(tokio_postgres::NoTls).await.expect("login");
+    tokio::spawn(conn);
+    let token = client.cancel_token();
+    let sleeping = tokio::spawn(async move { client.batch_execute("SELECT pg_sleep(60)").await });
+    let started = Instant::now();
+    let asleep = "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)'";
+    while pg.psql(asleep).trim() != "1" {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the query never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    token
+        .cancel_query(tokio_postgres::NoTls)
+        .await
+        .expect("cancel sent to Sluice");
+    let r = tokio::time::timeout(Duration::from_secs(20), sleeping).await;
+    let err = r
+        .expect("the query was not cancelled")
+        .expect("task")
+        .expect_err("ran");
+    assert!(message(&err).contains("canceling statement"), "{err}");
+    assert_eq!(refused.load(Ordering::SeqCst), 0, "something went in clear");
 }
