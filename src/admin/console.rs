@@ -56,7 +56,7 @@ fn same_os_user(stream: &Stream, unix: bool) -> bool {
 pub async fn login(
     app: &App,
     stream: &Stream,
-    (unix, tls): (bool, &crate::tls::TlsPeer),
+    (unix, came): (bool, crate::session::login::Came<'_>),
     buf: &mut BytesMut,
     minor: u16,
     params: StartupParams,
@@ -94,7 +94,7 @@ pub async fn login(
             &user,
             cfg.userlist.get(&user).map(String::as_str),
             false,
-            tls,
+            came,
         )
         .await
         .map_err(|e| e.naming("pgbouncer", &user))?;

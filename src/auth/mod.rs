@@ -9,6 +9,7 @@
 //! on a blocking thread; [`DerivedSecrets`] keeps what was derived.
 
 mod derived;
+pub mod hba;
 #[cfg(test)]
 mod hostile_tests;
 mod md5;

@@ -32,7 +32,7 @@ pub(super) const KNOWN: &[(&str, &str, Kind)] = &[
     ("application_name_add_host", "0", Implemented),
     ("auth_dbname", "", Implemented),
     ("auth_file", "", Implemented),
-    ("auth_hba_file", "", Str),
+    ("auth_hba_file", "", Implemented),
     ("auth_ident_file", "", Str),
     ("auth_ldap_options", "", Str),
     ("auth_query", DEFAULT_AUTH_QUERY, Implemented),

@@ -14,7 +14,7 @@ mod known;
 mod peers;
 mod settings;
 #[cfg(test)]
-mod testdir;
+pub(crate) mod testdir;
 mod types;
 mod userlist;
 mod users;
@@ -58,6 +58,25 @@ fn server_tls(
 ) -> Result<Option<std::sync::Arc<crate::tls::server::ServerTls>>, ConfigError> {
     let tls = crate::tls::server::connector(s).map_err(|e| tls_error(e, file, line))?;
     Ok(tls.map(std::sync::Arc::new))
+}
+
+/// `auth_hba_file`'s rules when `auth_type = hba` (its problems at `file:line`, a
+/// missing file at the `auth_type` line); None for other auth types.
+fn hba(
+    s: &Settings,
+    file: &Path,
+    line: usize,
+) -> Result<Option<std::sync::Arc<crate::auth::hba::Hba>>, ConfigError> {
+    if s.auth_type != AuthType::Hba {
+        return Ok(None);
+    }
+    let Some(hba_file) = &s.auth_hba_file else {
+        let why = "auth_type hba needs auth_hba_file".to_string();
+        return Err(ConfigError::at(file, line, why));
+    };
+    Ok(Some(std::sync::Arc::new(crate::auth::hba::Hba::load(
+        hba_file,
+    )?)))
 }
 
 fn tls_error(e: crate::tls::TlsSetupError, file: &Path, line: usize) -> ConfigError {
@@ -157,6 +176,8 @@ impl Config {
         let client_tls = client_tls(&settings, file, line)?;
         let (file, line) = mode_line(&ini, "server_tls_sslmode", path);
         let server_tls = server_tls(&settings, file, line)?;
+        let (file, line) = mode_line(&ini, "auth_type", path);
+        let hba = hba(&settings, file, line)?;
         Ok(Config {
             path: path.to_path_buf(),
             settings,
@@ -169,6 +190,7 @@ impl Config {
             warnings,
             client_tls,
             server_tls,
+            hba,
         })
     }
 
@@ -189,6 +211,9 @@ impl Config {
         }
         if key.starts_with("server_tls") {
             new.server_tls = server_tls(&new.settings, &self.path, 0)?;
+        }
+        if key == "auth_type" || key == "auth_hba_file" {
+            new.hba = hba(&new.settings, &self.path, 0)?;
         }
         for w in warnings {
             tracing::warn!("{w}");

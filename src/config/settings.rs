@@ -35,6 +35,7 @@ impl Default for Settings {
             user: None,
             auth_type: AuthType::Md5,
             auth_file: None,
+            auth_hba_file: None,
             auth_user: None,
             auth_query: DEFAULT_AUTH_QUERY.to_string(),
             auth_dbname: None,
@@ -181,6 +182,7 @@ fn set_implemented(s: &mut Settings, name: &str, v: &str) -> Result<Option<Strin
         "application_name_add_host" => s.application_name_add_host = parse_bool(v)?,
         "auth_dbname" => s.auth_dbname = opt_str(v),
         "auth_file" => s.auth_file = opt_str(v).map(PathBuf::from),
+        "auth_hba_file" => s.auth_hba_file = opt_str(v).map(PathBuf::from),
         "auth_query" => s.auth_query = v.to_string(),
         "auth_type" => {
             s.auth_type = parse_auth_type(v)?;
@@ -317,7 +319,7 @@ fn parse_auth_type(v: &str) -> Result<AuthType, String> {
         "scram-sha-256" => AuthType::ScramSha256,
         // Accepted so the file loads; session code refuses logins it cannot check.
         "cert" => AuthType::Cert,
-        "hba" => AuthType::Unsupported("hba"),
+        "hba" => AuthType::Hba,
         "ldap" => AuthType::Unsupported("ldap"),
         "pam" => AuthType::Unsupported("pam"),
         _ => {

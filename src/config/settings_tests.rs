@@ -273,7 +273,8 @@ fn metrics_listen_is_sluice_specific() {
 #[test]
 fn unsupported_auth_types_warn() {
     assert_eq!(ok("auth_type", "cert").auth_type, AuthType::Cert);
-    for t in ["HBA", "ldap", "pam"] {
+    assert_eq!(ok("auth_type", "HBA").auth_type, AuthType::Hba);
+    for t in ["ldap", "pam"] {
         let (s, w) = set("auth_type", t).unwrap();
         let lower = t.to_ascii_lowercase();
         assert!(matches!(s.auth_type, AuthType::Unsupported(x) if x == lower));

@@ -82,7 +82,9 @@ pub enum AuthType {
     ScramSha256,
     /// A TLS client certificate whose common name is the user name.
     Cert,
-    /// Accepted by the parser but not implemented (hba, ldap, pam).
+    /// The method named by the first matching rule of `auth_hba_file`.
+    Hba,
+    /// Accepted by the parser but not implemented (ldap, pam).
     Unsupported(&'static str),
 }
 
@@ -101,6 +103,8 @@ pub struct Settings {
     pub user: Option<String>,
     pub auth_type: AuthType,
     pub auth_file: Option<PathBuf>,
+    /// The rules `auth_type = hba` follows.
+    pub auth_hba_file: Option<PathBuf>,
     /// Role that runs `auth_query` for users not in `auth_file`; None: no lookups.
     pub auth_user: Option<String>,
     /// Query returning (name, secret or NULL) for `$1`, the user logging in.
@@ -278,4 +282,6 @@ pub struct Config {
     /// The TLS connector for server connections, from `server_tls_*`; None when
     /// `server_tls_sslmode` is `disable`.
     pub server_tls: Option<std::sync::Arc<crate::tls::server::ServerTls>>,
+    /// `auth_hba_file`'s rules, read at each load when `auth_type = hba`.
+    pub hba: Option<std::sync::Arc<crate::auth::hba::Hba>>,
 }

@@ -165,7 +165,7 @@ pub async fn login(
     buf: &mut BytesMut,
     minor: u16,
     startup_params: StartupParams,
-    tls: &TlsPeer,
+    came: Came<'_>,
 ) -> Result<LoggedIn, ClientError> {
     let cfg = app.config();
     let s = &cfg.settings;
@@ -261,7 +261,7 @@ pub async fn login(
         &user,
         stored,
         queried.is_some(),
-        tls,
+        came,
     )
     .await
     .map_err(|e| e.naming(&database, &user))?;
@@ -325,14 +325,19 @@ pub(crate) async fn authenticate(
     user: &str,
     listed: Option<&str>,
     queried: bool,
-    tls: &TlsPeer,
+    came: Came<'_>,
 ) -> Result<Option<ScramKeys>, ClientError> {
     let s = &cfg.settings;
+    let tls = came.tls;
+    let auth_type = match s.auth_type {
+        AuthType::Hba => hba_method(cfg, db, user, came)?,
+        other => other,
+    };
     // An empty stored password never matches (as in PgBouncer); it still lists the
     // user for `trust`.
     let secret = listed.filter(|p| !p.is_empty()).map(Secret::parse);
     let failed = || ClientError::fatal(INVALID_PASSWORD, "password authentication failed".into());
-    match s.auth_type {
+    match auth_type {
         AuthType::Any => {
             if db.user.is_none() {
                 tracing::warn!("auth_type=any needs a forced user= on database {}", db.name);
@@ -390,9 +395,50 @@ pub(crate) async fn authenticate(
                 (Some(_), true) => Ok(None),
             }
         }
+        // Resolved above; a rule file's method is never `hba` again.
+        AuthType::Hba => Err(ClientError::fatal(
+            INVALID_AUTHORIZATION,
+            "login rejected".into(),
+        )),
         AuthType::Unsupported(name) => Err(ClientError::fatal(
             FEATURE_NOT_SUPPORTED,
             format!("auth_type {name} is not supported by Sluice"),
+        )),
+    }
+}
+
+/// How a client came in: its address (None on the UNIX socket) and its TLS session.
+#[derive(Debug, Clone, Copy)]
+pub struct Came<'a> {
+    pub addr: Option<std::net::IpAddr>,
+    pub tls: &'a TlsPeer,
+}
+
+/// `auth_type = hba`: the auth type the first matching rule names; `reject`, or no
+/// rule, refuses the login (`login rejected`, as PgBouncer).
+fn hba_method(
+    cfg: &Config,
+    db: &DatabaseEntry,
+    user: &str,
+    came: Came<'_>,
+) -> Result<AuthType, ClientError> {
+    use crate::auth::hba::{HbaLogin, HbaMethod};
+    let login = HbaLogin {
+        addr: came.addr,
+        tls: came.tls.info.is_tls(),
+        database: &db.name,
+        user,
+    };
+    let method = cfg.hba.as_deref().and_then(|h| h.method(login));
+    match method {
+        Some(HbaMethod::Trust) => Ok(AuthType::Trust),
+        Some(HbaMethod::Md5) => Ok(AuthType::Md5),
+        Some(HbaMethod::Password) => Ok(AuthType::Plain),
+        Some(HbaMethod::ScramSha256) => Ok(AuthType::ScramSha256),
+        Some(HbaMethod::Cert) => Ok(AuthType::Cert),
+        Some(HbaMethod::Reject) | None => Err(ClientError::fatal(
+            INVALID_AUTHORIZATION,
+            "login rejected".into(),
         )),
     }
 }

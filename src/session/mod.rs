@@ -162,14 +162,19 @@ async fn serve_client(app: Arc<App>, mut stream: Stream, origin: Origin) {
                     );
                 }
                 let stream = &*stream;
+                let addr = match &peer {
+                    PeerAddr::Tcp(a) => Some(a.ip()),
+                    PeerAddr::Unix => None,
+                };
+                let came = login::Came { addr, tls: &tls };
                 if crate::admin::is_console(&params) {
                     // Boxed: rare, and its future is as large as a pooled login's.
                     let unix = !tcp;
                     let login =
-                        crate::admin::login(&app, stream, (unix, &tls), &mut buf, minor, params);
+                        crate::admin::login(&app, stream, (unix, came), &mut buf, minor, params);
                     return Box::pin(login).await.map(|a| Some(Who::Console(a)));
                 }
-                login::login(&app, stream, &mut buf, minor, params, &tls)
+                login::login(&app, stream, &mut buf, minor, params, came)
                     .await
                     .map(|w| Some(Who::Pooled(w)))
             }

@@ -17,6 +17,7 @@ mod config_cli;
 mod drivers;
 mod fast_close;
 mod harness_smoke;
+mod hba;
 mod listeners;
 mod pooling;
 mod prepared_sql;

@@ -1,0 +1,126 @@
+use super::*;
+
+fn hba(text: &str) -> Hba {
+    match Hba::parse(text, Path::new("/etc/hba.conf")) {
+        Ok(h) => h,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn err(text: &str) -> String {
+    match Hba::parse(text, Path::new("/etc/hba.conf")) {
+        Ok(_) => "parsed".into(),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn tcp<'a>(ip: &str, tls: bool, database: &'a str, user: &'a str) -> HbaLogin<'a> {
+    HbaLogin {
+        addr: Some(
+            ip.parse()
+                .unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)),
+        ),
+        tls,
+        database,
+        user,
+    }
+}
+
+#[test]
+fn first_matching_rule_wins() {
+    let h = hba("# comment\n\
+         local all all trust\n\
+         hostssl app alice 10.0.0.0/8 cert   # trailing comment\n\
+         hostnossl all bob 10.1.0.0 255.255.0.0 reject\n\
+         host \"all\",sameuser all 127.0.0.1/32 scram-sha-256\n\
+         host all all ::1/128 password\n\
+         host all all all md5\n");
+    let unix = HbaLogin {
+        addr: None,
+        tls: false,
+        database: "app",
+        user: "x",
+    };
+    assert_eq!(h.method(unix), Some(HbaMethod::Trust));
+    assert_eq!(
+        h.method(tcp("10.2.3.4", true, "app", "alice")),
+        Some(HbaMethod::Cert)
+    );
+    // Without TLS the hostssl line is passed over.
+    assert_eq!(
+        h.method(tcp("10.2.3.4", false, "app", "alice")),
+        Some(HbaMethod::Md5)
+    );
+    assert_eq!(
+        h.method(tcp("10.1.9.9", false, "x", "bob")),
+        Some(HbaMethod::Reject)
+    );
+    assert_eq!(
+        h.method(tcp("10.1.9.9", true, "x", "bob")),
+        Some(HbaMethod::Md5)
+    );
+    // "all" quoted is a database named all; sameuser matches a database named as the user.
+    assert_eq!(
+        h.method(tcp("127.0.0.1", false, "all", "u")),
+        Some(HbaMethod::ScramSha256)
+    );
+    assert_eq!(
+        h.method(tcp("127.0.0.1", false, "u", "u")),
+        Some(HbaMethod::ScramSha256)
+    );
+    assert_eq!(
+        h.method(tcp("127.0.0.1", false, "db", "u")),
+        Some(HbaMethod::Md5)
+    );
+    assert_eq!(
+        h.method(tcp("::1", false, "db", "u")),
+        Some(HbaMethod::Password)
+    );
+    // An IPv4-mapped IPv6 client is matched as IPv4.
+    assert_eq!(
+        h.method(tcp("::ffff:10.1.0.1", false, "d", "bob")),
+        Some(HbaMethod::Reject)
+    );
+    let none = hba("host all all 192.168.0.0/16 md5\n");
+    assert_eq!(none.method(tcp("10.0.0.1", false, "d", "u")), None);
+}
+
+#[test]
+fn errors_name_the_line() {
+    assert_eq!(
+        err("local all all trust\nhost all all 1.2.3.4/40 md5\n"),
+        "/etc/hba.conf:2: invalid CIDR mask in address \"1.2.3.4/40\""
+    );
+    for (line, why) in [
+        ("hostgssenc all all all md5", "invalid connection type \"hostgssenc\""),
+        ("host all all all", "end-of-line before authentication method"),
+        ("host all all all peer", "unsupported authentication method \"peer\""),
+        ("host all all all cert map=x", "unsupported option \"map=x\""),
+        ("host all +admins all md5", "group names (\"+admins\") are not supported"),
+        ("host all all db.example.com md5", "invalid IP address \"db.example.com\" (host names, samehost and samenet are not supported)"),
+        ("host all all 10.0.0.0 255.0.255.0 md5", "no valid netmask after \"10.0.0.0\""),
+        ("host \"all all all md5", "unterminated quoted string"),
+        ("local all @missing-users.txt trust", "/etc/missing-users.txt: cannot read: No such file or directory (os error 2)"),
+    ] {
+        assert_eq!(err(line), format!("/etc/hba.conf:1: {why}"), "{line}");
+    }
+}
+
+#[test]
+fn names_from_a_file() {
+    let dir = crate::config::testdir::TempDir::new("hba", "names");
+    let users = dir.write("users.txt", "alice, bob # the admins\ncarol\n");
+    let path = users.with_file_name("hba.conf");
+    let h = match Hba::parse("host all @users.txt all trust\n", &path) {
+        Ok(h) => h,
+        Err(e) => panic!("{e}"),
+    };
+    for u in ["alice", "bob", "carol"] {
+        assert_eq!(
+            h.method(tcp("1.2.3.4", false, "d", u)),
+            Some(HbaMethod::Trust),
+            "{u}"
+        );
+    }
+    assert_eq!(h.method(tcp("1.2.3.4", false, "d", "dave")), None);
+}

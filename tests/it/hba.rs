@@ -1,0 +1,84 @@
+//! `auth_type = hba`: `auth_hba_file`'s first matching rule picks each login's method
+//! (PgBouncer's subset of pg_hba.conf), by connection type, database, user and address.
+
+use std::time::Duration;
+
+use crate::auth::try_login;
+use crate::support::{self, SluiceBuilder, TempDir, MD5_PASSWORD, MD5_USER, TEST_DB};
+
+const RULES: &str = "\
+# UNIX socket: no password, but the user must be listed (as trust)
+local   all  all                        trust
+host    all  sluice_plain  127.0.0.1/32 reject
+hostssl all  sluice_scram  all          scram-sha-256
+host    \"sluice_test\"  sluice_md5,sluice_scram  127.0.0.0 255.0.0.0  md5
+";
+
+fn message(e: &tokio_postgres::Error) -> String {
+    e.as_db_error()
+        .map_or(e.to_string(), |d| d.message().to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_matching_rule_picks_the_method() {
+    let dir = TempDir::new("sluice-hba");
+    let rules = dir.write("hba.conf", RULES);
+    let s = SluiceBuilder::new()
+        .setting("auth_type", "hba")
+        .setting("auth_hba_file", &rules.display().to_string())
+        .userlist(MD5_USER, MD5_PASSWORD)
+        .userlist(support::SCRAM_USER, support::SCRAM_PASSWORD)
+        .userlist(support::PLAIN_USER, support::PLAIN_PASSWORD)
+        .start();
+    let login = |user: &str, password: &str| {
+        let cfg = s.config(user, password, TEST_DB);
+        async move { try_login(&cfg).await }
+    };
+
+    // md5 over TCP, right and wrong password.
+    assert!(
+        login(MD5_USER, MD5_PASSWORD).await.is_ok(),
+        "{}",
+        s.diagnostics()
+    );
+    let e = login(MD5_USER, "wrong").await.expect_err("wrong password");
+    assert_eq!(message(&e), "password authentication failed");
+    // sluice_scram has no TLS here, so the hostssl rule passes it over to md5, which
+    // its stored plaintext password answers.
+    assert!(login(support::SCRAM_USER, support::SCRAM_PASSWORD)
+        .await
+        .is_ok());
+    // A reject rule, and a user no rule names.
+    for user in [support::PLAIN_USER, "nobody_listed"] {
+        let e = login(user, support::PLAIN_PASSWORD).await.expect_err(user);
+        assert_eq!(message(&e), "login rejected", "{user}");
+    }
+    // The UNIX socket's `local` rule: no password asked.
+    let cfg = s.socket_config(MD5_USER, "", TEST_DB);
+    let c = tokio::time::timeout(Duration::from_secs(20), try_login(&cfg)).await;
+    assert!(matches!(c, Ok(Ok(_))), "{}", s.diagnostics());
+    assert!(s.log().contains("login rejected"), "{}", s.log());
+}
+
+#[test]
+fn hba_file_errors_name_file_and_line() {
+    let dir = TempDir::new("sluice-hba-bad");
+    let rules = dir.write(
+        "hba.conf",
+        "local all all trust\nhost all all 10.0.0.0/8 ident\n",
+    );
+    let (status, out) = SluiceBuilder::new()
+        .setting("auth_type", "hba")
+        .setting("auth_hba_file", &rules.display().to_string())
+        .start_expect_failure();
+    assert!(!status.success());
+    let want = format!(
+        "{}:2: unsupported authentication method \"ident\"",
+        rules.display()
+    );
+    assert!(out.contains(&want), "{out}");
+    let (_, out) = SluiceBuilder::new()
+        .setting("auth_type", "hba")
+        .start_expect_failure();
+    assert!(out.contains("auth_type hba needs auth_hba_file"), "{out}");
+}
