@@ -5,9 +5,9 @@
 //! Supported as in PgBouncer: `local`, `host`, `hostssl`, `hostnossl`; databases `all`,
 //! `sameuser`, `replication`, names and `@file`; users `all`, names and `@file`;
 //! addresses `all`, CIDR (IPv4 and IPv6) or an address with a netmask; methods
-//! `trust`, `reject`, `md5`, `password`, `scram-sha-256`, `cert`. Not supported (an
-//! error at load, naming file and line): `+group` users, `samehost`/`samenet`, host
-//! names, `peer` and other methods, and options such as `map=`.
+//! `trust`, `reject`, `md5`, `password`, `scram-sha-256`, `cert`, `peer` (`local`
+//! only). Not supported (an error at load, naming file and line): `+group` users,
+//! `samehost`/`samenet`, host names, other methods, and options such as `map=`.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -23,6 +23,7 @@ pub enum HbaMethod {
     Password,
     ScramSha256,
     Cert,
+    Peer,
 }
 
 /// The loaded rules.
@@ -220,6 +221,8 @@ fn rule(fields: &[Field], dir: &Path) -> Result<Rule, String> {
         Some("password") => HbaMethod::Password,
         Some("scram-sha-256") => HbaMethod::ScramSha256,
         Some("cert") => HbaMethod::Cert,
+        Some("peer") if kind == Kind::Local => HbaMethod::Peer,
+        Some("peer") => return Err("peer authentication is only for local connections".into()),
         Some(other) => return Err(format!("unsupported authentication method \"{other}\"")),
         None => return Err("end-of-line before authentication method".into()),
     };

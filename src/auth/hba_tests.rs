@@ -94,7 +94,8 @@ fn errors_name_the_line() {
     for (line, why) in [
         ("hostgssenc all all all md5", "invalid connection type \"hostgssenc\""),
         ("host all all all", "end-of-line before authentication method"),
-        ("host all all all peer", "unsupported authentication method \"peer\""),
+        ("host all all all ident", "unsupported authentication method \"ident\""),
+        ("host all all all peer", "peer authentication is only for local connections"),
         ("host all all all cert map=x", "unsupported option \"map=x\""),
         ("host all +admins all md5", "group names (\"+admins\") are not supported"),
         ("host all all db.example.com md5", "invalid IP address \"db.example.com\" (host names, samehost and samenet are not supported)"),

@@ -84,6 +84,9 @@ pub enum AuthType {
     Cert,
     /// The method named by the first matching rule of `auth_hba_file`.
     Hba,
+    /// The OS user of a UNIX-socket client must be the user name; only as an
+    /// `auth_hba_file` method (as in PgBouncer), never as `auth_type` itself.
+    Peer,
     /// Accepted by the parser but not implemented (ldap, pam).
     Unsupported(&'static str),
 }

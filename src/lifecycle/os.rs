@@ -33,6 +33,33 @@ pub fn daemonize() -> io::Result<()> {
     Ok(())
 }
 
+/// The name of OS user `uid` (for `peer` authentication); None if it has none.
+/// Reentrant (`getpwuid_r`): it runs while other threads serve clients.
+pub fn user_name(uid: u32) -> Option<String> {
+    let mut buf: Vec<libc::c_char> = vec![0; 1024];
+    loop {
+        // SAFETY: a zeroed passwd is a valid value of this plain C struct (integers and
+        // null pointers); getpwuid_r only writes to it, to `buf` (whose length it is
+        // given) and to `found`.
+        let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        // SAFETY: see above; all four pointers are valid for the call.
+        let rc =
+            unsafe { libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr(), buf.len(), &mut found) };
+        if rc == libc::ERANGE && buf.len() < 1 << 20 {
+            buf.resize(buf.len() * 2, 0);
+            continue;
+        }
+        if rc != 0 || found.is_null() || pwd.pw_name.is_null() {
+            return None;
+        }
+        // SAFETY: on success pw_name points to a NUL-terminated string inside `buf`,
+        // which outlives this borrow; it is copied out before `buf` is dropped.
+        let name = unsafe { std::ffi::CStr::from_ptr(pwd.pw_name) };
+        return name.to_str().ok().map(str::to_owned);
+    }
+}
+
 /// Switches the process to `user` (its uid and primary gid).
 pub fn switch_user(user: &str) -> io::Result<()> {
     let name = CString::new(user)

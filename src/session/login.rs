@@ -395,6 +395,20 @@ pub(crate) async fn authenticate(
                 (Some(_), true) => Ok(None),
             }
         }
+        // The OS user at the other end of the UNIX socket. Only for clients that came
+        // in on it: a TLS client's stream is a socket pair whose peer is Sluice.
+        AuthType::Peer => {
+            let uid = stream.peer_uid().filter(|_| came.addr.is_none());
+            let os_user = uid.and_then(crate::lifecycle::os::user_name);
+            if os_user.as_deref() == Some(user) {
+                Ok(None)
+            } else {
+                Err(ClientError::fatal(
+                    INVALID_AUTHORIZATION,
+                    "peer authentication failed".into(),
+                ))
+            }
+        }
         // Resolved above; a rule file's method is never `hba` again.
         AuthType::Hba => Err(ClientError::fatal(
             INVALID_AUTHORIZATION,
@@ -436,6 +450,7 @@ fn hba_method(
         Some(HbaMethod::Password) => Ok(AuthType::Plain),
         Some(HbaMethod::ScramSha256) => Ok(AuthType::ScramSha256),
         Some(HbaMethod::Cert) => Ok(AuthType::Cert),
+        Some(HbaMethod::Peer) => Ok(AuthType::Peer),
         Some(HbaMethod::Reject) | None => Err(ClientError::fatal(
             INVALID_AUTHORIZATION,
             "login rejected".into(),

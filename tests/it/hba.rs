@@ -82,3 +82,39 @@ fn hba_file_errors_name_file_and_line() {
         .start_expect_failure();
     assert!(out.contains("auth_type hba needs auth_hba_file"), "{out}");
 }
+
+/// `peer`: the OS user at the other end of the UNIX socket must be the user name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_takes_the_os_user_of_a_unix_socket_client() {
+    let dir = TempDir::new("sluice-hba-peer");
+    let rules = dir.write("hba.conf", "local all all peer\n");
+    let s = SluiceBuilder::new()
+        .setting("auth_type", "hba")
+        .setting("auth_hba_file", &rules.display().to_string())
+        // Whoever the client is, the server sees sluice_trust.
+        .database(TEST_DB, crate::auth::DB_AS_TRUST_USER)
+        .start();
+    let out = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .expect("id");
+    let me = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(!me.is_empty(), "no OS user name");
+
+    let c = try_login(&s.socket_config(&me, "", TEST_DB)).await;
+    assert!(
+        c.is_ok(),
+        "{:?}\n{}",
+        c.err().map(|e| message(&e)),
+        s.diagnostics()
+    );
+    let e = try_login(&s.socket_config("someone_else", "", TEST_DB))
+        .await
+        .expect_err("another OS user's name");
+    assert_eq!(message(&e), "peer authentication failed");
+    // Over TCP no rule matches.
+    let e = try_login(&s.config(&me, "", TEST_DB))
+        .await
+        .expect_err("TCP");
+    assert_eq!(message(&e), "login rejected");
+}
