@@ -56,7 +56,7 @@ fn same_os_user(stream: &Stream, unix: bool) -> bool {
 pub async fn login(
     app: &App,
     stream: &Stream,
-    (unix, came): (bool, crate::session::login::Came<'_>),
+    (unix, came): (bool, crate::session::identity::Came<'_>),
     buf: &mut BytesMut,
     minor: u16,
     params: StartupParams,

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use bytes::{Buf, BytesMut};
 
+use super::identity::{self, Came};
 use super::params::{self, ClientParams, StartupTracked};
 use super::ClientError;
 use crate::app::App;
@@ -330,7 +331,7 @@ pub(crate) async fn authenticate(
     let s = &cfg.settings;
     let tls = came.tls;
     let auth_type = match s.auth_type {
-        AuthType::Hba => hba_method(cfg, db, user, came)?,
+        AuthType::Hba => identity::hba_method(cfg, db, user, came)?,
         other => other,
     };
     // An empty stored password never matches (as in PgBouncer); it still lists the
@@ -384,31 +385,8 @@ pub(crate) async fn authenticate(
         AuthType::Md5 | AuthType::ScramSha256 => {
             Box::pin(scram(cfg, stream, buf, out, user, secret, queried)).await
         }
-        // As PgBouncer: the user name must be the certificate's common name. Only a
-        // certificate that verified against client_tls_ca_file is ever present.
-        AuthType::Cert => {
-            let refuse = |m: &str| Err(ClientError::fatal(INVALID_AUTHORIZATION, m.into()));
-            match (&tls.common_name, tls.info.is_tls()) {
-                (_, false) => refuse("TLS connection required"),
-                (None, true) => refuse("TLS client certificate required"),
-                (Some(name), true) if name != user => refuse("TLS certificate name mismatch"),
-                (Some(_), true) => Ok(None),
-            }
-        }
-        // The OS user at the other end of the UNIX socket. Only for clients that came
-        // in on it: a TLS client's stream is a socket pair whose peer is Sluice.
-        AuthType::Peer => {
-            let uid = stream.peer_uid().filter(|_| came.addr.is_none());
-            let os_user = uid.and_then(crate::lifecycle::os::user_name);
-            if os_user.as_deref() == Some(user) {
-                Ok(None)
-            } else {
-                Err(ClientError::fatal(
-                    INVALID_AUTHORIZATION,
-                    "peer authentication failed".into(),
-                ))
-            }
-        }
+        AuthType::Cert => identity::cert(tls, user).map(|()| None),
+        AuthType::Peer => identity::peer(stream, came, user).map(|()| None),
         // Resolved above; a rule file's method is never `hba` again.
         AuthType::Hba => Err(ClientError::fatal(
             INVALID_AUTHORIZATION,
@@ -417,43 +395,6 @@ pub(crate) async fn authenticate(
         AuthType::Unsupported(name) => Err(ClientError::fatal(
             FEATURE_NOT_SUPPORTED,
             format!("auth_type {name} is not supported by Sluice"),
-        )),
-    }
-}
-
-/// How a client came in: its address (None on the UNIX socket) and its TLS session.
-#[derive(Debug, Clone, Copy)]
-pub struct Came<'a> {
-    pub addr: Option<std::net::IpAddr>,
-    pub tls: &'a TlsPeer,
-}
-
-/// `auth_type = hba`: the auth type the first matching rule names; `reject`, or no
-/// rule, refuses the login (`login rejected`, as PgBouncer).
-fn hba_method(
-    cfg: &Config,
-    db: &DatabaseEntry,
-    user: &str,
-    came: Came<'_>,
-) -> Result<AuthType, ClientError> {
-    use crate::auth::hba::{HbaLogin, HbaMethod};
-    let login = HbaLogin {
-        addr: came.addr,
-        tls: came.tls.info.is_tls(),
-        database: &db.name,
-        user,
-    };
-    let method = cfg.hba.as_deref().and_then(|h| h.method(login));
-    match method {
-        Some(HbaMethod::Trust) => Ok(AuthType::Trust),
-        Some(HbaMethod::Md5) => Ok(AuthType::Md5),
-        Some(HbaMethod::Password) => Ok(AuthType::Plain),
-        Some(HbaMethod::ScramSha256) => Ok(AuthType::ScramSha256),
-        Some(HbaMethod::Cert) => Ok(AuthType::Cert),
-        Some(HbaMethod::Peer) => Ok(AuthType::Peer),
-        Some(HbaMethod::Reject) | None => Err(ClientError::fatal(
-            INVALID_AUTHORIZATION,
-            "login rejected".into(),
         )),
     }
 }

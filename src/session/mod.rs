@@ -5,6 +5,7 @@ mod assign;
 mod authq;
 pub mod cancel;
 pub mod framer;
+pub mod identity;
 pub mod keeper;
 pub mod login;
 pub mod params;
@@ -166,7 +167,7 @@ async fn serve_client(app: Arc<App>, mut stream: Stream, origin: Origin) {
                     PeerAddr::Tcp(a) => Some(a.ip()),
                     PeerAddr::Unix => None,
                 };
-                let came = login::Came { addr, tls: &tls };
+                let came = identity::Came { addr, tls: &tls };
                 if crate::admin::is_console(&params) {
                     // Boxed: rare, and its future is as large as a pooled login's.
                     let unix = !tcp;
