@@ -3,8 +3,13 @@
 
 use std::time::Duration;
 
-use crate::auth::try_login;
+use crate::auth::{login_error, try_login};
 use crate::support::{self, SluiceBuilder, TempDir, MD5_PASSWORD, MD5_USER, TEST_DB};
+use crate::tls::{psql_tls, refused, Certs};
+
+/// SQLSTATEs: invalid_authorization_specification, invalid_password.
+const REJECTED: &str = "28000";
+const PASSWORD: &str = "28P01";
 
 const RULES: &str = "\
 # UNIX socket: no password, but the user must be listed (as trust)
@@ -13,11 +18,6 @@ host    all  sluice_plain  127.0.0.1/32 reject
 hostssl all  sluice_scram  all          scram-sha-256
 host    \"sluice_test\"  sluice_md5,sluice_scram  127.0.0.0 255.0.0.0  md5
 ";
-
-fn message(e: &tokio_postgres::Error) -> String {
-    e.as_db_error()
-        .map_or(e.to_string(), |d| d.message().to_owned())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_matching_rule_picks_the_method() {
@@ -41,8 +41,11 @@ async fn the_first_matching_rule_picks_the_method() {
         "{}",
         s.diagnostics()
     );
-    let e = login(MD5_USER, "wrong").await.expect_err("wrong password");
-    assert_eq!(message(&e), "password authentication failed");
+    let e = login_error(&s.config(MD5_USER, "wrong", TEST_DB)).await;
+    assert_eq!(
+        e,
+        (PASSWORD.into(), "password authentication failed".into())
+    );
     // sluice_scram has no TLS here, so the hostssl rule passes it over to md5, which
     // its stored plaintext password answers.
     assert!(login(support::SCRAM_USER, support::SCRAM_PASSWORD)
@@ -50,8 +53,8 @@ async fn the_first_matching_rule_picks_the_method() {
         .is_ok());
     // A reject rule, and a user no rule names.
     for user in [support::PLAIN_USER, "nobody_listed"] {
-        let e = login(user, support::PLAIN_PASSWORD).await.expect_err(user);
-        assert_eq!(message(&e), "login rejected", "{user}");
+        let e = login_error(&s.config(user, support::PLAIN_PASSWORD, TEST_DB)).await;
+        assert_eq!(e, (REJECTED.into(), "login rejected".into()), "{user}");
     }
     // The UNIX socket's `local` rule: no password asked.
     let cfg = s.socket_config(MD5_USER, "", TEST_DB);
@@ -105,16 +108,41 @@ async fn peer_takes_the_os_user_of_a_unix_socket_client() {
     assert!(
         c.is_ok(),
         "{:?}\n{}",
-        c.err().map(|e| message(&e)),
+        c.err().map(|e| e.to_string()),
         s.diagnostics()
     );
-    let e = try_login(&s.socket_config("someone_else", "", TEST_DB))
-        .await
-        .expect_err("another OS user's name");
-    assert_eq!(message(&e), "peer authentication failed");
+    let e = login_error(&s.socket_config("someone_else", "", TEST_DB)).await;
+    assert_eq!(e, (REJECTED.into(), "peer authentication failed".into()));
     // Over TCP no rule matches.
-    let e = try_login(&s.config(&me, "", TEST_DB))
-        .await
-        .expect_err("TCP");
-    assert_eq!(message(&e), "login rejected");
+    let e = login_error(&s.config(&me, "", TEST_DB)).await;
+    assert_eq!(e, (REJECTED.into(), "login rejected".into()));
+}
+
+/// `hostssl` with `cert`: TLS clients log in by certificate; the same client in
+/// plaintext falls through to `reject`.
+#[test]
+fn hostssl_cert_rules_take_tls_clients_by_certificate() {
+    let certs = Certs::new();
+    let dir = TempDir::new("sluice-hba-cert");
+    let rules = dir.write(
+        "hba.conf",
+        "hostssl all all 127.0.0.1/32 cert\nhost all all 127.0.0.1/32 reject\n",
+    );
+    let s = certs
+        .sluice("prefer")
+        .setting("client_tls_ca_file", &certs.path("ca.pem"))
+        .setting("auth_type", "hba")
+        .setting("auth_hba_file", &rules.display().to_string())
+        .start();
+    let (cert, key) = (certs.path("client.pem"), certs.path("client.key"));
+    let env = [
+        ("PGSSLMODE", "require"),
+        ("PGSSLCERT", cert.as_str()),
+        ("PGSSLKEY", key.as_str()),
+    ];
+    let (ok, text) = psql_tls(&s, TEST_DB, &env, "SELECT current_user");
+    assert!(ok, "{text}\n{}", s.diagnostics());
+    assert_eq!(text, MD5_USER);
+    let text = refused(&s, &[("PGSSLMODE", "disable")]);
+    assert!(text.contains("login rejected"), "{text}");
 }
