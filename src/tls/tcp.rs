@@ -90,10 +90,7 @@ pub fn read_pair(s: &UnixStream, buf: &mut BytesMut) -> io::Result<(usize, bool)
     let room = buf.capacity() - buf.len();
     let mut drained = 0;
     let r = s.try_io(Interest::READABLE, || {
-        let n = SockRef::from(s).recv(buf.spare_capacity_mut())?;
-        // SAFETY: recv wrote the first `n` bytes of the spare capacity, so they are
-        // initialised, and `n` is at most the spare length.
-        unsafe { buf.set_len(buf.len() + n) };
+        let n = crate::net::stream::recv_into(s, buf)?;
         if n > 0 && n < room {
             drained = n;
             return Err(io::ErrorKind::WouldBlock.into());
