@@ -4,8 +4,9 @@ pub mod bufpool;
 pub mod framed;
 pub mod listener;
 pub mod stream;
+mod tls;
 pub mod tune;
 
 pub use listener::{bind_listeners, Acceptor, Listeners};
-pub use stream::{Origin, PeerAddr, StdStream, Stream};
+pub use stream::{Origin, PeerAddr, Socket, StdStream, Stream};
 pub use tune::TcpTuning;

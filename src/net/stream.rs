@@ -17,6 +17,8 @@ use socket2::SockRef;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
+use super::tls::TlsSession;
+
 /// Where a connection came from or goes to, for logs and the console.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PeerAddr {
@@ -59,7 +61,7 @@ pub struct Origin {
 /// the descriptor (epoll keys its entries by descriptor), dropped once writable.
 #[derive(Debug)]
 pub struct Stream {
-    io: AsyncFd<StdStream>,
+    pub(super) io: AsyncFd<Socket>,
     /// The write registration while a write waits (see above); rarely used.
     writer: Mutex<Option<AsyncFd<OwnedFd>>>,
 }
@@ -67,6 +69,9 @@ pub struct Stream {
 impl Stream {
     /// Waits until the socket is readable (or closed, or in error).
     pub async fn readable(&self) -> io::Result<()> {
+        if self.io.get_ref().tls.is_some() {
+            return std::future::poll_fn(|cx| self.poll_read_ready(cx)).await;
+        }
         // Dropping the guard keeps the readiness for the read that follows.
         self.io.readable().await.map(|_| ())
     }
@@ -80,6 +85,9 @@ impl Stream {
     /// waiter entry (the socket keeps one waker slot per direction), which the relay's
     /// per-message loop uses; only one task may poll a given socket this way.
     pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let Some(t) = self.io.get_ref().tls.as_deref() {
+            return self.tls_poll_read_ready(t, cx);
+        }
         self.io.poll_read_ready(cx).map_ok(|_| ())
     }
 
@@ -91,7 +99,7 @@ impl Stream {
         let fd = match &mut *w {
             Some(fd) => fd,
             slot => {
-                let dup = match SockRef::from(self.io.get_ref()).try_clone() {
+                let dup = match SockRef::from(&self.io.get_ref().raw).try_clone() {
                     Ok(d) => OwnedFd::from(d),
                     Err(e) => return Poll::Ready(Err(e)),
                 };
@@ -119,6 +127,9 @@ impl Stream {
     /// tokio only clears readiness if no new event arrived since it was observed, so
     /// no wake-up is lost.
     pub fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        if let Some(t) = self.io.get_ref().tls.as_deref() {
+            return self.tls_read_buf(t, buf);
+        }
         if buf.len() == buf.capacity() {
             // As tokio's own read does: a full buffer still takes a read.
             buf.reserve(64);
@@ -133,14 +144,26 @@ impl Stream {
     /// with [`Stream::read_first`], a read that drains the socket leaves no readiness
     /// behind, as epoll checks a socket again before it reports it.
     pub fn try_read_buf_now(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        if let Some(t) = self.io.get_ref().tls.as_deref() {
+            return self.tls_read_buf(t, buf);
+        }
         if buf.len() == buf.capacity() {
             buf.reserve(64);
         }
-        recv_into(self.io.get_ref(), buf)
+        recv_into(&self.io.get_ref().raw, buf)
     }
 
     /// Non-blocking read into `dst`, clearing readiness as [`Stream::try_read_buf`].
     pub fn try_read(&self, dst: &mut [u8]) -> io::Result<usize> {
+        if let Some(t) = self.io.get_ref().tls.as_deref() {
+            let mut at = 0;
+            return self.tls_read(t, |chunk| {
+                let n = chunk.len().min(dst.len() - at);
+                dst[at..at + n].copy_from_slice(&chunk[..n]);
+                at += n;
+                n
+            });
+        }
         let spare = dst.len();
         self.read_clearing(spare, |s| s.read_into(dst))
     }
@@ -154,7 +177,7 @@ impl Stream {
     ) -> io::Result<usize> {
         let mut drained = None;
         let r = self.io.try_io(Interest::READABLE, |s| {
-            let n = read(s)?;
+            let n = read(&s.raw)?;
             if n < spare {
                 drained = Some(n);
                 return Err(io::ErrorKind::WouldBlock.into());
@@ -170,17 +193,25 @@ impl Stream {
     /// Non-blocking write. `MSG_NOSIGNAL`: a peer that closed is an error for this
     /// client alone, never a SIGPIPE for the process, whatever the signal's disposition.
     pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
-        SockRef::from(self.io.get_ref()).send_with_flags(buf, libc::MSG_NOSIGNAL)
+        if let Some(t) = self.io.get_ref().tls.as_deref() {
+            return self.tls_write(t, buf);
+        }
+        SockRef::from(&self.io.get_ref().raw).send_with_flags(buf, libc::MSG_NOSIGNAL)
     }
 
     /// Whether the peer has closed, failed, or sent bytes while nobody was reading:
     /// checked on idle server connections before reuse. Never blocks. A connection for
     /// which this returns true is discarded, so consuming a stray byte is harmless.
     pub fn is_dead_or_chatty(&self) -> bool {
+        if let Some(t) = self.io.get_ref().tls.as_deref() {
+            if !Stream::tls_is_quiet(t) {
+                return true;
+            }
+        }
         let mut probe = [0u8; 1];
         let r = self
             .io
-            .try_io(Interest::READABLE, |s| s.read_into(&mut probe));
+            .try_io(Interest::READABLE, |s| s.raw.read_into(&mut probe));
         !matches!(r, Err(ref e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 
@@ -222,7 +253,10 @@ impl Stream {
     /// again before it reports it), unless the loop learnt it before this read: then
     /// the next wait wakes once for nothing, which the session's idle wait allows for.
     pub async fn read_first(&self, dst: &mut [u8]) -> io::Result<usize> {
-        match self.io.get_ref().read_into(dst) {
+        if self.io.get_ref().tls.is_some() {
+            return self.read(dst).await;
+        }
+        match self.io.get_ref().raw.read_into(dst) {
             Err(e)
                 if matches!(
                     e.kind(),
@@ -245,12 +279,31 @@ impl Stream {
                 Err(e) => return Err(e),
             }
         }
-        Ok(())
+        match self.io.get_ref().tls.as_deref() {
+            Some(t) => self.tls_flush(t).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Whether nothing is held for this connection outside its socket (always true
+    /// without TLS; see [`Stream::tls_is_quiet`]): only then may its client sleep
+    /// with the keeper.
+    pub fn is_quiet(&self) -> bool {
+        self.io
+            .get_ref()
+            .tls
+            .as_deref()
+            .is_none_or(Stream::tls_is_quiet)
+    }
+
+    /// Whether the connection carries TLS.
+    pub fn is_tls(&self) -> bool {
+        self.io.get_ref().tls.is_some()
     }
 
     /// The peer's address.
     pub fn peer_addr(&self) -> PeerAddr {
-        match self.io.get_ref() {
+        match &self.io.get_ref().raw {
             StdStream::Tcp(s) => s.peer_addr().map(PeerAddr::Tcp).unwrap_or(PeerAddr::Unix),
             StdStream::Unix(_) => PeerAddr::Unix,
         }
@@ -258,7 +311,7 @@ impl Stream {
 
     /// The local end of a TCP socket (None for UNIX sockets), for the console.
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        match self.io.get_ref() {
+        match &self.io.get_ref().raw {
             StdStream::Tcp(s) => s.local_addr().ok(),
             StdStream::Unix(_) => None,
         }
@@ -266,24 +319,24 @@ impl Stream {
 
     /// The OS uid of a UNIX-socket peer (for the admin console's same-user rule).
     pub fn peer_uid(&self) -> Option<u32> {
-        match self.io.get_ref() {
+        match &self.io.get_ref().raw {
             StdStream::Unix(s) => peer_uid(s),
             StdStream::Tcp(_) => None,
         }
     }
 
     /// The socket without its registration, for a client that sleeps in the keeper's
-    /// epoll set (it stays non-blocking).
-    pub fn into_std(self) -> StdStream {
+    /// epoll set (it stays non-blocking), with its TLS session if it has one.
+    pub fn into_std(self) -> Socket {
         self.io.into_inner()
     }
 
     /// Registers a non-blocking socket (accepted, connected, or put away by
     /// [`Stream::into_std`]) with the current event loop, for reads; must run inside
     /// the runtime.
-    pub fn from_std(s: StdStream) -> io::Result<Stream> {
+    pub fn from_std(s: impl Into<Socket>) -> io::Result<Stream> {
         Ok(Stream {
-            io: register(s, Interest::READABLE)?,
+            io: register(s.into(), Interest::READABLE)?,
             writer: Mutex::new(None),
         })
     }
@@ -299,6 +352,7 @@ pub(crate) fn register<T: Owns>(inner: T, interest: Interest) -> io::Result<Asyn
 /// Types that own the descriptor `as_raw_fd` returns (what [`register`] requires).
 pub(crate) trait Owns: AsRawFd {}
 impl Owns for StdStream {}
+impl Owns for Socket {}
 impl Owns for OwnedFd {}
 impl Owns for mio::net::TcpListener {}
 impl Owns for mio::net::UnixListener {}
@@ -325,6 +379,27 @@ fn peer_uid(s: &std::os::unix::net::UnixStream) -> Option<u32> {
     (rc == 0 && len as usize == std::mem::size_of::<libc::ucred>()).then_some(cred.uid)
 }
 
+/// A connection's socket and the TLS session it carries, if any: what a [`Stream`]
+/// registers, and what a sleeping client keeps. Dropping it sends a TLS session's
+/// close_notify first.
+#[derive(Debug)]
+pub struct Socket {
+    pub(super) raw: StdStream,
+    pub(super) tls: Option<Box<TlsSession>>,
+}
+
+impl From<StdStream> for Socket {
+    fn from(raw: StdStream) -> Socket {
+        Socket { raw, tls: None }
+    }
+}
+
+impl AsRawFd for Socket {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.raw.as_raw_fd()
+    }
+}
+
 /// A client socket while no tokio task owns it (non-blocking).
 #[derive(Debug)]
 pub enum StdStream {
@@ -334,7 +409,7 @@ pub enum StdStream {
 
 impl StdStream {
     /// A read into `dst` (`recv`), on either kind of socket.
-    fn read_into(&self, dst: &mut [u8]) -> io::Result<usize> {
+    pub(super) fn read_into(&self, dst: &mut [u8]) -> io::Result<usize> {
         match self {
             StdStream::Tcp(s) => (&*s).read(dst),
             StdStream::Unix(s) => (&*s).read(dst),

@@ -5,7 +5,7 @@ use super::target::ServerAddr;
 use crate::config::SslMode;
 use crate::net::Stream;
 use crate::tls::server::{server_name, ServerTls};
-use crate::tls::{tunnel, TlsInfo};
+use crate::tls::{handshake, TlsInfo};
 
 /// SSLRequest: length 8, then the request code 1234.5679.
 const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
@@ -34,7 +34,7 @@ pub async fn negotiate(
         (_, b'S') => {
             let name = server_name(host).map_err(PoolError::Connect)?;
             let config = tls.config.clone();
-            tunnel::connect(config, name, stream)
+            handshake::connect(config, name, stream)
                 .await
                 .map_err(|e| PoolError::Connect(format!("{addr}: {e}")))
         }

@@ -23,7 +23,7 @@ use super::relay::FRESH_SLEEP;
 use super::{drive, Session};
 use crate::app::App;
 use crate::clock::Tick;
-use crate::net::{StdStream, Stream};
+use crate::net::{Socket, Stream};
 use crate::stats::conns::{ClientInfo, Slept};
 
 /// How long a client must have been idle (since its last request began) before the
@@ -83,7 +83,7 @@ pub(super) fn came_back(keeper: &Keeper, info: &ClientInfo, slept: Slept) {
 
 /// A sleeping client.
 struct Sleeper {
-    socket: StdStream,
+    socket: Socket,
     session: Box<Session>,
 }
 
@@ -178,7 +178,7 @@ impl Keeper {
     }
 
     /// Puts a session to sleep, its socket taken out of tokio.
-    pub(super) fn put(&self, socket: StdStream, session: Box<Session>) {
+    pub(super) fn put(&self, socket: Socket, session: Box<Session>) {
         self.asleep.fetch_add(1, Ordering::Relaxed);
         if let Err(mpsc::error::SendError(s)) = self.tx.send(Sleeper { socket, session }) {
             // The keeper is gone (shutting down): the client stays awake.

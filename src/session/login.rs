@@ -122,7 +122,7 @@ pub async fn read_startup(
                     continue;
                 };
                 stream.write_all(b"S").await.map_err(ClientError::Io)?;
-                *tls = crate::tls::tunnel::accept(config, stream)
+                *tls = crate::tls::handshake::accept(config, stream)
                     .await
                     .map_err(|e| ClientError::Dropped(e.to_string()))?;
             }

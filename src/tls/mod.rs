@@ -1,14 +1,13 @@
 //! TLS towards clients (`client_tls_*`): the acceptor's configuration, built from the
 //! settings at every load (so a reload re-reads the key and certificates, as
-//! PgBouncer's does), and the tunnel a TLS client's bytes pass through
-//! ([`tunnel`]).
+//! PgBouncer's does), and the handshakes ([`handshake`]), after which the
+//! connection's own stream carries the session (`net/tls.rs`).
 //!
 //! rustls with the ring provider: TLS 1.2 and 1.3 only, its default cipher suites.
 
+pub mod handshake;
 mod peer;
 pub mod server;
-mod tcp;
-pub mod tunnel;
 
 pub use peer::{common_name, TlsPeer};
 

@@ -29,4 +29,5 @@ mod tls;
 mod tls_cert;
 mod tls_records;
 mod tls_server;
+mod tls_stream;
 mod txn;
