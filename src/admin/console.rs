@@ -44,7 +44,7 @@ pub fn is_console(params: &StartupParams) -> bool {
 }
 
 /// Whether the peer is this process's own OS user on the UNIX socket. `unix` comes
-/// from accept: a TLS client's stream is a socket pair whose peer is Sluice itself.
+/// from accept (a TLS client is always a TCP one, with no peer uid).
 fn same_os_user(stream: &Stream, unix: bool) -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };

@@ -435,8 +435,8 @@ impl AsFd for StdStream {
     }
 }
 
-/// One `recv` into `buf`'s spare room (also the TLS tunnel's reads of its pair).
-pub(crate) fn recv_into(s: &impl AsFd, buf: &mut BytesMut) -> io::Result<usize> {
+/// One `recv` into `buf`'s spare room.
+fn recv_into(s: &impl AsFd, buf: &mut BytesMut) -> io::Result<usize> {
     let n = SockRef::from(s).recv(buf.spare_capacity_mut())?;
     // SAFETY: recv wrote the first `n` bytes of the spare capacity, so they are
     // initialised, and `n` is at most the spare length.

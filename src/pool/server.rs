@@ -299,7 +299,7 @@ pub(crate) async fn connect(
     slot: SlotToken,
 ) -> Result<ServerConn, PoolError> {
     let mut stream = open(&cfg.addr, cfg.server_connect_timeout, &cfg.tcp).await?;
-    // Before TLS puts a socket pair in its place.
+    // Asked once, for the console (TLS does not change it).
     let local_addr = stream.local_addr();
     let limit = if cfg.server_connect_timeout.is_zero() {
         Duration::from_secs(3600)

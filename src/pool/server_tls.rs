@@ -10,8 +10,8 @@ use crate::tls::{handshake, TlsInfo};
 /// SSLRequest: length 8, then the request code 1234.5679.
 const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
 
-/// Sends an SSLRequest to a TCP server and, if it answers `S`, runs the handshake and
-/// puts the tunnel's plaintext end in `stream`'s place. A server that answers `N` is
+/// Sends an SSLRequest to a TCP server and, if it answers `S`, runs the handshake,
+/// after which `stream` carries the TLS session. A server that answers `N` is
 /// used in plaintext unless the mode is `require` or stricter. UNIX sockets never use
 /// TLS. What was negotiated is returned (all zero for plaintext).
 pub async fn negotiate(

@@ -31,8 +31,7 @@ pub fn cert(tls: &TlsPeer, user: &str) -> Result<(), ClientError> {
 }
 
 /// `peer`: the OS user at the other end of the UNIX socket must be the user name.
-/// Only for clients that came in on it: a TLS client's stream is a socket pair whose
-/// peer is Sluice itself.
+/// Only for clients that came in on it (checked twice: a TCP client has no peer uid).
 pub fn peer(stream: &Stream, came: Came<'_>, user: &str) -> Result<(), ClientError> {
     let uid = stream.peer_uid().filter(|_| came.addr.is_none());
     let os_user = uid.and_then(crate::lifecycle::os::user_name);

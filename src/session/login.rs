@@ -48,8 +48,8 @@ pub enum Startup {
 
 /// Reads startup-family packets until a StartupMessage or CancelRequest arrives.
 /// An SSLRequest from a TCP client is taken up when `client_tls_sslmode` allows TLS:
-/// `stream` is then replaced by the plaintext end of the client's TLS tunnel, and
-/// `tls` tells what was negotiated. GSS encryption is always refused.
+/// `stream` then carries the client's TLS session, and `tls` tells what was
+/// negotiated. GSS encryption is always refused.
 pub async fn read_startup(
     app: &App,
     stream: &mut Stream,
