@@ -22,7 +22,7 @@ LABEL = {"sluice": "Sluice", "pgbouncer": "PgBouncer", "direct": "PostgreSQL"}
 
 
 class Scenario:
-    def __init__(self, key, title, clients, args, via="tcp", connect=False, script=None):
+    def __init__(self, key, title, clients, args, via="tcp", connect=False, script=None, tls=False):
         self.key = key
         self.title = title
         self.clients = clients
@@ -30,6 +30,7 @@ class Scenario:
         self.via = via            # "tcp" or "unix"
         self.connect = connect    # -C: a new connection per transaction
         self.script = script      # custom script text for -f, or None
+        self.tls = tls            # pgbench connects with sslmode=require (else disable)
 
     def describe(self):
         a = ["-c %d" % self.clients, "-j %d" % OPT.jobs] + self.args
@@ -37,6 +38,8 @@ class Scenario:
             a.append("-f %s" % self.script_name())
         if self.via == "unix":
             a.append("(UNIX socket)")
+        if self.tls:
+            a.append("(PGSSLMODE=require)")
         return "pgbench " + " ".join(a)
 
     def script_name(self):
@@ -51,6 +54,9 @@ SCENARIOS = [
     Scenario("select_8", "select-only (-S), 8 clients", 8, ["-S"]),
     Scenario("select1_tcp", "SELECT 1, 8 clients, TCP", 8, [], script=SELECT1),
     Scenario("select1_unix", "SELECT 1, 8 clients, UNIX socket", 8, [], via="unix", script=SELECT1),
+    # Clients over TLS: both poolers and PostgreSQL accept it with the same key and
+    # certificate (every other scenario's clients ask for plaintext).
+    Scenario("select1_tls", "SELECT 1, 8 clients, TCP with TLS", 8, [], script=SELECT1, tls=True),
     Scenario("select1_connect", "SELECT 1, new connection per tx (-C), 8 clients", 8, ["-C"],
              connect=True, script=SELECT1),
     Scenario("select_64", "select-only, 64 clients", 64, ["-S"]),
@@ -134,6 +140,9 @@ def clean_env():
     # any client or server started here.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
     env["LC_ALL"] = "C"
+    # The servers accept TLS (the TLS scenario); every other client asks for
+    # plaintext, as libpq's default `prefer` would otherwise take TLS.
+    env["PGSSLMODE"] = "disable"
     return env
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what `make bench` needs on top of `make deps` (PostgreSQL, pgbench,
-# a Rust toolchain): Debian's `pgbouncer` package, to measure against, and
-# python3 for the driver. Idempotent and quiet when everything is present;
+# a Rust toolchain): Debian's `pgbouncer` package, to measure against,
+# python3 for the driver, and openssl for the TLS scenario's certificate. Idempotent and quiet when everything is present;
 # uses sudo only when not root.
 #
 # The pgbouncer package enables a systemd service listening on port 6432. The
@@ -24,6 +24,8 @@ have_pgbouncer() {
 missing=()
 have_pgbouncer || missing+=(pgbouncer)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
+# The TLS scenario's key and certificate.
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 [ "${#missing[@]}" -eq 0 ] && exit 0
 
 if ! command -v apt-get >/dev/null 2>&1; then

@@ -91,7 +91,8 @@ def run_pgbench(pgbench, scen, host, port, seconds, logdir, pooler, pg=None):
     bench0 = children_cpu()
     t0 = time.monotonic()
     try:
-        out = subprocess.run(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env = dict(ENV, PGSSLMODE="require") if scen.tls else ENV
+        out = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, timeout=seconds + 180)
         text, rc = out.stdout, out.returncode
     except subprocess.TimeoutExpired as e:

@@ -28,7 +28,7 @@ from measure import run_rounds, run_idle_tests, train
 from report import (
     aggregate, render_markdown, render_svg, version_of, first_version_number, machine_text,
 )
-from servers import Runner, Postgres, Pooler
+from servers import Runner, Postgres, Pooler, TlsFiles
 
 
 def main():
@@ -94,7 +94,7 @@ def main():
     work = tempfile.mkdtemp(prefix="pooler-bench.", dir=base)
     os.chmod(work, 0o755)
     runner.own(work)
-    pg = Postgres(work, runner, bindir)
+    pg = Postgres(work, runner, bindir, TlsFiles(work, runner))
     poolers = {}
     t_start = time.monotonic()
     try:

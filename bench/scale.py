@@ -28,7 +28,7 @@ from common import (
 )
 from measure import run_pgbench
 from report import fmt_num, median_of, machine_text, version_of
-from servers import Runner, Postgres, Pooler, PoolerGroup
+from servers import Runner, Postgres, Pooler, PoolerGroup, TlsFiles
 
 
 def cpu_list(text):
@@ -212,7 +212,7 @@ def main():
     work = tempfile.mkdtemp(prefix="pooler-scale.", dir="/tmp" if runner.root else None)
     os.chmod(work, 0o755)
     runner.own(work)
-    pg = Postgres(work, runner, bindir)
+    pg = Postgres(work, runner, bindir, TlsFiles(work, runner))
     t_start = time.monotonic()
     try:
         say("scale: starting PostgreSQL (%s) in %s" % (bindir, work))

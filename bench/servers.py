@@ -39,11 +39,37 @@ class Runner:
 
 
 # --------------------------------------------------------------------------
+# TLS
+
+
+class TlsFiles:
+    """A self-signed key and certificate for localhost, made with openssl, readable
+    by the servers' user only (PostgreSQL insists): PostgreSQL and both poolers
+    present it to the TLS scenario's clients, which do not verify it
+    (sslmode=require), so all three do the same TLS work."""
+
+    def __init__(self, work, runner):
+        openssl = which("openssl") or die("openssl not found; run bench/install-deps.sh")
+        self.key = os.path.join(work, "tls.key")
+        self.cert = os.path.join(work, "tls.crt")
+        out = subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                              "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
+                              "-subj", "/CN=localhost", "-keyout", self.key, "-out", self.cert],
+                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if out.returncode:
+            die("openssl could not make the TLS key:\n" + out.stdout)
+        for f in (self.key, self.cert):
+            os.chmod(f, 0o600)
+            runner.own(f)
+
+
+# --------------------------------------------------------------------------
 # PostgreSQL
 
 
 class Postgres:
-    def __init__(self, work, runner, bindir):
+    def __init__(self, work, runner, bindir, tls=None):
+        self.tls = tls  # TlsFiles, or None: no TLS anywhere
         self.work = work
         self.runner = runner
         self.bindir = bindir
@@ -71,6 +97,9 @@ class Postgres:
                     "synchronous_commit = off\n"
                     "full_page_writes = off\n"
                     "shared_buffers = 128MB\n" % self.sock)
+            if self.tls:
+                f.write("ssl = on\nssl_cert_file = '%s'\nssl_key_file = '%s'\n"
+                        % (self.tls.cert, self.tls.key))
         for _ in range(3):
             port = free_port()
             rc = subprocess.run(self.runner.cmd([
@@ -163,6 +192,10 @@ listen_backlog = 4096
 log_connections = 0
 log_disconnections = 0
 """)
+            if self.pg.tls:
+                # TLS for the clients that ask (the TLS scenario), with PostgreSQL's key.
+                f.write("client_tls_sslmode = prefer\nclient_tls_key_file = %s\n"
+                        "client_tls_cert_file = %s\n" % (self.pg.tls.key, self.pg.tls.cert))
             if self.so_reuseport:
                 f.write("so_reuseport = 1\n")
 
