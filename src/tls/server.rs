@@ -2,8 +2,8 @@
 //! settings at every load, and how far a server's certificate is checked.
 //!
 //! As libpq and PgBouncer: `allow`, `prefer` and `require` encrypt without checking
-//! who answers; `verify-ca` checks the chain against `server_tls_ca_file`;
-//! `verify-full` checks the host name too.
+//! who answers; `verify-ca` checks the chain against `server_tls_ca_file` (or the
+//! system's CA bundle without it); `verify-full` checks the host name too.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -36,8 +36,44 @@ impl PartialEq for ServerTls {
     }
 }
 
+/// Where the system keeps its bundle of trusted CAs (Debian's first), for
+/// `verify-ca`/`verify-full` without `server_tls_ca_file`.
+const SYSTEM_BUNDLES: [&str; 4] = [
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+];
+
+/// The system's CA bundle: `SSL_CERT_FILE` if set (as OpenSSL, which PgBouncer and
+/// libpq use, reads it), else the first of [`SYSTEM_BUNDLES`] that exists.
+pub fn system_bundle() -> Option<PathBuf> {
+    if let Some(f) = std::env::var_os("SSL_CERT_FILE").filter(|f| !f.is_empty()) {
+        return Some(PathBuf::from(f));
+    }
+    SYSTEM_BUNDLES
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+}
+
 /// The connector for `server_tls_*`; None when `server_tls_sslmode` is `disable`.
+/// `verify-ca`/`verify-full` without `server_tls_ca_file` trust the system's CA
+/// bundle, as PgBouncer does with OpenSSL's default.
 pub fn connector(s: &Settings) -> Result<Option<ServerTls>, TlsSetupError> {
+    let system = match (&s.server_tls_ca_file, s.server_tls_sslmode) {
+        (None, SslMode::VerifyCa | SslMode::VerifyFull) => system_bundle(),
+        _ => None,
+    };
+    connector_with(s, system)
+}
+
+/// [`connector`] with the system bundle given (`system`), so tests need no
+/// environment.
+fn connector_with(
+    s: &Settings,
+    system: Option<PathBuf>,
+) -> Result<Option<ServerTls>, TlsSetupError> {
     let mode = s.server_tls_sslmode;
     if mode == SslMode::Disable {
         return Ok(None);
@@ -58,9 +94,23 @@ pub fn connector(s: &Settings) -> Result<Option<ServerTls>, TlsSetupError> {
             Some(webpki.build().map_err(|e| invalid(ca, e))?)
         }
         (None, SslMode::VerifyCa | SslMode::VerifyFull) => {
-            return Err(TlsSetupError::Invalid(
-                "server_tls_sslmode verify-ca and verify-full need server_tls_ca_file".into(),
-            ))
+            let Some(bundle) = system else {
+                return Err(TlsSetupError::Invalid(
+                    "server_tls_sslmode verify-ca and verify-full need server_tls_ca_file \
+                     (no system CA bundle found)"
+                        .into(),
+                ));
+            };
+            // A system bundle may hold certificates webpki cannot use: those are
+            // skipped, as OpenSSL would; the rest must not be empty.
+            let mut roots = RootCertStore::empty();
+            let (_, _) = roots.add_parsable_certificates(certificates(&bundle)?);
+            if roots.is_empty() {
+                return Err(invalid(&bundle, "no usable CA certificate"));
+            }
+            let webpki =
+                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone());
+            Some(webpki.build().map_err(|e| invalid(&bundle, e))?)
         }
         _ => None,
     };
@@ -180,7 +230,7 @@ mod tests {
     }
 
     fn error(pairs: &[(&str, &str)]) -> String {
-        match connector(&with(pairs)) {
+        match connector_with(&with(pairs), None) {
             Err(e) => e.to_string(),
             Ok(_) => "built".into(),
         }
@@ -193,7 +243,8 @@ mod tests {
         assert_eq!(prefer.map(|t| t.mode), Some(SslMode::Prefer));
         assert_eq!(
             error(&[("mode", "verify-full")]),
-            "server_tls_sslmode verify-ca and verify-full need server_tls_ca_file"
+            "server_tls_sslmode verify-ca and verify-full need server_tls_ca_file \
+             (no system CA bundle found)"
         );
         assert_eq!(
             error(&[("key", "/k.pem")]),

@@ -50,6 +50,16 @@ async fn started() -> (PrivatePg, Certs) {
 
 /// A Sluice for `pg` under the name `host`, with `settings`.
 fn sluice(pg: &PrivatePg, host: &str, settings: &[(&str, &str)]) -> Sluice {
+    sluice_env(pg, host, settings, &[])
+}
+
+/// [`sluice`] with environment variables for the Sluice process.
+fn sluice_env(
+    pg: &PrivatePg,
+    host: &str,
+    settings: &[(&str, &str)],
+    env: &[(&str, &str)],
+) -> Sluice {
     let mut b = SluiceBuilder::new()
         .userlist(MD5_USER, MD5_PASSWORD)
         .userlist(support::SCRAM_USER, support::SCRAM_PASSWORD)
@@ -61,6 +71,9 @@ fn sluice(pg: &PrivatePg, host: &str, settings: &[(&str, &str)]) -> Sluice {
         );
     for (k, v) in settings {
         b = b.setting(k, v);
+    }
+    for (k, v) in env {
+        b = b.env(k, v);
     }
     b.start()
 }
@@ -156,6 +169,22 @@ async fn server_tls_modes_and_certificate_checks() {
         "{}",
         s.log()
     );
+    drop(s);
+
+    // Without server_tls_ca_file, the system's CA bundle is trusted (SSL_CERT_FILE
+    // names it here, as OpenSSL reads it).
+    let full = [("server_tls_sslmode", "verify-full")];
+    let s = sluice_env(&pg, "localhost", &full, &[("SSL_CERT_FILE", &ca)]);
+    assert_eq!(
+        md5(&s).await.as_deref(),
+        Ok("true TLSv1.3"),
+        "{}",
+        s.diagnostics()
+    );
+    drop(s);
+    let s = sluice_env(&pg, "localhost", &full, &[("SSL_CERT_FILE", &other)]);
+    assert!(md5(&s).await.is_err());
+    assert!(s.log().contains("UnknownIssuer"), "{}", s.log());
     drop(s);
 
     // A client certificate for servers that ask for one.
