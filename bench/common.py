@@ -30,7 +30,7 @@ class Scenario:
         self.via = via            # "tcp" or "unix"
         self.connect = connect    # -C: a new connection per transaction
         self.script = script      # custom script text for -f, or None
-        self.tls = tls            # pgbench connects with sslmode=require (else disable)
+        self.tls = tls            # sslmode=require, to poolers that offer TLS (servers.py)
 
     def describe(self):
         a = ["-c %d" % self.clients, "-j %d" % OPT.jobs] + self.args
@@ -140,9 +140,6 @@ def clean_env():
     # any client or server started here.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
     env["LC_ALL"] = "C"
-    # The servers accept TLS (the TLS scenario); every other client asks for
-    # plaintext, as libpq's default `prefer` would otherwise take TLS.
-    env["PGSSLMODE"] = "disable"
     return env
 
 

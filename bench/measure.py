@@ -91,7 +91,13 @@ def run_pgbench(pgbench, scen, host, port, seconds, logdir, pooler, pg=None):
     bench0 = children_cpu()
     t0 = time.monotonic()
     try:
-        env = dict(ENV, PGSSLMODE="require") if scen.tls else ENV
+        if scen.tls:
+            env = dict(ENV, PGSSLMODE="require")
+        elif pooler is None:
+            # PostgreSQL itself (or the training Sluice) accepts TLS: plaintext asked.
+            env = dict(ENV, PGSSLMODE="disable")
+        else:
+            env = ENV  # libpq's default, prefer: an SSLRequest, answered N
         out = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, timeout=seconds + 180)
         text, rc = out.stdout, out.returncode
@@ -206,9 +212,10 @@ def idle_clients(pooler, total, sources, deadline, workers_per_source=1, login_t
 # the two phases
 
 
-def run_rounds(pgbench, pg, poolers, work, rounds, seconds):
+def run_rounds(pgbench, pg, poolers, work, rounds, seconds, tls_poolers=None):
     """Every scenario against Sluice, PgBouncer and PostgreSQL, `rounds` times,
-    interleaved so that a slow stretch of the machine hits all three alike.
+    interleaved so that a slow stretch of the machine hits all three alike; a TLS
+    scenario against `tls_poolers`, which offer TLS.
     Returns {scenario key: {target: [one result per round]}}."""
     raw = {s.key: {t: [] for t in TARGETS} for s in OPT.scenarios}
     total_runs = rounds * len(OPT.scenarios) * len(TARGETS)
@@ -218,7 +225,7 @@ def run_rounds(pgbench, pg, poolers, work, rounds, seconds):
         for scen in OPT.scenarios:
             for t in TARGETS:
                 n += 1
-                pooler = poolers.get(t)
+                pooler = (tls_poolers if scen.tls else poolers).get(t)
                 if not pg.alive():
                     # Nothing after this could measure anything; stopping
                     # now beats minutes of login timeouts in the poolers.

@@ -96,6 +96,7 @@ def main():
     runner.own(work)
     pg = Postgres(work, runner, bindir, TlsFiles(work, runner))
     poolers = {}
+    tls_poolers = {}  # for the TLS scenario: the same, offering TLS
     t_start = time.monotonic()
     try:
         if args.train:
@@ -124,18 +125,24 @@ def main():
             if s.script:
                 with open(os.path.join(work, s.script_name()), "w") as f:
                     f.write(s.script)
-        poolers["sluice"] = Pooler("sluice", args.sluice, work, runner, pg, userlist)
         if args.train:
+            # One Sluice offering TLS serves every scenario (the others ask for none).
+            poolers["sluice"] = Pooler("sluice", args.sluice, work, runner, pg, userlist, tls=True)
             runner.own(OPT.profile_dir)
             poolers["sluice"].start()
             train(pgbench, pg, poolers["sluice"], work, seconds)
             return
+        poolers["sluice"] = Pooler("sluice", args.sluice, work, runner, pg, userlist)
         poolers["pgbouncer"] = Pooler("pgbouncer", args.pgbouncer, work, runner, pg, userlist)
-        for p in poolers.values():
+        if any(s.tls for s in OPT.scenarios):
+            for name, binary in (("sluice", args.sluice), ("pgbouncer", args.pgbouncer)):
+                tls_poolers[name] = Pooler(name, binary, work, runner, pg, userlist, tls=True)
+        for p in list(poolers.values()) + list(tls_poolers.values()):
             p.start()
-            say("bench: %s listening on 127.0.0.1:%d and %s (pid %d)" % (p.name, p.port, p.sockdir, p.pid))
+            say("bench: %s%s listening on 127.0.0.1:%d and %s (pid %d)" % (
+                p.name, " (TLS)" if p.tls else "", p.port, p.sockdir, p.pid))
 
-        raw = run_rounds(pgbench, pg, poolers, work, rounds, seconds)
+        raw = run_rounds(pgbench, pg, poolers, work, rounds, seconds, tls_poolers)
         agg = aggregate(raw, rounds)
         idle_rows, idle_note = run_idle_tests(pgbench, poolers, args.idle, scale_idle, nofile)
 
@@ -172,7 +179,7 @@ def main():
         say(md)
         say("bench: wrote %s (%.0f s in all)" % (os.path.join(args.out, "results.md"), time.monotonic() - t_start))
     finally:
-        for p in poolers.values():
+        for p in list(poolers.values()) + list(tls_poolers.values()):
             p.stop()
         pg.stop()
         if args.keep:

@@ -28,7 +28,7 @@ from common import (
 )
 from measure import run_pgbench
 from report import fmt_num, median_of, machine_text, version_of
-from servers import Runner, Postgres, Pooler, PoolerGroup, TlsFiles
+from servers import Runner, Postgres, Pooler, PoolerGroup
 
 
 def cpu_list(text):
@@ -189,6 +189,8 @@ def main():
     if set(keys) - set(known):
         die("unknown scenario(s) %s" % ", ".join(sorted(set(keys) - set(known))))
     OPT.scenarios = [known[k] for k in keys]
+    if any(s.tls for s in OPT.scenarios):
+        die("the TLS scenario is make bench's only (its poolers here offer no TLS)")
     if any(s.clients < OPT.jobs for s in OPT.scenarios):
         die("pgbench -j %d needs at least as many clients in every scenario" % OPT.jobs)
     for b in [args.sluice] + ([args.compare] if args.compare else []):
@@ -212,7 +214,7 @@ def main():
     work = tempfile.mkdtemp(prefix="pooler-scale.", dir="/tmp" if runner.root else None)
     os.chmod(work, 0o755)
     runner.own(work)
-    pg = Postgres(work, runner, bindir, TlsFiles(work, runner))
+    pg = Postgres(work, runner, bindir)
     t_start = time.monotonic()
     try:
         say("scale: starting PostgreSQL (%s) in %s" % (bindir, work))

@@ -145,11 +145,16 @@ class Postgres:
 class Pooler:
     """A Sluice or a PgBouncer with the same ini (both read pgbouncer.ini)."""
 
-    def __init__(self, name, binary, work, runner, pg, userlist, instance=0):
+    def __init__(self, name, binary, work, runner, pg, userlist, instance=0, tls=False):
         self.name = name
         self.binary = binary
         self.work = work
-        self.dir = os.path.join(work, "%s.%d" % (name, instance) if instance else name)
+        # With `tls`, it offers TLS to clients (client_tls_sslmode=prefer): the TLS
+        # scenario's own pooler. The others offer none, so that libpq's default
+        # `prefer` sends an SSLRequest and is answered N, as against most poolers.
+        self.tls = tls
+        dirname = "%s.%d" % (name, instance) if instance else name
+        self.dir = os.path.join(work, dirname + ("-tls" if tls else ""))
         self.runner = runner
         self.pg = pg
         self.userlist = userlist
@@ -192,7 +197,7 @@ listen_backlog = 4096
 log_connections = 0
 log_disconnections = 0
 """)
-            if self.pg.tls:
+            if self.tls and self.pg.tls:
                 # TLS for the clients that ask (the TLS scenario), with PostgreSQL's key.
                 f.write("client_tls_sslmode = prefer\nclient_tls_key_file = %s\n"
                         "client_tls_cert_file = %s\n" % (self.pg.tls.key, self.pg.tls.cert))
