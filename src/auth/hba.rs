@@ -6,12 +6,15 @@
 //! `sameuser`, `replication`, names and `@file`; users `all`, names and `@file`;
 //! addresses `all`, CIDR (IPv4 and IPv6) or an address with a netmask; methods
 //! `trust`, `reject`, `md5`, `password`, `scram-sha-256`, `cert`, `peer` (`local`
-//! only). Not supported (an error at load, naming file and line): `+group` users,
-//! `samehost`/`samenet`, host names, other methods, and options such as `map=`.
+//! only), and the option `map=NAME` on `cert` and `peer` rules, a user-name map of
+//! `auth_ident_file` (`auth/ident.rs`). Not supported (an error at load, naming file
+//! and line): `+group` users, `samehost`/`samenet`, host names, other methods, and
+//! other options.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
+use super::ident::IdentMap;
 use crate::config::ConfigError;
 
 /// What a rule lets a login do.
@@ -26,10 +29,19 @@ pub enum HbaMethod {
     Peer,
 }
 
-/// The loaded rules.
+/// The loaded rules, and the user-name maps their `map=` options name.
 #[derive(Debug, Clone, Default)]
 pub struct Hba {
     rules: Vec<Rule>,
+    ident: IdentMap,
+}
+
+/// What the first matching rule says: the method, and for `cert` and `peer` the
+/// user-name map to check the name by (None: it must be the user name itself).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chosen<'a> {
+    pub method: HbaMethod,
+    pub map: Option<&'a str>,
 }
 
 /// A login as the rules see it.
@@ -71,17 +83,22 @@ struct Rule {
     users: Vec<Name>,
     addr: Addr,
     method: HbaMethod,
+    /// `map=`: the user-name map of `auth_ident_file` (cert and peer only).
+    map: Option<String>,
 }
 
 impl Hba {
-    /// Reads and parses `file`; `@file` lists are read relative to its directory.
-    pub fn load(file: &Path) -> Result<Hba, ConfigError> {
+    /// Reads and parses `file` (`@file` lists are read relative to its directory),
+    /// and `ident`, the `auth_ident_file` its `map=` options refer to.
+    pub fn load(file: &Path, ident: Option<&Path>) -> Result<Hba, ConfigError> {
+        let ident = ident.map(IdentMap::load).transpose()?;
         let text = std::fs::read_to_string(file).map_err(|e| ConfigError::io(file, e))?;
-        Hba::parse(&text, file)
+        Hba::parse(&text, file, ident)
     }
 
-    /// Parses the rules in `text`, read from `file`.
-    pub fn parse(text: &str, file: &Path) -> Result<Hba, ConfigError> {
+    /// Parses the rules in `text`, read from `file`; `ident` is the loaded
+    /// `auth_ident_file`, if one is set.
+    pub fn parse(text: &str, file: &Path, ident: Option<IdentMap>) -> Result<Hba, ConfigError> {
         let dir = file.parent().unwrap_or(Path::new("."));
         let mut rules = Vec::new();
         for (i, line) in text.lines().enumerate() {
@@ -90,15 +107,39 @@ impl Hba {
             if fields.is_empty() {
                 continue;
             }
-            rules.push(rule(&fields, dir).map_err(at)?);
+            let rule = rule(&fields, dir).map_err(at)?;
+            if let (Some(map), None) = (&rule.map, &ident) {
+                return Err(at(format!("map={map} needs auth_ident_file")));
+            }
+            rules.push(rule);
         }
-        Ok(Hba { rules })
+        Ok(Hba {
+            rules,
+            ident: ident.unwrap_or_default(),
+        })
     }
 
     /// The method of the first rule matching `login`; None if none does.
     pub fn method(&self, login: HbaLogin<'_>) -> Option<HbaMethod> {
+        self.choose(login).map(|c| c.method)
+    }
+
+    /// What the first rule matching `login` says; None if none does.
+    pub fn choose(&self, login: HbaLogin<'_>) -> Option<Chosen<'_>> {
         let rule = self.rules.iter().find(|r| r.matches(login))?;
-        Some(rule.method)
+        Some(Chosen {
+            method: rule.method,
+            map: rule.map.as_deref(),
+        })
+    }
+
+    /// Whether `system` (a certificate's name, an OS user) may log in as `user`:
+    /// the same name without a map, a line of map `map` with one.
+    pub fn name_allowed(&self, map: Option<&str>, system: &str, user: &str) -> bool {
+        match map {
+            None => system == user,
+            Some(map) => self.ident.allows(map, system, user),
+        }
     }
 }
 
@@ -151,11 +192,11 @@ fn in_net(ip: IpAddr, net: IpAddr, bits: u8) -> bool {
 }
 
 /// A field's items: (text, whether it was quoted).
-type Field = Vec<(String, bool)>;
+pub(super) type Field = Vec<(String, bool)>;
 
 /// Splits a line into fields of comma-separated items, as pg_hba.conf: `#` starts a
 /// comment, double quotes keep spaces, commas and keywords literal.
-fn tokens(line: &str) -> Result<Vec<Field>, String> {
+pub(super) fn tokens(line: &str) -> Result<Vec<Field>, String> {
     let mut fields: Vec<Field> = Vec::new();
     let mut chars = line.chars().peekable();
     loop {
@@ -226,8 +267,21 @@ fn rule(fields: &[Field], dir: &Path) -> Result<Rule, String> {
         Some(other) => return Err(format!("unsupported authentication method \"{other}\"")),
         None => return Err("end-of-line before authentication method".into()),
     };
-    if rest.len() > 1 {
-        return Err(format!("unsupported option {}", join(&rest[1])));
+    let mut map = None;
+    for option in &rest[1..] {
+        match option.as_slice() {
+            [(o, _)] if o.starts_with("map=") => {
+                if !matches!(method, HbaMethod::Cert | HbaMethod::Peer) {
+                    return Err("map= is only for cert and peer rules".into());
+                }
+                let name = &o["map=".len()..];
+                if name.is_empty() || name.starts_with('/') {
+                    return Err(format!("invalid map name in {}", join(option)));
+                }
+                map = Some(name.to_owned());
+            }
+            _ => return Err(format!("unsupported option {}", join(option))),
+        }
     }
     Ok(Rule {
         kind,
@@ -235,6 +289,7 @@ fn rule(fields: &[Field], dir: &Path) -> Result<Rule, String> {
         users,
         addr,
         method,
+        map,
     })
 }
 

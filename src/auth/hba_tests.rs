@@ -1,14 +1,14 @@
 use super::*;
 
 fn hba(text: &str) -> Hba {
-    match Hba::parse(text, Path::new("/etc/hba.conf")) {
+    match Hba::parse(text, Path::new("/etc/hba.conf"), None) {
         Ok(h) => h,
         Err(e) => panic!("{e}"),
     }
 }
 
 fn err(text: &str) -> String {
-    match Hba::parse(text, Path::new("/etc/hba.conf")) {
+    match Hba::parse(text, Path::new("/etc/hba.conf"), None) {
         Ok(_) => "parsed".into(),
         Err(e) => e.to_string(),
     }
@@ -96,7 +96,9 @@ fn errors_name_the_line() {
         ("host all all all", "end-of-line before authentication method"),
         ("host all all all ident", "unsupported authentication method \"ident\""),
         ("host all all all peer", "peer authentication is only for local connections"),
-        ("host all all all cert map=x", "unsupported option \"map=x\""),
+        ("host all all all cert map=x", "map=x needs auth_ident_file"),
+        ("host all all all md5 map=x", "map= is only for cert and peer rules"),
+        ("host all all all cert clientcert=verify-full", "unsupported option \"clientcert=verify-full\""),
         ("host all +admins all md5", "group names (\"+admins\") are not supported"),
         ("host all all db.example.com md5", "invalid IP address \"db.example.com\" (host names, samehost and samenet are not supported)"),
         ("host all all 10.0.0.0 255.0.255.0 md5", "no valid netmask after \"10.0.0.0\""),
@@ -112,7 +114,7 @@ fn names_from_a_file() {
     let dir = crate::config::testdir::TempDir::new("hba", "names");
     let users = dir.write("users.txt", "alice, bob # the admins\ncarol\n");
     let path = users.with_file_name("hba.conf");
-    let h = match Hba::parse("host all @users.txt all trust\n", &path) {
+    let h = match Hba::parse("host all @users.txt all trust\n", &path, None) {
         Ok(h) => h,
         Err(e) => panic!("{e}"),
     };
@@ -124,4 +126,39 @@ fn names_from_a_file() {
         );
     }
     assert_eq!(h.method(tcp("1.2.3.4", false, "d", "dave")), None);
+}
+
+#[test]
+fn map_options_name_user_name_maps() {
+    let ident = crate::auth::ident::IdentMap::parse(
+        "certs ops alice\nlocals root bob\n",
+        Path::new("/etc/ident.conf"),
+    )
+    .unwrap_or_default();
+    let text = "hostssl all all all cert map=certs\nlocal all all peer map=\"locals\"\nhost all all all cert\n";
+    let h = match Hba::parse(text, Path::new("/etc/hba.conf"), Some(ident)) {
+        Ok(h) => h,
+        Err(e) => panic!("{e}"),
+    };
+    let chosen = h.choose(tcp("10.0.0.1", true, "db", "alice"));
+    assert_eq!(chosen.and_then(|c| c.map), Some("certs"));
+    assert_eq!(chosen.map(|c| c.method), Some(HbaMethod::Cert));
+    let local = HbaLogin {
+        addr: None,
+        tls: false,
+        database: "db",
+        user: "bob",
+    };
+    assert_eq!(h.choose(local).and_then(|c| c.map), Some("locals"));
+    // Without TLS the third rule: no map.
+    assert_eq!(
+        h.choose(tcp("10.0.0.1", false, "db", "alice"))
+            .and_then(|c| c.map),
+        None
+    );
+    assert!(h.name_allowed(Some("certs"), "ops", "alice"));
+    assert!(!h.name_allowed(Some("certs"), "alice", "alice"));
+    assert!(!h.name_allowed(Some("locals"), "ops", "alice"));
+    assert!(h.name_allowed(None, "alice", "alice"));
+    assert!(!h.name_allowed(None, "ops", "alice"));
 }

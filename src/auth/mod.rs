@@ -12,6 +12,7 @@ mod derived;
 pub mod hba;
 #[cfg(test)]
 mod hostile_tests;
+pub mod ident;
 mod md5;
 mod scram_client;
 mod scram_common;

@@ -76,6 +76,7 @@ fn hba(
     };
     Ok(Some(std::sync::Arc::new(crate::auth::hba::Hba::load(
         hba_file,
+        s.auth_ident_file.as_deref(),
     )?)))
 }
 
@@ -212,7 +213,7 @@ impl Config {
         if key.starts_with("server_tls") {
             new.server_tls = server_tls(&new.settings, &self.path, 0)?;
         }
-        if key == "auth_type" || key == "auth_hba_file" {
+        if key == "auth_type" || key == "auth_hba_file" || key == "auth_ident_file" {
             new.hba = hba(&new.settings, &self.path, 0)?;
         }
         for w in warnings {

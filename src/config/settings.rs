@@ -36,6 +36,7 @@ impl Default for Settings {
             auth_type: AuthType::Md5,
             auth_file: None,
             auth_hba_file: None,
+            auth_ident_file: None,
             auth_user: None,
             auth_query: DEFAULT_AUTH_QUERY.to_string(),
             auth_dbname: None,
@@ -183,6 +184,7 @@ fn set_implemented(s: &mut Settings, name: &str, v: &str) -> Result<Option<Strin
         "auth_dbname" => s.auth_dbname = opt_str(v),
         "auth_file" => s.auth_file = opt_str(v).map(PathBuf::from),
         "auth_hba_file" => s.auth_hba_file = opt_str(v).map(PathBuf::from),
+        "auth_ident_file" => s.auth_ident_file = opt_str(v).map(PathBuf::from),
         "auth_query" => s.auth_query = v.to_string(),
         "auth_type" => {
             s.auth_type = parse_auth_type(v)?;

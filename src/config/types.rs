@@ -108,6 +108,8 @@ pub struct Settings {
     pub auth_file: Option<PathBuf>,
     /// The rules `auth_type = hba` follows.
     pub auth_hba_file: Option<PathBuf>,
+    /// The user-name maps `map=` in `auth_hba_file` names (cert and peer rules).
+    pub auth_ident_file: Option<PathBuf>,
     /// Role that runs `auth_query` for users not in `auth_file`; None: no lookups.
     pub auth_user: Option<String>,
     /// Query returning (name, secret or NULL) for `$1`, the user logging in.

@@ -3,6 +3,7 @@
 //! `auth_hba_file`'s rules from how the client came in.
 
 use super::ClientError;
+use crate::auth::hba::Hba;
 use crate::config::{AuthType, Config, DatabaseEntry};
 use crate::net::Stream;
 use crate::protocol::sqlstate::INVALID_AUTHORIZATION;
@@ -19,37 +20,71 @@ fn refuse(message: &str) -> ClientError {
     ClientError::fatal(INVALID_AUTHORIZATION, message.into())
 }
 
-/// `cert`, as PgBouncer: the user name must be the certificate's common name. Only a
-/// certificate that verified against client_tls_ca_file is ever present.
-pub fn cert(tls: &TlsPeer, user: &str) -> Result<(), ClientError> {
+/// How a `cert` or `peer` login's outside name must relate to the user name: equal
+/// (`auth_type = cert`, or a rule without `map=`), or allowed by a user-name map of
+/// `auth_ident_file` (a rule's `map=`).
+#[derive(Debug, Clone, Copy)]
+pub struct NameCheck<'a> {
+    pub hba: Option<&'a Hba>,
+    pub map: Option<&'a str>,
+}
+
+impl NameCheck<'_> {
+    /// The user name itself, no map.
+    pub const SAME: NameCheck<'static> = NameCheck {
+        hba: None,
+        map: None,
+    };
+
+    fn allows(&self, system: &str, user: &str) -> bool {
+        match (self.hba, self.map) {
+            (Some(hba), map) => hba.name_allowed(map, system, user),
+            // A map without rules cannot be; no map: the same name.
+            (None, Some(_)) => false,
+            (None, None) => system == user,
+        }
+    }
+}
+
+/// `cert`, as PgBouncer: the certificate's common name must be the user name, or map
+/// to it. Only a certificate that verified against client_tls_ca_file is present.
+pub fn cert(tls: &TlsPeer, user: &str, names: NameCheck<'_>) -> Result<(), ClientError> {
     match (&tls.common_name, tls.info.is_tls()) {
         (_, false) => Err(refuse("TLS connection required")),
         (None, true) => Err(refuse("TLS client certificate required")),
-        (Some(name), true) if name != user => Err(refuse("TLS certificate name mismatch")),
+        (Some(name), true) if !names.allows(name, user) => {
+            Err(refuse("TLS certificate name mismatch"))
+        }
         (Some(_), true) => Ok(()),
     }
 }
 
-/// `peer`: the OS user at the other end of the UNIX socket must be the user name.
-/// Only for clients that came in on it (checked twice: a TCP client has no peer uid).
-pub fn peer(stream: &Stream, came: Came<'_>, user: &str) -> Result<(), ClientError> {
+/// `peer`: the OS user at the other end of the UNIX socket must be the user name, or
+/// map to it. Only for clients that came in on it (checked twice: a TCP client has
+/// no peer uid).
+pub fn peer(
+    stream: &Stream,
+    came: Came<'_>,
+    user: &str,
+    names: NameCheck<'_>,
+) -> Result<(), ClientError> {
     let uid = stream.peer_uid().filter(|_| came.addr.is_none());
     let os_user = uid.and_then(crate::lifecycle::os::user_name);
-    if os_user.as_deref() == Some(user) {
-        Ok(())
-    } else {
-        Err(refuse("peer authentication failed"))
+    match os_user {
+        Some(os_user) if names.allows(&os_user, user) => Ok(()),
+        _ => Err(refuse("peer authentication failed")),
     }
 }
 
-/// `auth_type = hba`: the auth type the first matching rule names; `reject`, or no
-/// rule, refuses the login (`login rejected`, as PgBouncer).
-pub fn hba_method(
-    cfg: &Config,
+/// `auth_type = hba`: the auth type the first matching rule names, and how a `cert`
+/// or `peer` login checks its name; `reject`, or no rule, refuses the login
+/// (`login rejected`, as PgBouncer).
+pub fn hba_method<'c>(
+    cfg: &'c Config,
     db: &DatabaseEntry,
     user: &str,
     came: Came<'_>,
-) -> Result<AuthType, ClientError> {
+) -> Result<(AuthType, NameCheck<'c>), ClientError> {
     use crate::auth::hba::{HbaLogin, HbaMethod};
     let login = HbaLogin {
         addr: came.addr,
@@ -57,14 +92,22 @@ pub fn hba_method(
         database: &db.name,
         user,
     };
-    let method = cfg.hba.as_deref().and_then(|h| h.method(login));
-    match method {
-        Some(HbaMethod::Trust) => Ok(AuthType::Trust),
-        Some(HbaMethod::Md5) => Ok(AuthType::Md5),
-        Some(HbaMethod::Password) => Ok(AuthType::Plain),
-        Some(HbaMethod::ScramSha256) => Ok(AuthType::ScramSha256),
-        Some(HbaMethod::Cert) => Ok(AuthType::Cert),
-        Some(HbaMethod::Peer) => Ok(AuthType::Peer),
-        Some(HbaMethod::Reject) | None => Err(refuse("login rejected")),
-    }
+    let hba = cfg.hba.as_deref();
+    let Some(chosen) = hba.and_then(|h| h.choose(login)) else {
+        return Err(refuse("login rejected"));
+    };
+    let names = NameCheck {
+        hba,
+        map: chosen.map,
+    };
+    let auth_type = match chosen.method {
+        HbaMethod::Trust => AuthType::Trust,
+        HbaMethod::Md5 => AuthType::Md5,
+        HbaMethod::Password => AuthType::Plain,
+        HbaMethod::ScramSha256 => AuthType::ScramSha256,
+        HbaMethod::Cert => AuthType::Cert,
+        HbaMethod::Peer => AuthType::Peer,
+        HbaMethod::Reject => return Err(refuse("login rejected")),
+    };
+    Ok((auth_type, names))
 }

@@ -330,9 +330,9 @@ pub(crate) async fn authenticate(
 ) -> Result<Option<ScramKeys>, ClientError> {
     let s = &cfg.settings;
     let tls = came.tls;
-    let auth_type = match s.auth_type {
+    let (auth_type, names) = match s.auth_type {
         AuthType::Hba => identity::hba_method(cfg, db, user, came)?,
-        other => other,
+        other => (other, identity::NameCheck::SAME),
     };
     // An empty stored password never matches (as in PgBouncer); it still lists the
     // user for `trust`.
@@ -385,8 +385,8 @@ pub(crate) async fn authenticate(
         AuthType::Md5 | AuthType::ScramSha256 => {
             Box::pin(scram(cfg, stream, buf, out, user, secret, queried)).await
         }
-        AuthType::Cert => identity::cert(tls, user).map(|()| None),
-        AuthType::Peer => identity::peer(stream, came, user).map(|()| None),
+        AuthType::Cert => identity::cert(tls, user, names).map(|()| None),
+        AuthType::Peer => identity::peer(stream, came, user, names).map(|()| None),
         // Resolved above; a rule file's method is never `hba` again.
         AuthType::Hba => Err(ClientError::fatal(
             INVALID_AUTHORIZATION,

@@ -86,6 +86,17 @@ fn hba_file_errors_name_file_and_line() {
     assert!(out.contains("auth_type hba needs auth_hba_file"), "{out}");
 }
 
+/// This process's OS user name (the peer the UNIX-socket clients here log in as).
+fn os_user() -> String {
+    let out = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .expect("id");
+    let me = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(!me.is_empty(), "no OS user name");
+    me
+}
+
 /// `peer`: the OS user at the other end of the UNIX socket must be the user name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_takes_the_os_user_of_a_unix_socket_client() {
@@ -97,12 +108,7 @@ async fn peer_takes_the_os_user_of_a_unix_socket_client() {
         // Whoever the client is, the server sees sluice_trust.
         .database(TEST_DB, crate::auth::DB_AS_TRUST_USER)
         .start();
-    let out = std::process::Command::new("id")
-        .arg("-un")
-        .output()
-        .expect("id");
-    let me = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    assert!(!me.is_empty(), "no OS user name");
+    let me = os_user();
 
     let c = try_login(&s.socket_config(&me, "", TEST_DB)).await;
     assert!(
@@ -145,4 +151,97 @@ fn hostssl_cert_rules_take_tls_clients_by_certificate() {
     assert_eq!(text, MD5_USER);
     let text = refused(&s, &[("PGSSLMODE", "disable")]);
     assert!(text.contains("login rejected"), "{text}");
+}
+
+/// `map=` on `cert` and `peer` rules: `auth_ident_file` says which outside names may
+/// log in as which users, and with a map the same name alone no longer does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn map_options_check_names_by_auth_ident_file() {
+    let me = os_user();
+    let certs = tokio::task::spawn_blocking(Certs::new)
+        .await
+        .expect("certs");
+    let dir = TempDir::new("sluice-hba-map");
+    let rules = dir.write(
+        "hba.conf",
+        "local all all peer map=locals\nhostssl all all 127.0.0.1/32 cert map=certs\n",
+    );
+    let ident = dir.write(
+        "ident.conf",
+        &format!("# map  system user  database user\nlocals  {me}  mapped_user\ncerts  {MD5_USER}  mapped_user\n"),
+    );
+    let s = certs
+        .sluice("prefer")
+        .setting("client_tls_ca_file", &certs.path("ca.pem"))
+        .setting("auth_type", "hba")
+        .setting("auth_hba_file", &rules.display().to_string())
+        .setting("auth_ident_file", &ident.display().to_string())
+        .userlist("mapped_user", "unused")
+        // Whoever the client is, the server sees sluice_trust.
+        .database(TEST_DB, crate::auth::DB_AS_TRUST_USER)
+        .start();
+
+    // peer: the OS user may be mapped_user, and no longer itself.
+    let c = try_login(&s.socket_config("mapped_user", "", TEST_DB)).await;
+    assert!(
+        c.is_ok(),
+        "{:?}\n{}",
+        c.err().map(|e| e.to_string()),
+        s.diagnostics()
+    );
+    let e = login_error(&s.socket_config(&me, "", TEST_DB)).await;
+    assert_eq!(e, (REJECTED.into(), "peer authentication failed".into()));
+
+    // cert: the certificate (its name is sluice_md5) may be mapped_user, not itself.
+    let (cert, key) = (certs.path("client.pem"), certs.path("client.key"));
+    let psql = |user: &str| {
+        let mut cmd = support::psql_cmd_pw(s.port(), "localhost", user, TEST_DB, "unused");
+        cmd.env("PGHOSTADDR", "127.0.0.1")
+            .env("PGSSLMODE", "require")
+            .env("PGSSLCERT", &cert)
+            .env("PGSSLKEY", &key)
+            .args(["-c", "SELECT 1"]);
+        let out = support::run_bounded(&mut cmd, None, Duration::from_secs(30)).expect("psql hung");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = tokio::task::block_in_place(|| psql("mapped_user"));
+    assert!(ok, "{err}\n{}", s.diagnostics());
+    let (ok, err) = tokio::task::block_in_place(|| psql(MD5_USER));
+    assert!(
+        !ok && err.contains("TLS certificate name mismatch"),
+        "{err}"
+    );
+}
+
+/// A `map=` without `auth_ident_file`, and an ident file's unsupported lines, are
+/// load errors naming file and line.
+#[test]
+fn map_errors_name_file_and_line() {
+    let dir = TempDir::new("sluice-hba-map-errors");
+    let rules = dir.write(
+        "hba.conf",
+        "local all all trust\nlocal all all peer map=m\n",
+    );
+    let start = |ident: Option<&std::path::Path>| {
+        let mut b = SluiceBuilder::new()
+            .setting("auth_type", "hba")
+            .setting("auth_hba_file", &rules.display().to_string());
+        if let Some(i) = ident {
+            b = b.setting("auth_ident_file", &i.display().to_string());
+        }
+        b.start_expect_failure()
+    };
+    let (_, out) = start(None);
+    let want = format!("{}:2: map=m needs auth_ident_file", rules.display());
+    assert!(out.contains(&want), "{out}");
+    let ident = dir.write("ident.conf", "m root alice\nm /^(.*)$ \\1\n");
+    let (_, out) = start(Some(&ident));
+    let want = format!(
+        "{}:2: regular expressions (\"/^(.*)$\") are not supported",
+        ident.display()
+    );
+    assert!(out.contains(&want), "{out}");
 }
