@@ -128,7 +128,7 @@ impl Stream {
     /// no wake-up is lost.
     pub fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
         if let Some(t) = self.io.get_ref().tls.as_deref() {
-            return self.tls_read_buf(t, buf);
+            return self.tls_read_buf(t, buf, false);
         }
         if buf.len() == buf.capacity() {
             // As tokio's own read does: a full buffer still takes a read.
@@ -145,7 +145,7 @@ impl Stream {
     /// behind, as epoll checks a socket again before it reports it.
     pub fn try_read_buf_now(&self, buf: &mut BytesMut) -> io::Result<usize> {
         if let Some(t) = self.io.get_ref().tls.as_deref() {
-            return self.tls_read_buf(t, buf);
+            return self.tls_read_buf(t, buf, true);
         }
         if buf.len() == buf.capacity() {
             buf.reserve(64);
@@ -157,7 +157,7 @@ impl Stream {
     pub fn try_read(&self, dst: &mut [u8]) -> io::Result<usize> {
         if let Some(t) = self.io.get_ref().tls.as_deref() {
             let mut at = 0;
-            return self.tls_read(t, |chunk| {
+            return self.tls_read(t, false, |chunk| {
                 let n = chunk.len().min(dst.len() - at);
                 dst[at..at + n].copy_from_slice(&chunk[..n]);
                 at += n;

@@ -137,7 +137,7 @@ impl Stream {
             if !conn.is_handshaking() {
                 return Poll::Ready(Ok(()));
             }
-            match self.read_tls(&mut conn) {
+            match self.read_tls(&mut conn, false) {
                 Ok(0) => return Poll::Ready(Err(io::ErrorKind::UnexpectedEof.into())),
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -152,10 +152,12 @@ impl Stream {
 
     /// One read of the socket into rustls, and the records it completed processed.
     /// `Ok(0)` is the end of the TCP stream. A read that leaves room drained the
-    /// socket, and clears its readiness, as plaintext reads do.
-    fn read_tls(&self, conn: &mut Connection) -> io::Result<usize> {
+    /// socket, and clears its readiness, as plaintext reads do. With `now`, the
+    /// socket is read whatever the event loop knows of it (see
+    /// [`Stream::try_read_buf_now`]).
+    fn read_tls(&self, conn: &mut Connection, now: bool) -> io::Result<usize> {
         let mut drained = 0;
-        let r = self.io.try_io(Interest::READABLE, |sock| {
+        let mut read = |sock: &Socket| {
             let mut rd = Rd {
                 s: &sock.raw,
                 room: 0,
@@ -166,7 +168,12 @@ impl Stream {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
             Ok(n)
-        });
+        };
+        let r = if now {
+            read(self.io.get_ref())
+        } else {
+            self.io.try_io(Interest::READABLE, read)
+        };
         let n = match r {
             Err(_) if drained > 0 => drained,
             r => r?,
@@ -186,10 +193,12 @@ impl Stream {
 
     /// Reads plaintext, giving each chunk rustls holds to `take` (which returns how
     /// much it took, 0 when it has no room). `Ok(0)` is the end of the stream;
-    /// `WouldBlock` when there is nothing yet.
+    /// `WouldBlock` when there is nothing yet. `now`: the first socket read does
+    /// not wait for the event loop's readiness.
     pub(super) fn tls_read(
         &self,
         t: &TlsSession,
+        mut now: bool,
         mut take: impl FnMut(&[u8]) -> usize,
     ) -> io::Result<usize> {
         let mut conn = t.lock();
@@ -215,7 +224,7 @@ impl Stream {
                 }
                 None => {}
             }
-            if self.read_tls(&mut conn)? == 0 {
+            if self.read_tls(&mut conn, std::mem::take(&mut now))? == 0 {
                 // rustls now reports the end (or the truncation) itself.
                 if held(&mut conn)?.is_none() {
                     return Ok(0);
@@ -224,12 +233,18 @@ impl Stream {
         }
     }
 
-    /// [`Stream::try_read_buf`] through the session.
-    pub(super) fn tls_read_buf(&self, t: &TlsSession, buf: &mut BytesMut) -> io::Result<usize> {
+    /// [`Stream::try_read_buf`] (and with `now`, [`Stream::try_read_buf_now`])
+    /// through the session.
+    pub(super) fn tls_read_buf(
+        &self,
+        t: &TlsSession,
+        buf: &mut BytesMut,
+        now: bool,
+    ) -> io::Result<usize> {
         if buf.len() == buf.capacity() {
             buf.reserve(64);
         }
-        self.tls_read(t, |chunk| {
+        self.tls_read(t, now, |chunk| {
             let n = chunk.len().min(buf.capacity() - buf.len());
             buf.extend_from_slice(&chunk[..n]);
             n
