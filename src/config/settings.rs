@@ -47,6 +47,10 @@ impl Default for Settings {
             client_tls_cert_file: None,
             client_tls_ca_file: None,
             client_tls_protocols: "secure".to_string(),
+            client_tls_ciphers: "default".to_string(),
+            client_tls13_ciphers: String::new(),
+            server_tls_ciphers: "default".to_string(),
+            server_tls13_ciphers: String::new(),
             server_tls_sslmode: SslMode::Prefer,
             server_tls_key_file: None,
             server_tls_cert_file: None,
@@ -214,6 +218,19 @@ fn set_implemented(s: &mut Settings, name: &str, v: &str) -> Result<Option<Strin
                     "TLS 1.0 and 1.1 are not offered by Sluice; only TLS 1.2 and 1.3".into(),
                 ));
             }
+        }
+        "client_tls_ciphers"
+        | "client_tls13_ciphers"
+        | "server_tls_ciphers"
+        | "server_tls13_ciphers" => {
+            crate::tls::ciphers::select(v, name.contains("tls13"))?;
+            let field = match name {
+                "client_tls_ciphers" => &mut s.client_tls_ciphers,
+                "client_tls13_ciphers" => &mut s.client_tls13_ciphers,
+                "server_tls_ciphers" => &mut s.server_tls_ciphers,
+                _ => &mut s.server_tls13_ciphers,
+            };
+            *field = v.to_string();
         }
         "client_tls_sslmode" => s.client_tls_sslmode = parse_sslmode(v)?,
         "server_tls_ca_file" => s.server_tls_ca_file = opt_str(v).map(PathBuf::from),

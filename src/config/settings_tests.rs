@@ -210,7 +210,6 @@ fn unimplemented_settings_warn_unless_default() {
         assert!(set(k, v).unwrap().1.is_empty(), "{k} = {v}");
     }
     for (k, v) in [
-        ("server_tls_ciphers", "fast"),
         ("pool_idle_timeout", "30"),
         ("login_notify_message", "hi"),
         ("syslog_facility", "local0"),
@@ -312,4 +311,20 @@ fn client_tls_settings() {
         .unwrap_err()
         .contains("no TLS version"));
     assert!(set("client_tls_sslmode", "require").unwrap().1.is_empty());
+}
+
+#[test]
+fn cipher_settings_are_checked_at_their_line() {
+    assert_eq!(
+        ok("client_tls_ciphers", "HIGH:!aNULL").client_tls_ciphers,
+        "HIGH:!aNULL"
+    );
+    let s = ok("server_tls13_ciphers", "TLS_AES_128_GCM_SHA256");
+    assert_eq!(s.server_tls13_ciphers, "TLS_AES_128_GCM_SHA256");
+    let e = set("client_tls_ciphers", "DES-CBC3-SHA")
+        .err()
+        .unwrap_or_default();
+    let want = format!("{F}:3: invalid value \"DES-CBC3-SHA\" for client_tls_ciphers: none of");
+    assert!(e.starts_with(&want), "{e}");
+    assert!(set("client_tls13_ciphers", "TLS_AES_128_CCM_SHA256").is_err());
 }

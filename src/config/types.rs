@@ -126,6 +126,9 @@ pub struct Settings {
     pub client_tls_ca_file: Option<PathBuf>,
     /// The TLS versions offered, as PgBouncer writes them (`secure`, `tlsv1.3`, ...).
     pub client_tls_protocols: String,
+    /// The TLS 1.2 and 1.3 cipher suites offered (`tls::ciphers`).
+    pub client_tls_ciphers: String,
+    pub client_tls13_ciphers: String,
     /// TLS towards servers on TCP (never on a UNIX socket, as in PgBouncer).
     pub server_tls_sslmode: SslMode,
     /// A client certificate and its key, for servers that ask for one.
@@ -134,6 +137,8 @@ pub struct Settings {
     /// Roots that server certificates are checked against (`verify-ca`, `verify-full`).
     pub server_tls_ca_file: Option<PathBuf>,
     pub server_tls_protocols: String,
+    pub server_tls_ciphers: String,
+    pub server_tls13_ciphers: String,
     pub pool_mode: PoolMode,
     /// 0 means unlimited (PgBouncer 1.24+).
     pub default_pool_size: u32,

@@ -5,6 +5,7 @@
 //!
 //! rustls with the ring provider: TLS 1.2 and 1.3 only, its default cipher suites.
 
+pub mod ciphers;
 pub mod handshake;
 mod peer;
 pub mod server;
@@ -99,7 +100,10 @@ pub fn acceptor(s: &Settings) -> Result<Option<Arc<ServerConfig>>, TlsSetupError
             "client_tls_sslmode other than disable needs client_tls_key_file and client_tls_cert_file".into(),
         ));
     };
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(ciphers::provider(
+        &s.client_tls_ciphers,
+        &s.client_tls13_ciphers,
+    ));
     let (versions, _) = protocols(&s.client_tls_protocols).map_err(TlsSetupError::Invalid)?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&versions)

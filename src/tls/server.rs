@@ -27,7 +27,14 @@ use crate::config::{Settings, SslMode};
 pub struct ServerTls {
     pub mode: SslMode,
     pub config: Arc<ClientConfig>,
-    from: (Option<PathBuf>, Option<PathBuf>, Option<PathBuf>, String),
+    /// The files and strings it was built from (ca, key, cert; protocols, ciphers,
+    /// TLS 1.3 ciphers).
+    from: (
+        Option<PathBuf>,
+        Option<PathBuf>,
+        Option<PathBuf>,
+        [String; 3],
+    ),
 }
 
 impl PartialEq for ServerTls {
@@ -78,7 +85,10 @@ fn connector_with(
     if mode == SslMode::Disable {
         return Ok(None);
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(super::ciphers::provider(
+        &s.server_tls_ciphers,
+        &s.server_tls13_ciphers,
+    ));
     let (versions, _) = protocols(&s.server_tls_protocols).map_err(TlsSetupError::Invalid)?;
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&versions)
@@ -143,7 +153,11 @@ fn connector_with(
             s.server_tls_ca_file.clone(),
             s.server_tls_key_file.clone(),
             s.server_tls_cert_file.clone(),
-            s.server_tls_protocols.clone(),
+            [
+                s.server_tls_protocols.clone(),
+                s.server_tls_ciphers.clone(),
+                s.server_tls13_ciphers.clone(),
+            ],
         ),
     }))
 }

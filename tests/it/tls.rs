@@ -520,3 +520,30 @@ fn pgbench_through_tls_in_transaction_pooling() {
         s.diagnostics()
     );
 }
+
+/// `client_tls_ciphers` (TLS 1.2) and `client_tls13_ciphers` pick the suite; the
+/// client (OpenSSL, in psql) reports it.
+#[test]
+fn cipher_settings_pick_the_suites_offered() {
+    let certs = Certs::new();
+    let s = certs
+        .sluice("require")
+        .setting("client_tls_protocols", "tlsv1.2")
+        .setting("client_tls_ciphers", "ECDHE-ECDSA-AES128-GCM-SHA256")
+        .start();
+    let info = conninfo(&s, &[("PGSSLMODE", "require")]);
+    assert!(
+        info.contains("cipher: ECDHE-ECDSA-AES128-GCM-SHA256"),
+        "{info}"
+    );
+    drop(s);
+    let s = certs
+        .sluice("require")
+        .setting("client_tls13_ciphers", "TLS_CHACHA20_POLY1305_SHA256")
+        .start();
+    let info = conninfo(&s, &[("PGSSLMODE", "require")]);
+    assert!(
+        info.contains("cipher: TLS_CHACHA20_POLY1305_SHA256"),
+        "{info}"
+    );
+}

@@ -393,3 +393,37 @@ async fn cancel_requests_use_tls_when_the_server_link_does() {
     assert!(message(&err).contains("canceling statement"), "{err}");
     assert_eq!(refused.load(Ordering::SeqCst), 0, "something went in clear");
 }
+
+/// `server_tls13_ciphers` picks the suite Sluice offers PostgreSQL, which reports it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_cipher_settings_pick_the_suite() {
+    let (pg, _certs) = started().await;
+    let s = sluice(
+        &pg,
+        "127.0.0.1",
+        &[
+            ("server_tls_sslmode", "require"),
+            ("server_tls13_ciphers", "TLS_AES_128_GCM_SHA256"),
+        ],
+    );
+    let cfg = s.config(MD5_USER, MD5_PASSWORD, TEST_DB);
+    let (client, conn) =
+        tokio::time::timeout(Duration::from_secs(20), cfg.connect(tokio_postgres::NoTls))
+            .await
+            .expect("login timed out")
+            .expect("login");
+    tokio::spawn(conn);
+    let row = client
+        .query_one(
+            "SELECT cipher FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .expect("query");
+    assert_eq!(
+        row.get::<_, String>(0),
+        "TLS_AES_128_GCM_SHA256",
+        "{}",
+        s.diagnostics()
+    );
+}
