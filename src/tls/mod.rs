@@ -134,6 +134,11 @@ pub fn acceptor(s: &Settings) -> Result<Option<Arc<ServerConfig>>, TlsSetupError
         .with_single_cert(certificates(cert_file)?, key)
         .map_err(|e| invalid(key_file, e))?;
     config.max_fragment_size = Some(MAX_RECORD_PLAINTEXT + RECORD_HEADER);
+    // No session resumption, as PostgreSQL's own server: libpq never resumes, so
+    // tickets (two per handshake by default) and a session cache would be work and
+    // bytes for nothing at every login.
+    config.send_tls13_tickets = 0;
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
     Ok(Some(Arc::new(config)))
 }
 

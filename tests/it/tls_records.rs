@@ -1,11 +1,17 @@
 //! The size of the TLS records Sluice sends a client, read off the wire by a rustls
 //! client of the test's own: no record may carry more than 8 kB of plaintext, or
-//! libpq's asynchronous API can hang (`tls::MAX_RECORD_PLAINTEXT`).
+//! libpq's asynchronous API can hang (`tls::MAX_RECORD_PLAINTEXT`). The same client
+//! counts the session tickets it is sent: none (libpq never resumes a session).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+use rustls::client::{ClientSessionMemoryCache, ClientSessionStore, Resumption};
+use rustls::client::{Tls12ClientSessionValue, Tls13ClientSessionValue};
+use rustls::NamedGroup;
 
 use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
@@ -35,6 +41,38 @@ impl Write for Tee {
     }
     fn flush(&mut self) -> std::io::Result<()> {
         self.tcp.flush()
+    }
+}
+
+/// rustls's own client session cache, counting the TLS 1.3 tickets it is given.
+#[derive(Debug)]
+struct Tickets {
+    cache: ClientSessionMemoryCache,
+    count: AtomicUsize,
+}
+
+impl ClientSessionStore for Tickets {
+    fn set_kx_hint(&self, name: ServerName<'static>, group: NamedGroup) {
+        self.cache.set_kx_hint(name, group)
+    }
+    fn kx_hint(&self, name: &ServerName<'_>) -> Option<NamedGroup> {
+        self.cache.kx_hint(name)
+    }
+    fn set_tls12_session(&self, name: ServerName<'static>, v: Tls12ClientSessionValue) {
+        self.cache.set_tls12_session(name, v)
+    }
+    fn tls12_session(&self, name: &ServerName<'_>) -> Option<Tls12ClientSessionValue> {
+        self.cache.tls12_session(name)
+    }
+    fn remove_tls12_session(&self, name: &ServerName<'static>) {
+        self.cache.remove_tls12_session(name)
+    }
+    fn insert_tls13_ticket(&self, name: ServerName<'static>, v: Tls13ClientSessionValue) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.cache.insert_tls13_ticket(name, v)
+    }
+    fn take_tls13_ticket(&self, name: &ServerName<'static>) -> Option<Tls13ClientSessionValue> {
+        self.cache.take_tls13_ticket(name)
     }
 }
 
@@ -81,11 +119,16 @@ fn records_carry_at_most_8_kb() {
     let ca = CertificateDer::from_pem_file(certs.path("ca.pem")).expect("CA");
     roots.add(ca).expect("root");
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = ClientConfig::builder_with_provider(provider)
+    let mut config = ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .expect("versions")
         .with_root_certificates(roots)
         .with_no_client_auth();
+    let tickets = Arc::new(Tickets {
+        cache: ClientSessionMemoryCache::new(8),
+        count: AtomicUsize::new(0),
+    });
+    config.resumption = Resumption::store(tickets.clone());
     let name = ServerName::try_from("localhost").expect("name");
     let conn = ClientConnection::new(Arc::new(config), name).expect("client");
     let mut tls = StreamOwned::new(conn, tee);
@@ -129,5 +172,11 @@ fn records_carry_at_most_8_kb() {
         lengths.len() > 36,
         "300 kB in only {} records",
         lengths.len()
+    );
+    // Tickets come right after the handshake, long before this answer's end.
+    assert_eq!(
+        tickets.count.load(Ordering::Relaxed),
+        0,
+        "session tickets sent"
     );
 }
