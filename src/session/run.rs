@@ -154,10 +154,8 @@ pub(super) fn serve<'a>(
             let at_once = std::mem::take(&mut woken) && s.info.kill_reason().is_none();
             if s.relay.between_requests() && !at_once {
                 // Idle: the only await an idle client's task holds.
-                // A session-mode client that holds its server stays awake, as does
-                // one whose TLS session still holds bytes (the keeper watches only
-                // the socket).
-                let can_sleep = s.server.is_none() && s.app().keeper.running() && stream.is_quiet();
+                // A session-mode client that holds its server stays awake.
+                let can_sleep = s.server.is_none() && s.app().keeper.running();
                 let fresh = s.fresh.then(|| s.app().keeper.fresh_sleep());
                 match s.relay.wait_idle(stream, &s.info, fresh, can_sleep).await {
                     // `fresh` stays until bytes come (below): a wake may find none.

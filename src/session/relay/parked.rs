@@ -214,7 +214,10 @@ impl RelaySlot {
             if client.poll_read_ready(cx).is_ready() {
                 return Poll::Ready(Ok(Idle::Request));
             }
-            if !can_sleep {
+            // Nor while its TLS session holds bytes (the keeper watches only the
+            // socket): the read-readiness poll above sends them, and wakes this
+            // task once the socket takes more.
+            if !can_sleep || !client.is_quiet() {
                 return Poll::Pending;
             }
             if info.asked_to_sleep() {
