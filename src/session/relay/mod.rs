@@ -12,6 +12,7 @@ use bytes::{Buf, BytesMut};
 
 mod parked;
 mod prepared;
+mod spare;
 mod timing;
 pub use timing::Timeouts;
 mod unlinked;

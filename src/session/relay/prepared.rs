@@ -499,8 +499,8 @@ mod tests {
         );
         r.restore_line_request(next);
         // A relay put away drops it (it names its client).
-        super::super::parked::spare::put(Box::new(r));
-        let spare = super::super::parked::spare::take().expect("the spare relay");
+        super::super::spare::put(Box::new(r));
+        let spare = super::super::spare::take().expect("the spare relay");
         assert!(spare.line_request.is_none());
         assert_eq!(Arc::strong_count(&info), 1);
     }
