@@ -5,7 +5,7 @@
 //! who answers; `verify-ca` checks the chain against `server_tls_ca_file` (or the
 //! system's CA bundle without it); `verify-full` checks the host name too.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -95,13 +95,7 @@ fn connector_with(
         .map_err(|e| TlsSetupError::Invalid(format!("server_tls_protocols: {e}")))?;
     let webpki = match (&s.server_tls_ca_file, mode) {
         (Some(ca), SslMode::VerifyCa | SslMode::VerifyFull) => {
-            let mut roots = RootCertStore::empty();
-            for c in certificates(ca)? {
-                roots.add(c).map_err(|e| invalid(ca, e))?;
-            }
-            let webpki =
-                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone());
-            Some(webpki.build().map_err(|e| invalid(ca, e))?)
+            Some(roots_verifier(ca, false, &provider)?)
         }
         (None, SslMode::VerifyCa | SslMode::VerifyFull) => {
             let Some(bundle) = system else {
@@ -111,16 +105,7 @@ fn connector_with(
                         .into(),
                 ));
             };
-            // A system bundle may hold certificates webpki cannot use: those are
-            // skipped, as OpenSSL would; the rest must not be empty.
-            let mut roots = RootCertStore::empty();
-            let (_, _) = roots.add_parsable_certificates(certificates(&bundle)?);
-            if roots.is_empty() {
-                return Err(invalid(&bundle, "no usable CA certificate"));
-            }
-            let webpki =
-                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone());
-            Some(webpki.build().map_err(|e| invalid(&bundle, e))?)
+            Some(roots_verifier(&bundle, true, &provider)?)
         }
         _ => None,
     };
@@ -160,6 +145,30 @@ fn connector_with(
             ],
         ),
     }))
+}
+
+/// A chain verifier trusting the certificates of `file`. Each must be usable, unless
+/// `lenient` (a system bundle may hold some webpki cannot use: those are skipped, as
+/// OpenSSL would, and the rest must not be empty).
+fn roots_verifier(
+    file: &Path,
+    lenient: bool,
+    provider: &Arc<CryptoProvider>,
+) -> Result<Arc<WebPkiServerVerifier>, TlsSetupError> {
+    let mut roots = RootCertStore::empty();
+    if lenient {
+        let (_, _) = roots.add_parsable_certificates(certificates(file)?);
+        if roots.is_empty() {
+            return Err(invalid(file, "no usable CA certificate"));
+        }
+    } else {
+        for c in certificates(file)? {
+            roots.add(c).map_err(|e| invalid(file, e))?;
+        }
+    }
+    WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .map_err(|e| invalid(file, e))
 }
 
 /// The name a server is checked against (and sent as SNI, when it is a DNS name).

@@ -119,6 +119,22 @@ pub(crate) fn psql_tls(s: &Sluice, db: &str, env: &[(&str, &str)], sql: &str) ->
     (out.status.success(), text)
 }
 
+/// psql as the md5 user over TCP with `sslmode=require` and no client certificate,
+/// for tests that drive it themselves.
+pub(crate) fn psql_require(s: &Sluice) -> std::process::Command {
+    let mut cmd = support::psql_cmd_pw(
+        s.port(),
+        "127.0.0.1",
+        support::MD5_USER,
+        support::TEST_DB,
+        support::MD5_PASSWORD,
+    );
+    cmd.env("PGSSLMODE", "require")
+        .env("PGSSLCERT", "/nonexistent/sluice-test.crt")
+        .env("PGSSLKEY", "/nonexistent/sluice-test.key");
+    cmd
+}
+
 /// What psql says when `SELECT 1` with `env` is refused (it fails if it gets in).
 pub(crate) fn refused(s: &Sluice, env: &[(&str, &str)]) -> String {
     let (ok, text) = psql_tls(s, support::TEST_DB, env, "SELECT 1");
@@ -331,16 +347,8 @@ fn client_certificates_are_checked_against_the_ca() {
 fn a_tls_client_s_query_is_cancelled_under_require() {
     let certs = Certs::new();
     let s = certs.sluice("require").start();
-    let mut cmd = support::psql_cmd_pw(
-        s.port(),
-        "127.0.0.1",
-        support::MD5_USER,
-        support::TEST_DB,
-        support::MD5_PASSWORD,
-    );
-    cmd.env("PGSSLMODE", "require")
-        .env("PGSSLCERT", "/nonexistent/sluice-test.crt")
-        .args(["-c", "SELECT pg_sleep(60)"])
+    let mut cmd = psql_require(&s);
+    cmd.args(["-c", "SELECT pg_sleep(60)"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let child = cmd.spawn().expect("psql");

@@ -7,8 +7,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use crate::admin::psql_ok;
-use crate::support::{self, wait_until, Sluice};
-use crate::tls::Certs;
+use crate::support::{wait_until, Sluice};
+use crate::tls::{psql_require, Certs};
 
 fn asleep(s: &Sluice) -> u64 {
     psql_ok(s, "SHOW MEM")
@@ -26,17 +26,8 @@ struct Feeder {
 
 impl Feeder {
     fn start(s: &Sluice) -> Feeder {
-        let mut cmd = support::psql_cmd_pw(
-            s.port(),
-            "127.0.0.1",
-            support::MD5_USER,
-            support::TEST_DB,
-            support::MD5_PASSWORD,
-        );
-        cmd.env("PGSSLMODE", "require")
-            .env("PGSSLCERT", "/nonexistent/sluice-test.crt")
-            .env("PGSSLKEY", "/nonexistent/sluice-test.key")
-            .args(["-At", "-v", "ON_ERROR_STOP=1"])
+        let mut cmd = psql_require(s);
+        cmd.args(["-At", "-v", "ON_ERROR_STOP=1"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
