@@ -296,11 +296,6 @@ impl Stream {
             .is_none_or(Stream::tls_is_quiet)
     }
 
-    /// Whether the connection carries TLS.
-    pub fn is_tls(&self) -> bool {
-        self.io.get_ref().tls.is_some()
-    }
-
     /// The peer's address.
     pub fn peer_addr(&self) -> PeerAddr {
         match &self.io.get_ref().raw {

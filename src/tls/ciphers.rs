@@ -116,14 +116,18 @@ pub fn select(v: &str, tls13: bool) -> Result<Vec<SupportedCipherSuite>, String>
             .filter(|s| named.iter().any(|n| n.suite() == s.suite()))
             .collect()
     };
-    Ok(picked
+    let left: Vec<SupportedCipherSuite> = picked
         .into_iter()
         .filter(|s| !out.iter().any(|o| o.suite() == s.suite()))
-        .collect())
+        .collect();
+    if left.is_empty() {
+        return Err(format!("\"{v}\" takes out every cipher Sluice offers"));
+    }
+    Ok(left)
 }
 
 /// rustls's ring provider offering the suites `tls12` and `tls13` select (their
-/// errors were reported at the settings' lines; here they only fall back to all).
+/// errors were reported at the settings' lines, so none is left here).
 pub fn provider(tls12: &str, tls13: &str) -> CryptoProvider {
     let mut p = rustls::crypto::ring::default_provider();
     let mut suites = select(tls13, true).unwrap_or_default();
@@ -189,5 +193,8 @@ mod tests {
         );
         assert!(e.contains("TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256"), "{e}");
         assert!(names("TLS_AES_128_CCM_SHA256", true).is_err());
+        let all_out =
+            "HIGH:!TLS_AES_256_GCM_SHA384:!TLS_AES_128_GCM_SHA256:!TLS_CHACHA20_POLY1305_SHA256";
+        assert!(names(all_out, true).is_err_and(|e| e.contains("takes out every cipher")));
     }
 }
