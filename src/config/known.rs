@@ -47,7 +47,7 @@ pub(super) const KNOWN: &[(&str, &str, Kind)] = &[
     ("client_tls_cert_file", "", Implemented),
     ("client_tls_ciphers", "default", Implemented),
     ("client_tls_dheparams", "auto", Str),
-    ("client_tls_ecdhcurve", "auto", Str),
+    ("client_tls_ecdhcurve", "auto", Implemented),
     ("client_tls_key_file", "", Implemented),
     ("client_tls_protocols", "secure", Implemented),
     ("client_tls_sslmode", "disable", Implemented),

@@ -49,6 +49,7 @@ impl Default for Settings {
             client_tls_protocols: "secure".to_string(),
             client_tls_ciphers: "default".to_string(),
             client_tls13_ciphers: String::new(),
+            client_tls_ecdhcurve: "auto".to_string(),
             server_tls_ciphers: "default".to_string(),
             server_tls13_ciphers: String::new(),
             server_tls_sslmode: SslMode::Prefer,
@@ -231,6 +232,10 @@ fn set_implemented(s: &mut Settings, name: &str, v: &str) -> Result<Option<Strin
                 _ => &mut s.server_tls13_ciphers,
             };
             *field = v.to_string();
+        }
+        "client_tls_ecdhcurve" => {
+            crate::tls::ciphers::groups(v)?;
+            s.client_tls_ecdhcurve = v.to_string();
         }
         "client_tls_sslmode" => s.client_tls_sslmode = parse_sslmode(v)?,
         "server_tls_ca_file" => s.server_tls_ca_file = opt_str(v).map(PathBuf::from),

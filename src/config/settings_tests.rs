@@ -327,4 +327,14 @@ fn cipher_settings_are_checked_at_their_line() {
     let want = format!("{F}:3: invalid value \"DES-CBC3-SHA\" for client_tls_ciphers: none of");
     assert!(e.starts_with(&want), "{e}");
     assert!(set("client_tls13_ciphers", "TLS_AES_128_CCM_SHA256").is_err());
+    assert_eq!(
+        ok("client_tls_ecdhcurve", "secp384r1").client_tls_ecdhcurve,
+        "secp384r1"
+    );
+    let e = set("client_tls_ecdhcurve", "brainpoolP256r1")
+        .err()
+        .unwrap_or_default();
+    let want =
+        format!("{F}:3: invalid value \"brainpoolP256r1\" for client_tls_ecdhcurve: none of");
+    assert!(e.starts_with(&want), "{e}");
 }

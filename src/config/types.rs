@@ -129,6 +129,8 @@ pub struct Settings {
     /// The TLS 1.2 and 1.3 cipher suites offered (`tls::ciphers`).
     pub client_tls_ciphers: String,
     pub client_tls13_ciphers: String,
+    /// The key exchange groups offered (`tls::ciphers::groups`).
+    pub client_tls_ecdhcurve: String,
     /// TLS towards servers on TCP (never on a UNIX socket, as in PgBouncer).
     pub server_tls_sslmode: SslMode,
     /// A client certificate and its key, for servers that ask for one.

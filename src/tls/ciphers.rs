@@ -1,5 +1,6 @@
 //! `client_tls_ciphers`, `server_tls_ciphers` (TLS 1.2) and `client_tls13_ciphers`,
-//! `server_tls13_ciphers` (TLS 1.3): which of rustls's cipher suites are offered.
+//! `server_tls13_ciphers` (TLS 1.3): which of rustls's cipher suites are offered;
+//! and `client_tls_ecdhcurve`: which key exchange groups ([`groups`]).
 //!
 //! PgBouncer hands these strings to OpenSSL. rustls has no cipher-string language,
 //! and offers only AEAD suites with forward secrecy, so a string is read this way:
@@ -16,7 +17,7 @@
 //! setting is an error at its line rather than a silent change of meaning.
 
 use rustls::crypto::ring::ALL_CIPHER_SUITES;
-use rustls::crypto::CryptoProvider;
+use rustls::crypto::{CryptoProvider, SupportedKxGroup};
 use rustls::SupportedCipherSuite;
 
 /// rustls's TLS 1.2 suites by OpenSSL's names.
@@ -138,6 +139,58 @@ pub fn provider(tls12: &str, tls13: &str) -> CryptoProvider {
     p
 }
 
+/// A curve's names (OpenSSL's, the RFC's, NIST's) and rustls's group.
+fn group_by_name(name: &str) -> Option<&'static dyn SupportedKxGroup> {
+    use rustls::crypto::ring::kx_group;
+    match name.to_ascii_lowercase().as_str() {
+        "x25519" => Some(kx_group::X25519),
+        "prime256v1" | "secp256r1" | "p-256" => Some(kx_group::SECP256R1),
+        "secp384r1" | "p-384" => Some(kx_group::SECP384R1),
+        _ => None,
+    }
+}
+
+/// The key exchange groups `client_tls_ecdhcurve` selects, in its order of
+/// preference. PgBouncer passes the value to OpenSSL: `auto` (its default) lets the
+/// library choose, a curve name (or a list, `:` or `,` between) names the curves.
+/// rustls has X25519, P-256 and P-384; a list naming none of them is an error rather
+/// than a silent change of meaning. `none` (no ECDH) is an error too: every suite
+/// rustls has exchanges keys by ECDHE, so no client could complete a handshake.
+pub fn groups(v: &str) -> Result<Vec<&'static dyn SupportedKxGroup>, String> {
+    let all = || rustls::crypto::ring::ALL_KX_GROUPS.to_vec();
+    let items: Vec<&str> = v
+        .split([':', ','])
+        .map(str::trim)
+        .filter(|i| !i.is_empty())
+        .collect();
+    if items.is_empty() {
+        return Ok(all());
+    }
+    let mut picked: Vec<&'static dyn SupportedKxGroup> = Vec::new();
+    for item in &items {
+        match item.to_ascii_lowercase().as_str() {
+            "auto" | "default" => return Ok(all()),
+            "none" => {
+                return Err(
+                    "\"none\" leaves no key exchange: Sluice's TLS suites all use ECDHE".into(),
+                )
+            }
+            _ => {}
+        }
+        if let Some(g) = group_by_name(item) {
+            if !picked.iter().any(|p| p.name() == g.name()) {
+                picked.push(g);
+            }
+        }
+    }
+    if picked.is_empty() {
+        return Err(format!(
+            "none of the curves in \"{v}\" is one Sluice offers; it offers X25519, prime256v1 (P-256), secp384r1 (P-384)"
+        ));
+    }
+    Ok(picked)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,6 +233,32 @@ mod tests {
         assert!(!n.contains(&"TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256".to_string()));
         // TLS 1.2 names mean nothing for TLS 1.3, and the reverse.
         assert!(names("TLS_AES_128_GCM_SHA256", false).is_err());
+    }
+
+    fn curves(v: &str) -> Result<Vec<String>, String> {
+        groups(v).map(|g| g.iter().map(|g| format!("{:?}", g.name())).collect())
+    }
+
+    #[test]
+    fn curves_by_their_names() {
+        assert_eq!(curves("auto").map(|g| g.len()), Ok(3));
+        assert_eq!(curves("").map(|g| g.len()), Ok(3));
+        assert_eq!(curves("secp384r1"), Ok(vec!["secp384r1".to_string()]));
+        // In the list's order; names Sluice lacks are passed over.
+        assert_eq!(
+            curves("P-384:secp521r1, prime256v1:x25519"),
+            Ok(vec![
+                "secp384r1".to_string(),
+                "secp256r1".to_string(),
+                "X25519".to_string()
+            ])
+        );
+        let e = curves("secp521r1:X448").err().unwrap_or_default();
+        assert!(
+            e.starts_with("none of the curves in \"secp521r1:X448\""),
+            "{e}"
+        );
+        assert!(curves("none").is_err_and(|e| e.contains("no key exchange")));
     }
 
     #[test]

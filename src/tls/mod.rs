@@ -100,10 +100,12 @@ pub fn acceptor(s: &Settings) -> Result<Option<Arc<ServerConfig>>, TlsSetupError
             "client_tls_sslmode other than disable needs client_tls_key_file and client_tls_cert_file".into(),
         ));
     };
-    let provider = Arc::new(ciphers::provider(
-        &s.client_tls_ciphers,
-        &s.client_tls13_ciphers,
-    ));
+    let mut provider = ciphers::provider(&s.client_tls_ciphers, &s.client_tls13_ciphers);
+    // Checked at the setting's line; the default (all groups) stays otherwise.
+    if let Ok(groups) = ciphers::groups(&s.client_tls_ecdhcurve) {
+        provider.kx_groups = groups;
+    }
+    let provider = Arc::new(provider);
     let (versions, _) = protocols(&s.client_tls_protocols).map_err(TlsSetupError::Invalid)?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&versions)

@@ -176,11 +176,11 @@ async fn unimplemented_settings_start_with_a_warning() {
     let s = SluiceBuilder::new()
         .userlist(support::MD5_USER, support::MD5_PASSWORD)
         .setting("syslog", "1")
-        .setting("client_tls_ecdhcurve", "secp384r1")
+        .setting("client_tls_dheparams", "legacy")
         .start();
     wait_log_and_stderr(&s, "WARNING");
     wait_log_and_stderr(&s, "setting \"syslog\" is not implemented");
-    wait_log_and_stderr(&s, "setting \"client_tls_ecdhcurve\" is not implemented");
+    wait_log_and_stderr(&s, "setting \"client_tls_dheparams\" is not implemented");
     assert!(s.log().contains("sluice.ini:"), "{}", s.log());
     // It really serves despite the warnings.
     let c = support::connect(&s.config(support::MD5_USER, support::MD5_PASSWORD, support::TEST_DB))

@@ -555,3 +555,32 @@ fn cipher_settings_pick_the_suites_offered() {
         "{info}"
     );
 }
+
+/// `client_tls_ecdhcurve` picks the key exchange group, for TLS 1.3 and 1.2 alike;
+/// the login's log line names it.
+#[test]
+fn ecdhcurve_picks_the_group() {
+    let certs = Certs::new();
+    let s = certs
+        .sluice("require")
+        .setting("client_tls_ecdhcurve", "secp384r1")
+        .start();
+    conninfo(&s, &[("PGSSLMODE", "require")]);
+    conninfo(
+        &s,
+        &[
+            ("PGSSLMODE", "require"),
+            ("PGSSLMAXPROTOCOLVERSION", "TLSv1.2"),
+        ],
+    );
+    let log = s.log();
+    let groups: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("login attempt") && l.contains("tls=TLSv1."))
+        .filter_map(|l| l.split("/ECDH=").nth(1))
+        .collect();
+    assert_eq!(groups.len(), 2, "{log}");
+    for g in groups {
+        assert!(g.starts_with("secp384r1"), "{log}");
+    }
+}
