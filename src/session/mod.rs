@@ -74,6 +74,12 @@ pub enum ClientError {
     /// Close without a word to the client (it could not read one: a failed TLS
     /// handshake), logging why.
     Dropped(String),
+    /// One of the above but `Fatal`, after the startup packet named the client's
+    /// `db/user` for the log.
+    Named {
+        who: Box<str>,
+        error: Box<ClientError>,
+    },
 }
 
 impl ClientError {
@@ -85,16 +91,21 @@ impl ClientError {
         }
     }
 
-    /// Names the client's database and user in the log line of a fatal error, as
+    /// Names the client's database and user in the log line of the error, as
     /// PgBouncer's does once the startup packet is read.
     pub fn naming(self, database: &str, user: &str) -> ClientError {
+        let who: Box<str> = format!("{database}/{user}").into();
         match self {
             ClientError::Fatal { code, message, .. } => ClientError::Fatal {
                 code,
                 message,
-                who: Some(format!("{database}/{user}").into()),
+                who: Some(who),
             },
-            other => other,
+            named @ ClientError::Named { .. } => named,
+            other => ClientError::Named {
+                who,
+                error: Box::new(other),
+            },
         }
     }
 }
@@ -359,22 +370,30 @@ fn drive(
 }
 
 async fn report_login_failure(id: u64, peer: &PeerAddr, stream: &Stream, e: ClientError) {
+    const UNNAMED: &str = "(nodb)/(nouser)";
+    let (named, e) = match e {
+        ClientError::Named { who, error } => (Some(who), *error),
+        e => (None, e),
+    };
+    let who = named.as_deref().unwrap_or(UNNAMED);
     match e {
         ClientError::Fatal { code, message, who } => {
-            let who = who.as_deref().unwrap_or("(nodb)/(nouser)");
+            let who = who.as_deref().unwrap_or(UNNAMED);
             tracing::warn!("C-{id}: {who}@{peer} closing because: {message}");
             tracing::warn!("C-{id}: {who}@{peer} pooler error: {message}");
             send_fatal(stream, code, &message).await;
         }
         ClientError::Io(e) => {
-            tracing::info!("C-{id}: (nodb)/(nouser)@{peer} closing because: client I/O error: {e}")
+            tracing::info!("C-{id}: {who}@{peer} closing because: client I/O error: {e}")
         }
         ClientError::Gone => {
-            tracing::debug!("C-{id}: (nodb)/(nouser)@{peer} closing because: client unexpected eof")
+            tracing::debug!("C-{id}: {who}@{peer} closing because: client unexpected eof")
         }
         ClientError::Dropped(why) => {
-            tracing::info!("C-{id}: (nodb)/(nouser)@{peer} closing because: {why}")
+            tracing::info!("C-{id}: {who}@{peer} closing because: {why}")
         }
+        // `naming` never nests them.
+        ClientError::Named { .. } => {}
     }
 }
 

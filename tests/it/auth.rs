@@ -317,3 +317,33 @@ async fn a_refused_login_is_logged_with_its_database_and_user() {
         );
     }
 }
+
+/// A client that leaves during the password exchange is logged with the database
+/// and user its startup packet named, not as `(nodb)/(nouser)`.
+#[test]
+fn a_client_leaving_mid_login_is_logged_with_its_names() {
+    let sluice = SluiceBuilder::new()
+        .setting("auth_type", "md5")
+        .database("sluice_test", DB_AS_TRUST_USER)
+        .userlist("alice", "alicepw")
+        .arg("-v")
+        .start();
+    let mut c = RawConn::tcp(sluice.port());
+    c.send(&raw::startup_packet(
+        raw::PROTOCOL_3_0,
+        &[("user", "alice"), ("database", support::TEST_DB)],
+    ))
+    .unwrap();
+    let m = c.read_msg(LOGIN_LIMIT).expect("auth request");
+    assert_eq!(m.auth_code(), Some(5), "{m:?}");
+    drop(c);
+    assert!(
+        support::wait_until(Duration::from_secs(5), || sluice
+            .log()
+            .lines()
+            .any(|l| l.contains("sluice_test/alice@127.0.0.1:")
+                && l.contains("closing because: client unexpected eof"))),
+        "{}",
+        sluice.diagnostics()
+    );
+}
