@@ -30,6 +30,7 @@ test: deps
 lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps
 
 demo: deps
 	$(CARGO) build --release

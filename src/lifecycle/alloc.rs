@@ -11,8 +11,8 @@
 //!
 //! The cache is shared by the process's threads behind a try-lock: a thread that
 //! finds it taken uses the system allocator instead of waiting, so it adds no
-//! waiting to any thread. It holds at most [`CLASSES`] x [`DEPTH`] blocks of up to
-//! [`MAX_SIZE`] bytes.
+//! waiting to any thread. It holds at most `CLASSES` x `DEPTH` blocks of up to
+//! `MAX_SIZE` bytes.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::UnsafeCell;

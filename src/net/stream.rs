@@ -286,7 +286,7 @@ impl Stream {
     }
 
     /// Whether nothing is held for this connection outside its socket (always true
-    /// without TLS; see [`Stream::tls_is_quiet`]): only then may its client sleep
+    /// without TLS; see `Stream::tls_is_quiet`): only then may its client sleep
     /// with the keeper.
     pub fn is_quiet(&self) -> bool {
         self.io

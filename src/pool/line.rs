@@ -49,7 +49,7 @@ pub struct Request {
     /// Some of `bytes` went to the server: the connection is no longer clean.
     pub sent: bool,
     /// When the connection was handed over, if the waiter was left asleep until the
-    /// server answers ([`Waiter::wake_on_answer`]): its wait ended then, not when
+    /// server answers (`Waiter::wake_on_answer`): its wait ended then, not when
     /// its task runs.
     pub granted: Option<Tick>,
     /// The client sent more after leaving the request ([`Pool::more_input`]): its

@@ -2,7 +2,7 @@
 //!
 //! A pool holds idle server connections (reused LIFO) and a FIFO of waiting clients.
 //! A released connection goes straight to the oldest waiter. The count of connections,
-//! idle, lent out or connecting, is exact across threads: see [`slot`].
+//! idle, lent out or connecting, is exact across threads: see `slot.rs`.
 
 mod acquire;
 mod autodb;

@@ -1,6 +1,6 @@
 //! Sleeping clients. A client idle for a while (just logged in and quiet, or found
 //! idle by the janitor's sweep) gives up its tokio task and socket registration: its
-//! socket waits in an epoll set of the keeper's own and its [`Session`] in a slab
+//! socket waits in an epoll set of the keeper's own and its `Session` in a slab
 //! slot, 24 bytes beside the session itself (the socket, its TLS session if any,
 //! the session's box). When the socket turns readable (a
 //! request, or the client leaving), the client is killed, or its client_idle_timeout

@@ -53,7 +53,7 @@ const SYSTEM_BUNDLES: [&str; 4] = [
 ];
 
 /// The system's CA bundle: `SSL_CERT_FILE` if set (as OpenSSL, which PgBouncer and
-/// libpq use, reads it), else the first of [`SYSTEM_BUNDLES`] that exists.
+/// libpq use, reads it), else the first of `SYSTEM_BUNDLES` that exists.
 pub fn system_bundle() -> Option<PathBuf> {
     if let Some(f) = std::env::var_os("SSL_CERT_FILE").filter(|f| !f.is_empty()) {
         return Some(PathBuf::from(f));

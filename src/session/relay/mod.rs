@@ -74,7 +74,7 @@ pub enum ReleaseAt {
 
 /// Relay state for one request of a client (parked between requests, see `parked.rs`):
 /// buffers (allocated on first use) and protocol tracking. `Default` is a blank one,
-/// never used before [`Relay::refill`] (parked.rs) fills it for a request.
+/// never used before `Relay::refill` (parked.rs) fills it for a request.
 #[derive(Debug, Default)]
 // In this order (`repr(C)`): what every request reads or writes comes first, in about
 // six cache lines, and the rarely used parts of the prepared-statement state and the

@@ -91,7 +91,7 @@ impl Parked {
 /// come back soon, the keeper lets the next ones wait longer (`keeper::FRESH_BACK`).
 pub const FRESH_SLEEP: Duration = Duration::from_millis(10);
 
-/// Why [`Parked::wait_idle`] returned.
+/// Why `Parked::wait_idle` returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Idle {
     /// The client sent something (or closed, or failed: the read will tell).
