@@ -23,7 +23,7 @@ mod secret;
 
 pub use self::derived::DerivedSecrets;
 pub use self::md5::{md5_response, md5_secret, verify_md5};
-pub use self::scram_client::{ScramClient, ScramCredential};
+pub use self::scram_client::{DerivedKeys, ScramClient, ScramCredential};
 pub use self::scram_common::{scram_secret_from_password, MAX_SERVER_ITERATIONS, SCRAM_SHA_256};
 pub use self::scram_server::ScramServer;
 pub use self::secret::{ScramSecret, Secret};

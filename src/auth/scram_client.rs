@@ -11,7 +11,7 @@ use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
 
 use super::scram_common::{
     attr, b64, check_extension, check_nonce, client_proof, hi, hmac_sha256, keys_from_salted,
-    random_nonce, saslprep_is_identity, unb64, unb64_32, MAX_SERVER_ITERATIONS,
+    random_nonce, saslprep_is_identity, sha256, unb64, unb64_32, MAX_SERVER_ITERATIONS,
 };
 use super::{ct_eq, AuthError};
 
@@ -42,9 +42,31 @@ impl fmt::Debug for ScramCredential {
     }
 }
 
+/// The keys a password gave for one salt and iteration count (PBKDF2, ~0.5 ms at
+/// PostgreSQL's 4096 rounds, up to a million rounds), kept by a pool so that its next
+/// server login skips the derivation: PostgreSQL stores one salt per role, so every
+/// login as the pool's user is asked for the same salt. The password is kept only as
+/// its SHA-256, to tell a changed one (a reload, `auth_query`) from the one derived.
+#[derive(Clone)]
+pub struct DerivedKeys {
+    password: [u8; 32],
+    salt: Vec<u8>,
+    iterations: u32,
+    client_key: [u8; 32],
+    server_key: [u8; 32],
+}
+
+impl fmt::Debug for DerivedKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DerivedKeys(<redacted>, {} rounds)", self.iterations)
+    }
+}
+
 /// One client-side SCRAM-SHA-256 exchange.
 pub struct ScramClient {
     cred: ScramCredential,
+    /// The keys this exchange derived from its password, for [`ScramClient::take_derived`].
+    derived: Option<DerivedKeys>,
     /// Our nonce.
     nonce: String,
     /// `n=<user>,r=<nonce>` (the user is always empty outside tests, as in libpq).
@@ -90,6 +112,7 @@ impl ScramClient {
             cred,
             nonce: nonce.to_owned(),
             client_first_bare: format!("n={user},r={nonce}"),
+            derived: None,
             delegate: None,
             state: State::AwaitingServerFirst,
         }
@@ -100,6 +123,39 @@ impl ScramClient {
     /// belongs on a blocking thread, not on an event loop other clients share.
     pub fn derives_keys(&self) -> bool {
         matches!(self.cred, ScramCredential::Password(_))
+    }
+
+    /// Takes the keys `cached` holds in place of the password, when they were derived
+    /// from this password with the salt and iteration count that `server_first` asks
+    /// for: then [`ScramClient::derives_keys`] is false. Returns whether it did.
+    pub fn adopt(&mut self, server_first: &[u8], cached: &DerivedKeys) -> bool {
+        let ScramCredential::Password(password) = &self.cred else {
+            return false;
+        };
+        if self.delegate.is_some() {
+            return false;
+        }
+        let Ok(first) = parse_server_first(server_first, &self.nonce) else {
+            return false;
+        };
+        if first.salt != cached.salt
+            || first.iterations != cached.iterations
+            || !ct_eq(&sha256(password.as_bytes()), &cached.password)
+        {
+            return false;
+        }
+        self.cred = ScramCredential::Keys {
+            client_key: cached.client_key,
+            server_key: cached.server_key,
+        };
+        true
+    }
+
+    /// The keys this exchange derived from its password. Take them only once the
+    /// server proved it knows them ([`ScramClient::verify_server_final`]): then they
+    /// are worth keeping for the next login.
+    pub fn take_derived(&mut self) -> Option<DerivedKeys> {
+        self.derived.take()
     }
 
     /// The client-first-message (data of `SASLInitialResponse`): `n,,n=,r=<nonce>`.
@@ -134,7 +190,16 @@ impl ScramClient {
 
         let (client_key, server_key) = match &self.cred {
             ScramCredential::Password(password) => {
-                keys_from_salted(&hi(password.as_bytes(), &first.salt, first.iterations))
+                let keys =
+                    keys_from_salted(&hi(password.as_bytes(), &first.salt, first.iterations));
+                self.derived = Some(DerivedKeys {
+                    password: sha256(password.as_bytes()),
+                    salt: first.salt.clone(),
+                    iterations: first.iterations,
+                    client_key: keys.0,
+                    server_key: keys.1,
+                });
+                keys
             }
             ScramCredential::Keys {
                 client_key,

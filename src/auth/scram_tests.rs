@@ -184,3 +184,62 @@ fn exchanges_can_move_between_threads() {
     assert_send_sync::<Secret>();
     assert_send_sync::<AuthError>();
 }
+
+/// Runs an exchange, offering `cached` keys to the client; whether it took them.
+fn login_cached(
+    client: &mut ScramClient,
+    server: &mut ScramServer,
+    cached: &DerivedKeys,
+) -> (bool, Result<(), AuthError>) {
+    let server_first = match server.handle_client_first(&client.client_first()) {
+        Ok(f) => f,
+        Err(e) => return (false, Err(e)),
+    };
+    let adopted = client.adopt(&server_first, cached);
+    assert_eq!(client.derives_keys(), !adopted);
+    let result = client
+        .handle_server_first(&server_first)
+        .and_then(|fin| server.handle_client_final(&fin))
+        .and_then(|fin| client.verify_server_final(&fin));
+    (adopted, result)
+}
+
+#[test]
+fn derived_keys_serve_the_next_login_with_the_same_salt() {
+    let secret = scram_secret("s3cret");
+    let mut first = password("s3cret");
+    login(&mut first, &mut ScramServer::new(&secret, 4096).unwrap()).unwrap();
+    let keys = first
+        .take_derived()
+        .expect("keys derived from the password");
+    assert!(first.take_derived().is_none());
+
+    // Same password, salt and rounds: taken, and the login succeeds.
+    let mut next = password("s3cret");
+    let mut server = ScramServer::new(&secret, 4096).unwrap();
+    assert_eq!(login_cached(&mut next, &mut server, &keys), (true, Ok(())));
+    assert!(next.take_derived().is_none(), "nothing new was derived");
+
+    // A changed password, or another salt, derives anew.
+    let mut changed = password("other");
+    let mut server = ScramServer::new(&scram_secret("other"), 4096).unwrap();
+    assert_eq!(
+        login_cached(&mut changed, &mut server, &keys),
+        (false, Ok(()))
+    );
+    let other_salt = Secret::parse(&scram_secret_from_password("s3cret", b"other salt", 64));
+    let mut server = ScramServer::new(&other_salt, 64).unwrap();
+    let mut salted = password("s3cret");
+    assert_eq!(
+        login_cached(&mut salted, &mut server, &keys),
+        (false, Ok(()))
+    );
+    // Pass-through keys are never replaced.
+    let mut through = ScramClient::new(ScramCredential::Keys {
+        client_key: [1; 32],
+        server_key: [2; 32],
+    });
+    let mut server = ScramServer::new(&secret, 4096).unwrap();
+    let first = server.handle_client_first(&through.client_first()).unwrap();
+    assert!(!through.adopt(&first, &keys));
+}

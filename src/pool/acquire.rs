@@ -252,7 +252,7 @@ impl Pool {
             .take_limit(&self.limits.user, cfg.max_user_connections, deadline)
             .await?;
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
-        match server::connect(cfg, keys, id, generation, slot).await {
+        match server::connect(cfg, keys, &self.server_keys, id, generation, slot).await {
             Ok(mut conn) => {
                 conn.limit_tokens = Some((db_token, user_token));
                 let mut st = self.lock_state();

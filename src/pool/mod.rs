@@ -154,6 +154,9 @@ pub struct Pool {
     pub stats: PoolStats,
     /// The tracked parameters its clients want, shared between clients that agree.
     pub shared_params: crate::session::params::SharedParams,
+    /// What its last SCRAM login to a server derived from the password, so that the
+    /// next one skips PBKDF2 (`auth::DerivedKeys`).
+    server_keys: server::KeyCache,
 }
 
 impl Pool {
@@ -177,6 +180,7 @@ impl Pool {
             limits,
             stats: PoolStats::default(),
             shared_params: Default::default(),
+            server_keys: Default::default(),
         }
     }
 

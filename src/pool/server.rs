@@ -12,7 +12,7 @@ use super::error::PoolError;
 use super::limits::LimitToken;
 use super::slot::SlotToken;
 use super::target::{PoolConfig, Reuse, ServerAddr};
-use crate::auth::{md5_response, ScramClient, ScramCredential, Secret};
+use crate::auth::{md5_response, DerivedKeys, ScramClient, ScramCredential, Secret};
 use crate::clock::Tick;
 use crate::net::framed::{read_message, ReadError};
 use crate::net::{StdStream, Stream, TcpTuning};
@@ -290,10 +290,14 @@ async fn open(addr: &ServerAddr, timeout: Duration, tcp: &TcpTuning) -> Result<S
     }
 }
 
+/// The keys the pool's last SCRAM login derived from its password (`DerivedKeys`).
+pub(crate) type KeyCache = std::sync::Mutex<Option<DerivedKeys>>;
+
 /// Connects and logs in a new server connection.
 pub(crate) async fn connect(
     cfg: &PoolConfig,
     scram_keys: Option<ScramKeys>,
+    key_cache: &KeyCache,
     id: u64,
     generation: u64,
     slot: SlotToken,
@@ -327,6 +331,7 @@ pub(crate) async fn connect(
     let login = LoginState {
         cfg,
         scram_keys,
+        key_cache,
         scram: None,
         scram_verified: false,
     };
@@ -363,6 +368,7 @@ pub(crate) async fn connect(
 struct LoginState<'a> {
     cfg: &'a PoolConfig,
     scram_keys: Option<ScramKeys>,
+    key_cache: &'a KeyCache,
     scram: Option<ScramClient>,
     /// Set once the server proved it knows the password (valid SASLFinal).
     scram_verified: bool,
@@ -436,7 +442,8 @@ impl LoginState<'_> {
     /// Answers AuthenticationSASLContinue (the server-first-message) into `out`. With a
     /// password the keys are derived there, PBKDF2 over as many rounds as the server
     /// asks (4096 by default, ~0.5 ms; up to a million, over 100 ms): on the event loop
-    /// that would stall every client it serves, so it runs on a blocking thread.
+    /// that would stall every client it serves, so it runs on a blocking thread; unless
+    /// the keys the pool's last login derived are for this salt and iteration count.
     async fn take_server_first(
         &mut self,
         body: BytesMut,
@@ -446,6 +453,15 @@ impl LoginState<'_> {
             .scram
             .take()
             .ok_or(PoolError::Protocol("SASLContinue without SASL"))?;
+        if scram.derives_keys() {
+            let cache = self.key_cache.lock().unwrap_or_else(|p| p.into_inner());
+            if cache.as_ref().is_some_and(|c| scram.adopt(&body, c)) {
+                tracing::debug!(
+                    "{}: SCRAM keys from an earlier login of this pool, no PBKDF2",
+                    self.cfg.addr
+                );
+            }
+        }
         let (scram, msg) = if scram.derives_keys() {
             tokio::task::spawn_blocking(move || {
                 let msg = scram.handle_server_first(&body);
@@ -520,12 +536,15 @@ impl LoginState<'_> {
             12 => {
                 let scram = self
                     .scram
-                    .as_ref()
+                    .as_mut()
                     .ok_or(PoolError::Protocol("SASLFinal without SASL"))?;
                 scram
                     .verify_server_final(body)
                     .map_err(|_| PoolError::Auth("server's SCRAM signature is invalid"))?;
                 self.scram_verified = true;
+                if let Some(keys) = scram.take_derived() {
+                    *self.key_cache.lock().unwrap_or_else(|p| p.into_inner()) = Some(keys);
+                }
                 Ok(())
             }
             _ => Err(PoolError::Auth(

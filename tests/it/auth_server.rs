@@ -270,3 +270,27 @@ async fn auth_server_forced_user_pool_is_shared_by_all_client_users() {
         "client users a and b should share the forced user's pool"
     );
 }
+
+/// A pool's second SCRAM login with a plaintext password takes the keys its first one
+/// derived (PostgreSQL asks for the same salt): no PBKDF2, and the login still works.
+#[tokio::test]
+async fn auth_server_scram_keys_are_derived_once_per_pool() {
+    let sluice = SluiceBuilder::new()
+        .setting("auth_type", "trust")
+        .userlist(support::SCRAM_USER, support::SCRAM_PASSWORD)
+        .arg("-v")
+        .start();
+    let cfg = sluice.config(support::SCRAM_USER, "", support::TEST_DB);
+    let first = try_login(&cfg).await.expect("first client");
+    // The first client holds its server in a transaction, so the second needs another.
+    first.batch_execute("BEGIN").await.expect("begin");
+    assert_eq!(whoami(&cfg).await, support::SCRAM_USER);
+    let reused = "SCRAM keys from an earlier login of this pool";
+    assert!(
+        support::wait_until(Duration::from_secs(5), || sluice.log().contains(reused)),
+        "{}",
+        sluice.diagnostics()
+    );
+    assert_eq!(sluice.log().matches(reused).count(), 1, "{}", sluice.log());
+    first.batch_execute("COMMIT").await.expect("commit");
+}
