@@ -81,7 +81,7 @@ pub(super) const KNOWN: &[(&str, &str, Kind)] = &[
     ("pkt_buf", "4096", Implemented),
     ("pool_mode", "session", Implemented),
     ("query_timeout", "0", Implemented),
-    ("query_wait_notify", "5", Int),
+    ("query_wait_notify", "5", Implemented),
     ("query_wait_timeout", "120", Implemented),
     ("reserve_pool_size", "0", Implemented),
     ("reserve_pool_timeout", "5", Implemented),

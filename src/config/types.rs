@@ -171,6 +171,8 @@ pub struct Settings {
     pub client_login_timeout: Duration,
     pub query_timeout: Duration,
     pub query_wait_timeout: Duration,
+    /// A client queued this long is told so with a notice (PgBouncer 1.25); 0: never.
+    pub query_wait_notify: Duration,
     pub client_idle_timeout: Duration,
     pub idle_transaction_timeout: Duration,
     pub transaction_timeout: Duration,

@@ -47,6 +47,15 @@ impl Pool {
     /// Dropping the future loses nothing: a slot or connection granted to a dropped
     /// waiter goes on to the next waiter or back to the pool.
     pub async fn acquire(self: &Arc<Self>) -> Result<ServerConn, PoolError> {
+        self.acquire_noting(|| {}).await
+    }
+
+    /// [`Pool::acquire`] for a client, whose wait in line calls `on_notice` when it
+    /// reaches `query_wait_notify`.
+    pub async fn acquire_noting(
+        self: &Arc<Self>,
+        mut on_notice: impl FnMut(),
+    ) -> Result<ServerConn, PoolError> {
         // Held across the wait, so an owned reference, not a guard: a few hundred
         // waiters each holding one would use up arc-swap's per-thread fast slots and
         // send every other read of the settings down its slow path.
@@ -83,7 +92,10 @@ impl Pool {
                     None => continue,
                 },
                 Step::Connect => SlotToken::counted(self.clone()),
-                Step::Wait(ticket) => match self.wait_in_line(ticket, &cfg, deadline).await? {
+                Step::Wait(ticket) => match self
+                    .wait_in_line(ticket, &cfg, deadline, &mut on_notice)
+                    .await?
+                {
                     Grant::Server(conn) => return Ok(self.handed_over(conn)),
                     Grant::Slot(slot) => slot,
                 },
@@ -141,8 +153,12 @@ impl Pool {
     /// # Cancel safety
     /// As [`Pool::acquire`]'s: a connection granted to a dropped ticket goes back to
     /// the pool (the next in line), a slot to the next in line.
-    pub async fn redeem(self: &Arc<Self>, ticket: &mut Ticket) -> Result<ServerConn, PoolError> {
-        match ticket.answer().await {
+    pub async fn redeem(
+        self: &Arc<Self>,
+        ticket: &mut Ticket,
+        on_notice: impl FnMut(),
+    ) -> Result<ServerConn, PoolError> {
+        match ticket.answer(on_notice).await {
             Answer::Granted(Grant::Server(conn)) => Ok(self.handed_over(conn)),
             Answer::Granted(Grant::Slot(slot)) => {
                 let cfg = self.config();
@@ -198,11 +214,12 @@ impl Pool {
         mut ticket: Ticket,
         cfg: &PoolConfig,
         deadline: Option<Tick>,
+        on_notice: &mut impl FnMut(),
     ) -> Result<Grant, PoolError> {
         if cfg.reserve_pool_size > 0 {
             let reserve_at = Tick::now() + cfg.reserve_pool_timeout;
             let first = deadline.map_or(reserve_at, |d| d.min(reserve_at));
-            match crate::timer::timeout_at(first, ticket.answer()).await {
+            match crate::timer::timeout_at(first, ticket.answer(&mut *on_notice)).await {
                 Ok(Answer::Granted(g)) => return Ok(g),
                 // The janitor's query_wait_timeout can come first.
                 Ok(Answer::Refused) => return Err(refusal(self)),
@@ -223,7 +240,7 @@ impl Pool {
         }
         // No timer per waiter: the janitor drops the places in line older than
         // query_wait_timeout (`Pool::expire_waiters`), as PgBouncer's does.
-        match ticket.answer().await {
+        match ticket.answer(on_notice).await {
             Answer::Granted(g) => Ok(g),
             Answer::Refused => Err(refusal(self)),
         }

@@ -30,6 +30,8 @@ pub(super) struct Waiter {
     pub(super) id: u64,
     pub(super) since: Tick,
     waker: Waker,
+    /// It was owed the `query_wait_notify` notice (once a wait).
+    noticed: bool,
     /// Boxed (and the box kept by the client from one request to the next), so that
     /// a place in line, its ticket and the futures that hold one stay small: a
     /// ticket was 104 bytes, copied into three levels of a waiting client's task
@@ -113,6 +115,7 @@ pub(super) fn join(pool: &Arc<Pool>, st: &mut PoolState, now: Tick, waker: &Wake
         id,
         since: now,
         waker: waker.clone(),
+        noticed: false,
         request: None,
     });
     Ticket {
@@ -125,6 +128,17 @@ pub(super) fn join(pool: &Arc<Pool>, st: &mut PoolState, now: Tick, waker: &Wake
 }
 
 impl Waiter {
+    /// Marks the waiter as owed the `query_wait_notify` notice; false if it was
+    /// already (once a wait).
+    pub(super) fn owe_notice(&mut self) -> bool {
+        !std::mem::replace(&mut self.noticed, true)
+    }
+
+    /// The waiting task's waker.
+    pub(super) fn waker(&self) -> Waker {
+        self.waker.clone()
+    }
+
     /// After its whole request went to `conn`, the waiter has nothing to do until the
     /// server answers: its task is left asleep, and the server's answer wakes it
     /// (the socket's read waker becomes the waiter's), which saves the task one turn
@@ -148,6 +162,8 @@ impl Waiter {
     /// Leaves `answer` for this waiter (taken out of line) in the pool's state: the
     /// waker to wake once the lock is released.
     pub(super) fn answer(self, st: &mut PoolState, answer: Answer) -> Waker {
+        // A notice not yet sent is moot once the wait is over.
+        take_notice(st, self.id);
         st.answers.push((self.id, answer, self.request));
         self.waker
     }
@@ -162,12 +178,28 @@ pub(super) fn refuse(st: &mut PoolState, waiters: impl IntoIterator<Item = Waite
         .collect()
 }
 
+/// Takes place `id`'s notice if it is owed one.
+fn take_notice(st: &mut PoolState, id: u64) -> bool {
+    if st.notices.is_empty() {
+        return false;
+    }
+    match st.notices.iter().position(|n| *n == id) {
+        Some(i) => {
+            st.notices.swap_remove(i);
+            true
+        }
+        None => false,
+    }
+}
+
 impl Ticket {
-    /// The answer, once there is one.
-    pub(super) fn poll_answer(&mut self) -> Poll<Answer> {
+    /// The answer, once there is one; meanwhile `on_notice` is called when the
+    /// janitor finds the wait has reached `query_wait_notify`.
+    pub(super) fn poll_answer(&mut self, on_notice: &mut impl FnMut()) -> Poll<Answer> {
         // The waker was kept when the place was taken: a wait never moves to
         // another task (it is awaited where it was taken).
         let mut st = self.pool.lock_state();
+        let notice = take_notice(&mut st, self.id);
         match st.answers.iter().position(|(id, ..)| *id == self.id) {
             Some(i) => {
                 let (_, answer, request) = st.answers.swap_remove(i);
@@ -175,7 +207,13 @@ impl Ticket {
                 self.request = request;
                 Poll::Ready(answer)
             }
-            None => Poll::Pending,
+            None => {
+                drop(st);
+                if notice {
+                    on_notice();
+                }
+                Poll::Pending
+            }
         }
     }
 
@@ -204,9 +242,9 @@ impl Ticket {
         self.id
     }
 
-    /// Waits for the answer.
-    pub(super) async fn answer(&mut self) -> Answer {
-        std::future::poll_fn(|_| self.poll_answer()).await
+    /// Waits for the answer; `on_notice` as in [`Ticket::poll_answer`].
+    pub(super) async fn answer(&mut self, mut on_notice: impl FnMut()) -> Answer {
+        std::future::poll_fn(|_| self.poll_answer(&mut on_notice)).await
     }
 
     /// Leaves the line if still in it, under the pool's lock held as `st`; true if it
@@ -268,6 +306,7 @@ impl Pool {
 /// Takes place `id` out of line if it is still there.
 fn leave(st: &mut PoolState, id: u64) -> Option<Waiter> {
     let pos = st.waiters.iter().position(|w| w.id == id)?;
+    take_notice(st, id);
     st.waiters.remove(pos)
 }
 
@@ -276,6 +315,7 @@ mod tests {
     use std::path::Path;
     use std::sync::Arc;
     use std::task::{Poll, Waker};
+    use std::time::Duration;
 
     use super::*;
     use crate::config::Config;
@@ -299,13 +339,13 @@ mod tests {
         p.lock_state().total = 1;
         let (first, mut second) = (queue(&p), queue(&p));
         assert_eq!(p.counts().waiting, 2);
-        assert!(second.poll_answer().is_pending());
+        assert!(second.poll_answer(&mut || {}).is_pending());
         // The one connection's slot frees: the oldest waiter is answered...
         drop(SlotToken::counted(p.clone()));
         assert_eq!(p.counts().waiting, 1);
         // ... but has gone before taking it: the slot passes on, not lost.
         drop(first);
-        let Poll::Ready(Answer::Granted(Grant::Slot(slot))) = second.poll_answer() else {
+        let Poll::Ready(Answer::Granted(Grant::Slot(slot))) = second.poll_answer(&mut || {}) else {
             panic!("the next waiter got no slot");
         };
         assert_eq!(p.counts().total, 1);
@@ -355,14 +395,17 @@ mod tests {
         assert!(second.leave_request(request("two")).is_ok());
         // A slot (no server to write to) comes with the request as it was.
         drop(SlotToken::counted(p.clone()));
-        let Poll::Ready(Answer::Granted(Grant::Slot(slot))) = first.poll_answer() else {
+        let Poll::Ready(Answer::Granted(Grant::Slot(slot))) = first.poll_answer(&mut || {}) else {
             panic!("the first in line got no slot");
         };
         let r = first.take_request().expect("the request comes back");
         assert_eq!((&r.bytes[..], r.sent), (&b"one"[..], false));
         // So does a refusal.
         p.close();
-        assert!(matches!(second.poll_answer(), Poll::Ready(Answer::Refused)));
+        assert!(matches!(
+            second.poll_answer(&mut || {}),
+            Poll::Ready(Answer::Refused)
+        ));
         assert_eq!(&second.take_request().expect("back").bytes[..], b"two");
         // A place that was answered takes no request.
         assert!(second.leave_request(request("late")).is_err());
@@ -378,9 +421,53 @@ mod tests {
         drop(gone);
         assert_eq!(p.counts().waiting, 1, "a dropped ticket leaves the line");
         p.close();
-        assert!(matches!(left.poll_answer(), Poll::Ready(Answer::Refused)));
+        assert!(matches!(
+            left.poll_answer(&mut || {}),
+            Poll::Ready(Answer::Refused)
+        ));
         assert_eq!(p.counts().waiting, 0);
         drop(left);
         assert!(p.lock_state().answers.is_empty());
+    }
+
+    #[test]
+    fn a_long_wait_is_told_once_and_only_past_query_wait_notify() {
+        let p = pool();
+        p.lock_state().total = 1;
+        let start = Tick::now();
+        // One statement each: a guard lives to the end of its statement.
+        let mut old = join(&p, &mut p.lock_state(), start, Waker::noop());
+        let later = start + Duration::from_secs(3);
+        let mut young = join(&p, &mut p.lock_state(), later, Waker::noop());
+        let notify = Duration::from_secs(5);
+        let told = std::cell::Cell::new(0);
+        let mut note = || told.set(told.get() + 1);
+        // At 6 s only the first has waited 5 s.
+        p.notify_waiters(start + Duration::from_secs(6), notify);
+        assert!(old.poll_answer(&mut note).is_pending());
+        assert_eq!(told.get(), 1);
+        assert!(young.poll_answer(&mut note).is_pending());
+        assert_eq!(told.get(), 1);
+        // Later both have: the first is not told again.
+        p.notify_waiters(start + Duration::from_secs(9), notify);
+        assert!(old.poll_answer(&mut note).is_pending());
+        assert!(young.poll_answer(&mut note).is_pending());
+        assert_eq!(told.get(), 2);
+        // Zero: never.
+        p.notify_waiters(start + Duration::from_secs(60), Duration::ZERO);
+        assert!(p.lock_state().notices.is_empty());
+        // A notice owed to a waiter that leaves goes with it.
+        p.notify_waiters(start + Duration::from_secs(9), Duration::from_secs(1));
+        assert!(p.lock_state().notices.is_empty(), "both were told already");
+        let mut third = join(
+            &p,
+            &mut p.lock_state(),
+            start + Duration::from_secs(4),
+            Waker::noop(),
+        );
+        p.notify_waiters(start + Duration::from_secs(9), notify);
+        assert_eq!(p.lock_state().notices.len(), 1);
+        third.leave(&mut p.lock_state());
+        assert!(p.lock_state().notices.is_empty());
     }
 }

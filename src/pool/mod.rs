@@ -64,6 +64,9 @@ pub(crate) struct PoolState {
     /// waiter takes its own at once, one left asleep until its server answers
     /// (`line::Waiter::wake_on_answer`) when that answer comes).
     answers: Vec<(u64, line::Answer, Option<Box<line::Request>>)>,
+    /// Places whose client is owed the `query_wait_notify` notice, set by the janitor
+    /// (empty but for a moment every few seconds under a long wait).
+    notices: Vec<u64>,
     next_waiter: u64,
     /// Connections counted against `pool_size`: idle + lent out + connecting.
     total: u32,
@@ -391,9 +394,12 @@ impl Pool {
     }
 
     /// Drops the places in line of clients that waited `query_wait_timeout` or more:
-    /// their acquire fails with that reason. Called by the janitor.
+    /// their acquire fails with that reason. Then tells those that waited
+    /// `query_wait_notify` that they are queued, once a wait. Called by the janitor.
     pub fn expire_waiters(&self, now: Tick) {
-        let limit = self.config().query_wait_timeout;
+        let cfg = self.config();
+        self.notify_waiters(now, cfg.query_wait_notify);
+        let limit = cfg.query_wait_timeout;
         if limit.is_zero() {
             return;
         }
@@ -411,6 +417,31 @@ impl Pool {
         };
         // Woken unlocked: each finds its refusal.
         refused.into_iter().for_each(Waker::wake);
+    }
+
+    /// Marks the places of clients that waited `after` or more, and were not told yet,
+    /// as owed the notice, and wakes their tasks to send it (`Ticket::poll_answer`).
+    fn notify_waiters(&self, now: Tick, after: Duration) {
+        if after.is_zero() {
+            return;
+        }
+        let wakers: Vec<Waker> = {
+            let mut st = self.lock_state();
+            let PoolState {
+                waiters, notices, ..
+            } = &mut *st;
+            // Oldest first: only the front of the line can be due.
+            waiters
+                .iter_mut()
+                .take_while(|w| now.reached(w.since, after))
+                .filter_map(|w| w.owe_notice().then(|| (w.id, w.waker())))
+                .map(|(id, waker)| {
+                    notices.push(id);
+                    waker
+                })
+                .collect()
+        };
+        wakers.into_iter().for_each(Waker::wake);
     }
 
     /// How long the oldest waiting client has waited (SHOW POOLS `maxwait`).

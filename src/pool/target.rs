@@ -63,6 +63,8 @@ pub struct PoolConfig {
     pub server_connect_timeout: Duration,
     pub server_login_retry: Duration,
     pub query_wait_timeout: Duration,
+    /// A client waiting in line this long is sent a notice (0: never).
+    pub query_wait_notify: Duration,
     pub server_round_robin: bool,
     pub min_pool_size: u32,
     pub reserve_pool_size: u32,
@@ -174,6 +176,7 @@ impl PoolConfig {
             server_connect_timeout: s.server_connect_timeout,
             server_login_retry: s.server_login_retry,
             query_wait_timeout: s.query_wait_timeout,
+            query_wait_notify: s.query_wait_notify,
             server_round_robin: s.server_round_robin,
             min_pool_size: db.min_pool_size.unwrap_or(s.min_pool_size),
             reserve_pool_size: user_entry

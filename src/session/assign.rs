@@ -21,10 +21,11 @@ pub(super) async fn acquire_linked(
     pool: &Arc<Pool>,
     params: &mut params::ClientParams,
     have: Option<ServerConn>,
+    on_notice: impl FnMut(),
 ) -> Result<ServerConn, PoolError> {
     let mut server = match have {
         Some(s) => s,
-        None => pool.acquire().await?,
+        None => pool.acquire_noting(on_notice).await?,
     };
     if let Some(sql) = params.sync_sql(&mut server) {
         // A zero server_connect_timeout means "no limit" elsewhere; keep a sane bound.

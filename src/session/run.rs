@@ -10,6 +10,7 @@
 //! socket and [`Session`] without a task (keeper.rs).
 
 use std::future::{poll_fn, Future};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Poll, Waker};
 
@@ -349,14 +350,17 @@ impl Session {
                 }
             };
             let place = &mut ticket;
+            let notice = AtomicBool::new(false);
+            let note = || notice.store(true, Ordering::Relaxed);
             let acquired = watch_client(
                 stream,
                 relay,
                 more,
+                &notice,
                 std::pin::pin!(async move {
-                    let mut s = pool.redeem(place).await?;
+                    let mut s = pool.redeem(place, note).await?;
                     if params.differs(&mut s) {
-                        return Box::pin(acquire_linked(pool, params, Some(s))).await;
+                        return Box::pin(acquire_linked(pool, params, Some(s), note)).await;
                     }
                     Ok(s)
                 }),
@@ -397,11 +401,14 @@ impl Session {
         }
         let asked = Tick::now();
         let (pool, relay) = (&self.pool, self.relay.get());
+        let notice = AtomicBool::new(false);
+        let note = || notice.store(true, Ordering::Relaxed);
         let acquired = watch_client(
             stream,
             relay,
             || {},
-            std::pin::pin!(acquire_linked(pool, &mut self.params, fast)),
+            &notice,
+            std::pin::pin!(acquire_linked(pool, &mut self.params, fast, note)),
         )
         .await;
         match self.linked(asked, None, acquired) {

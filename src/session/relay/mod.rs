@@ -32,6 +32,10 @@ use crate::protocol::ProtocolError;
 use crate::stats::{PoolStats, StatsDelta};
 use wake::{next_wake, Wake, Want};
 
+/// The notice of a client queued past `query_wait_notify` (PgBouncer's text).
+pub const QUEUED_NOTICE: &str =
+    "No server connection available in postgres backend, client being queued";
+
 /// Bytes read per wake-up and direction.
 const READ_CHUNK: usize = bufpool::BUF_SIZE;
 
@@ -469,6 +473,21 @@ impl Relay {
     pub fn try_pay_client(&mut self, client: &Stream) -> io::Result<bool> {
         flush(client, &mut self.s2c)?;
         Ok(self.s2c.is_empty())
+    }
+
+    /// Tells a client waiting in line past `query_wait_notify` that it is queued, with
+    /// PgBouncer's notice. A waiting client is owed nothing (its session paid it before
+    /// reading the request), so the notice goes straight to the socket; what the
+    /// socket does not take now waits in `s2c`, which is written before anything the
+    /// server sends.
+    pub fn notice_queued(&mut self, client: &Stream) -> io::Result<()> {
+        let mut msg = BytesMut::with_capacity(96);
+        crate::protocol::backend::notice_response(&mut msg, "NOTICE", "00000", QUEUED_NOTICE);
+        if self.s2c.is_empty() {
+            flush(client, &mut msg)?;
+        }
+        self.s2c.extend_from_slice(&msg);
+        Ok(())
     }
 
     /// Writes a message the pooler made (an error, say) to the client, after anything

@@ -1,6 +1,7 @@
 //! Waiting for a server while watching the client.
 
 use std::future::{poll_fn, Future};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{ready, Poll};
 
 use crate::net::Stream;
@@ -9,16 +10,25 @@ use crate::session::relay::Relay;
 /// Waits for `acquire` while watching the client: one that leaves gives up its place
 /// at once (`None`) and its buffered query never runs; `on_more` is told when client
 /// bytes are read meanwhile. A plain readiness poll, not a `readable()` future, which
-/// would queue a waker on the socket per turn.
+/// would queue a waker on the socket per turn. `notice`, set by `acquire` when the
+/// wait reaches `query_wait_notify`, has the client told it is queued.
 pub(super) async fn watch_client<T>(
     stream: &Stream,
     relay: &mut Relay,
     mut on_more: impl FnMut(),
+    notice: &AtomicBool,
     mut acquire: std::pin::Pin<&mut impl Future<Output = T>>,
 ) -> Option<T> {
     poll_fn(|cx| loop {
         if let Poll::Ready(r) = acquire.as_mut().poll(cx) {
             return Poll::Ready(Some(r));
+        }
+        // A load first: a swap at every poll would be a locked instruction each.
+        if notice.load(Ordering::Relaxed) {
+            notice.store(false, Ordering::Relaxed);
+            if let Err(e) = relay.notice_queued(stream) {
+                tracing::warn!("sending the queue notice failed: {e}");
+            }
         }
         if !relay.can_buffer_more() {
             return Poll::Pending;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::{backend_pid, client, T};
 use crate::support::probe::{marked_sluice, unique_marker, within, Observer};
-use crate::support::wire::RawClient;
+use crate::support::wire::{first_column, RawClient, TAG_NOTICE};
 use crate::support::{self, pg, MD5_PASSWORD, MD5_USER, TEST_DB};
 
 /// Samples the backend count of `marker` every few ms until `stop`; returns the
@@ -92,6 +92,56 @@ async fn waiting_clients_are_served_in_order_within_pool_size() {
     for w in results[2..].windows(2) {
         assert!(w[0].2 <= w[1].2, "served out of arrival order: {results:?}");
     }
+}
+
+/// A client queued past `query_wait_notify` is told so, once a wait, with PgBouncer's
+/// notice, and is served when a server frees up.
+#[tokio::test]
+async fn query_wait_notify_tells_a_queued_client() {
+    for mode in ["session", "transaction"] {
+        queued_client_is_told(mode).await;
+    }
+}
+
+async fn queued_client_is_told(mode: &str) {
+    let marker = unique_marker("pool_qwn");
+    let s = marked_sluice(&marker)
+        .setting("pool_mode", mode)
+        .setting("default_pool_size", "1")
+        .setting("query_wait_notify", "1")
+        .start();
+    let holder = client(&s).await;
+    // Holds the one server: for the session, or in an open transaction.
+    holder.batch_execute("BEGIN").await.expect("begin");
+    backend_pid(&holder).await;
+
+    let mut raw = RawClient::login(s.port(), MD5_USER, MD5_PASSWORD, TEST_DB, &[])
+        .await
+        .expect("login");
+    raw.query("SELECT 7").await.expect("send");
+    let queued = Instant::now();
+    let notice = raw.recv(T).await.expect("a message while queued");
+    let after = queued.elapsed();
+    assert_eq!(notice.tag, TAG_NOTICE, "{mode}: {notice:?}");
+    assert_eq!(
+        notice.field(b'M').as_deref(),
+        Some("No server connection available in postgres backend, client being queued")
+    );
+    assert_eq!(notice.field(b'S').as_deref(), Some("NOTICE"));
+    assert_eq!(notice.field(b'C').as_deref(), Some("00000"));
+    assert!(
+        after >= Duration::from_millis(900),
+        "{mode}: told after {after:?}"
+    );
+    // Once a wait: nothing more while it still waits.
+    assert!(
+        raw.try_recv(Duration::from_secs(2)).await.is_err(),
+        "a second message while queued"
+    );
+    drop(holder);
+    let msgs = raw.until_ready(T).await;
+    assert_eq!(first_column(&msgs), vec![Some("7".to_string())], "{msgs:?}");
+    assert!(msgs.iter().all(|m| m.tag != TAG_NOTICE), "{msgs:?}");
 }
 
 #[tokio::test]
