@@ -53,7 +53,7 @@ pub(super) const KNOWN: &[(&str, &str, Kind)] = &[
     ("client_tls_sslmode", "disable", Implemented),
     ("conffile", "", Str),
     ("default_pool_size", "20", Implemented),
-    ("disable_pqexec", "0", Bool),
+    ("disable_pqexec", "0", Implemented),
     ("dns_max_ttl", "15", Time),
     ("dns_nxdomain_ttl", "15", Time),
     ("dns_zone_check_period", "0", Time),

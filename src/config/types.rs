@@ -190,6 +190,8 @@ pub struct Settings {
     pub stats_period: Duration,
     pub verbose: u8,
     pub max_packet_size: u32,
+    /// Refuse the simple query protocol (`Query` messages): the client is closed.
+    pub disable_pqexec: bool,
     pub pkt_buf: usize,
     pub listen_backlog: u32,
     /// SO_REUSEPORT on the TCP listeners: several processes may share a port.

@@ -16,7 +16,7 @@ mod hostile_tests;
 use thiserror::Error;
 
 /// A malformed or unacceptable packet from a peer.
-#[derive(Debug, Error, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Error, PartialEq, Eq)]
 pub enum ProtocolError {
     /// A length field outside what the protocol or our limits allow.
     #[error("invalid packet length {0}")]
@@ -27,4 +27,8 @@ pub enum ProtocolError {
     /// A protocol version we cannot speak.
     #[error("unsupported protocol version {0}.{1}")]
     UnsupportedVersion(u16, u16),
+    /// A message the configuration refuses (`disable_pqexec`); the text is
+    /// PgBouncer's reason.
+    #[error("{0}")]
+    Refused(&'static str),
 }

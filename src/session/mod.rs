@@ -420,9 +420,13 @@ async fn protocol_failure(
     stream: &Stream,
     relay: &mut Relay,
     tag: ClientTag<'_>,
-    what: &str,
+    e: &crate::protocol::ProtocolError,
 ) -> String {
-    let message = format!("client protocol error: {what}");
+    let message = match e {
+        // A refusal's reason is PgBouncer's text as it is.
+        crate::protocol::ProtocolError::Refused(why) => (*why).to_owned(),
+        e => format!("client protocol error: {e}"),
+    };
     fail_with(stream, relay, tag, PROTOCOL_VIOLATION, &message).await
 }
 

@@ -201,13 +201,12 @@ pub(super) fn serve<'a>(
                     Ok(true) => {}
                     Ok(false) => break "client close request".into(),
                     Err(Outcome::ClientProtocol(e)) => {
-                        let why = e.to_string();
                         let relay = s.relay.get();
                         let why = protocol_failure(
                             stream,
                             relay,
                             ClientTag::new(&s.info, s.log_pooler_errors),
-                            &why,
+                            &e,
                         );
                         return Ended::Closed(Box::pin(why).await.into());
                     }
@@ -509,13 +508,12 @@ impl Session {
             Outcome::ClientFailed(e) => Step::End(format!("client I/O error: {e}").into()),
             Outcome::ClientProtocol(e) => {
                 self.drop_server();
-                let why = e.to_string();
                 Step::Done(
                     Box::pin(protocol_failure(
                         stream,
                         self.relay.get(),
                         ClientTag::new(&self.info, self.log_pooler_errors),
-                        &why,
+                        &e,
                     ))
                     .await
                     .into(),

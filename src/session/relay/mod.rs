@@ -36,6 +36,9 @@ use wake::{next_wake, Wake, Want};
 pub const QUEUED_NOTICE: &str =
     "No server connection available in postgres backend, client being queued";
 
+/// Why a client that sent a Query with `disable_pqexec` on is closed (PgBouncer's).
+pub(super) const PQEXEC_DISALLOWED: &str = "PQexec disallowed";
+
 /// Bytes read per wake-up and direction.
 const READ_CHUNK: usize = bufpool::BUF_SIZE;
 
@@ -106,6 +109,8 @@ pub struct Relay {
     desync: bool,
     /// A ReadyForQuery arrived in the last server read.
     saw_ready: bool,
+    /// `disable_pqexec`: a Query message ends the session.
+    no_simple_query: bool,
     /// Timestamps for the timeouts, kept only when some timeout is set.
     timeouts: Timeouts,
     last_activity: Tick,
@@ -271,9 +276,7 @@ impl Relay {
                         Ok(false) => return Outcome::ClientClosed,
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                         Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-                            return Outcome::ClientProtocol(ProtocolError::Malformed(
-                                "invalid message length",
-                            ));
+                            return client_protocol(e);
                         }
                         Err(e) => return Outcome::ClientFailed(e),
                     }
@@ -348,7 +351,8 @@ impl Relay {
             &mut self.stats.counts.client_parses,
             &mut self.stats.counts.binds,
         );
-        let mut desync = false;
+        let (mut desync, mut refused) = (false, false);
+        let no_simple_query = self.no_simple_query;
         let r = self
             .client_framer
             .feed(&self.c2s[start..], self.max_packet, |e| {
@@ -356,6 +360,7 @@ impl Relay {
                     if *terminated {
                         return Body::Skip;
                     }
+                    refused |= no_simple_query && tag == TAG_QUERY;
                     if count_client_tag(tag, pending, unsynced, parses, binds) {
                         *terminated = true;
                         match at {
@@ -367,6 +372,11 @@ impl Relay {
                 Body::Skip
             });
         self.desync |= desync;
+        if refused {
+            // None of it goes to a server: the session ends on this error.
+            self.c2s.clear();
+            return Err(ProtocolError::Refused(PQEXEC_DISALLOWED));
+        }
         if let Some(cut) = cut {
             // Terminate is the pooler's business, not the server's.
             self.c2s.truncate(cut);
@@ -533,6 +543,16 @@ pub(super) fn count_client_tag(
 enum ServerRead {
     Io(io::Error),
     Protocol(ProtocolError),
+}
+
+/// The protocol error a client read failed with (`read_client` carries the scan's
+/// error in an `InvalidData` I/O error).
+fn client_protocol(e: io::Error) -> Outcome {
+    let scanned = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<ProtocolError>())
+        .cloned();
+    Outcome::ClientProtocol(scanned.unwrap_or(ProtocolError::Malformed("invalid message length")))
 }
 
 /// Writes as much of `buf` as the socket takes now.

@@ -32,6 +32,9 @@ pub struct Parked {
     pub(super) last_activity: Tick,
     pub(super) last_read: Tick,
     pub(super) last_flush: Tick,
+    /// `max_packet_size`, and in its top bit (`NO_SIMPLE_QUERY`) `disable_pqexec`:
+    /// every idle client keeps a copy, and a message is at most 2^31 - 1 bytes anyway
+    /// (its length is a signed 32-bit integer), so the bit is free.
     pub(super) max_packet: u32,
     /// The per-server cache size for [`Parked::prepared_later`].
     max_prepared: u32,
@@ -42,6 +45,9 @@ pub struct Parked {
     prepared_later: Option<Arc<Registry>>,
 }
 
+/// `Parked::max_packet`'s flag bit: the client may not use the simple query protocol.
+const NO_SIMPLE_QUERY: u32 = 1 << 31;
+
 impl Parked {
     pub fn new(max_packet: u32, timeouts: Timeouts) -> Parked {
         let now = Tick::now();
@@ -50,7 +56,7 @@ impl Parked {
             last_activity: now,
             last_read: now,
             last_flush: now,
-            max_packet,
+            max_packet: max_packet.min(!NO_SIMPLE_QUERY),
             max_prepared: 0,
             prepared: None,
             prepared_later: None,
@@ -62,6 +68,11 @@ impl Parked {
     pub fn idle_deadline(&self) -> Option<Tick> {
         let t = self.timeouts.client_idle();
         (!t.is_zero()).then(|| self.last_activity + t)
+    }
+
+    /// Refuses the client's `Query` messages (`disable_pqexec`).
+    pub fn refuse_simple_query(&mut self) {
+        self.max_packet |= NO_SIMPLE_QUERY;
     }
 
     /// Turns on prepared-statement rewriting with a per-server cache of `max`.
@@ -287,7 +298,8 @@ impl Relay {
         // `restart` keeps is set here, but the buffers, which are empty
         // (`spare::put`), and the prepared-statement state, taken below.
         self.restart();
-        self.max_packet = kept.max_packet;
+        self.max_packet = kept.max_packet & !NO_SIMPLE_QUERY;
+        self.no_simple_query = kept.max_packet & NO_SIMPLE_QUERY != 0;
         self.timeouts = kept.timeouts;
         self.last_activity = kept.last_activity;
         self.last_read = kept.last_read;
@@ -312,6 +324,7 @@ impl Relay {
             terminated,
             desync,
             max_packet: _,
+            no_simple_query: _,
             saw_ready,
             timeouts: _,
             request_started,

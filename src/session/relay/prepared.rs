@@ -377,17 +377,25 @@ impl Relay {
             &mut self.stats.counts.client_parses,
             &mut self.stats.counts.binds,
         );
+        let (no_simple_query, mut refused) = (self.no_simple_query, false);
         let r = p.rewriter.process(
             &mut p.input,
             &mut self.c2s,
             self.max_packet,
             &mut ctx,
             |tag| {
+                refused |= no_simple_query && tag == crate::protocol::header::TAG_QUERY;
                 if !*terminated {
                     *terminated = count_client_tag(tag, pending, unsynced, parses, binds);
                 }
             },
         );
+        if refused {
+            self.c2s.clear();
+            return Err(Outcome::ClientProtocol(ProtocolError::Refused(
+                super::PQEXEC_DISALLOWED,
+            )));
+        }
         match r {
             Ok(()) => {}
             Err(RewriteError::Protocol(e)) => return Err(Outcome::ClientProtocol(e)),

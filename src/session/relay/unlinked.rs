@@ -7,7 +7,6 @@ use super::wake::{next_wake, Wake, Want};
 use super::{Outcome, Relay, READ_CHUNK};
 use crate::clock::Tick;
 use crate::net::Stream;
-use crate::protocol::ProtocolError;
 use crate::stats::PoolStats;
 
 impl Relay {
@@ -58,9 +57,7 @@ impl Relay {
             Ok(false) => return Some(Ok(false)),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
             Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-                return Some(Err(Outcome::ClientProtocol(ProtocolError::Malformed(
-                    "invalid message length",
-                ))));
+                return Some(Err(super::client_protocol(e)));
             }
             Err(e) => return Some(Err(Outcome::ClientFailed(e))),
         }

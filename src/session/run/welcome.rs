@@ -54,6 +54,9 @@ impl Session {
         };
         // An idle client keeps only the parked part of its relay.
         let mut kept = Parked::new(cfg.settings.max_packet_size, timeouts(&cfg, &user));
+        if cfg.settings.disable_pqexec {
+            kept.refuse_simple_query();
+        }
         let max_prepared = cfg.settings.max_prepared_statements;
         if mode != PoolMode::Session && max_prepared > 0 {
             kept.enable_prepared(app.statements.clone(), max_prepared);
@@ -129,12 +132,11 @@ impl Session {
         }
         let first = self.relay.get();
         if let Err(e) = first.preload(&leftover) {
-            let why = e.to_string();
             return Err(Box::pin(protocol_failure(
                 stream,
                 first,
                 ClientTag::new(&self.info, self.log_pooler_errors),
-                &why,
+                &e,
             ))
             .await);
         }

@@ -233,6 +233,64 @@ async fn oversized_message_is_refused() {
     assert_eq!(row.get::<_, i32>(0), 1);
 }
 
+/// `disable_pqexec`: a Query message closes its client with PgBouncer's reason, and
+/// reaches no server; the extended protocol works, and other clients are unaffected.
+/// Transaction mode reads client messages through the prepared-statement rewriter,
+/// session mode through the plain scan: both are checked.
+#[tokio::test]
+async fn disable_pqexec_refuses_simple_queries() {
+    for mode in ["session", "transaction"] {
+        let s = SluiceBuilder::new()
+            .userlist(MD5_USER, MD5_PASSWORD)
+            .setting("pool_mode", mode)
+            .setting("disable_pqexec", "1")
+            .setting("admin_users", MD5_USER)
+            .start();
+        // The console takes its (simple) queries all the same.
+        let admin = crate::admin::console(&s, MD5_USER, MD5_PASSWORD).await;
+        within(T, "SHOW VERSION", admin.simple_query("SHOW VERSION"))
+            .await
+            .expect("console query");
+        let c = support::connect(&config(&s)).await;
+        let row = within(T, "extended", c.query_one("SELECT 2::int4", &[]))
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, i32>(0), 2);
+
+        let mut raw = RawClient::login(s.port(), MD5_USER, MD5_PASSWORD, TEST_DB, &[])
+            .await
+            .expect("raw login");
+        raw.query("CREATE TABLE pqexec_should_not_exist (x int)")
+            .await
+            .unwrap();
+        let msgs = expect_error_and_close(&mut raw, "simple Query").await;
+        let err = msgs.iter().find(|m| m.tag == TAG_ERROR).unwrap();
+        assert_eq!(
+            err.field(b'M').as_deref(),
+            Some("PQexec disallowed"),
+            "{msgs:?}"
+        );
+        assert_eq!(err.field(b'C').as_deref(), Some("08P01"), "{msgs:?}");
+        assert!(
+            s.log().contains("closing because: PQexec disallowed"),
+            "{}",
+            s.log()
+        );
+
+        let row = within(
+            T,
+            "bystander",
+            c.query_one(
+                "SELECT count(*)::int4 FROM pg_class WHERE relname = 'pqexec_should_not_exist'",
+                &[],
+            ),
+        )
+        .await
+        .unwrap();
+        assert_eq!(row.get::<_, i32>(0), 0, "{mode}: the refused Query ran");
+    }
+}
+
 #[tokio::test]
 async fn client_leaving_inside_a_transaction_commits_nothing() {
     let marker = unique_marker("relay_opentx");
