@@ -13,8 +13,6 @@ pub(super) enum Kind {
     Str,
     /// Accepted and ignored; the value must be an integer.
     Int,
-    /// Accepted and ignored; the value must be a boolean.
-    Bool,
     /// Accepted and ignored; the value must be a number of seconds.
     Time,
 }
@@ -110,9 +108,9 @@ pub(super) const KNOWN: &[(&str, &str, Kind)] = &[
     ("stats_period", "60", Implemented),
     ("stats_users", "", Implemented),
     ("suspend_timeout", "10", Implemented),
-    ("syslog", "0", Bool),
-    ("syslog_facility", "daemon", Str),
-    ("syslog_ident", "pgbouncer", Str),
+    ("syslog", "0", Implemented),
+    ("syslog_facility", "daemon", Implemented),
+    ("syslog_ident", "pgbouncer", Implemented),
     // PgBouncer's default is 1 where TCP_DEFER_ACCEPT exists (Linux); Sluice's is 0,
     // which measured faster for connect-heavy clients (docs/configuration.md).
     ("tcp_defer_accept", "0", Implemented),

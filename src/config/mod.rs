@@ -318,7 +318,7 @@ mod tests {
     #[test]
     fn warnings_for_sections_and_unimplemented_settings() {
         let c = Config::from_ini_str(
-            "[pgbouncer]\nsyslog = 1\n[peers]\n1 = host=a\n[extra]\nk = v\n",
+            "[pgbouncer]\nsbuf_loopcnt = 1\n[peers]\n1 = host=a\n[extra]\nk = v\n",
             Path::new("/etc/x.ini"),
         )
         .unwrap();
@@ -326,7 +326,7 @@ mod tests {
             c.warnings,
             vec![
                 "/etc/x.ini:5: unknown section [extra]; ignored",
-                "/etc/x.ini:2: setting \"syslog\" is not implemented by Sluice yet; ignored",
+                "/etc/x.ini:2: setting \"sbuf_loopcnt\" is not implemented by Sluice yet; ignored",
             ]
         );
     }

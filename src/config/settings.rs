@@ -26,6 +26,9 @@ impl Default for Settings {
             .collect();
         Settings {
             logfile: None,
+            syslog: false,
+            syslog_ident: "pgbouncer".to_string(),
+            syslog_facility: 3,
             pidfile: None,
             listen_addr: Vec::new(),
             listen_port: 6432,
@@ -167,7 +170,6 @@ pub(crate) fn apply_setting(
     } else {
         let is_default = match kind {
             Int => Some(parse_int::<i64>(value).map_err(bad)?) == parse_int::<i64>(default).ok(),
-            Bool => Some(parse_bool(value).map_err(bad)?) == parse_bool(default).ok(),
             Time => Some(parse_seconds(value).map_err(bad)?) == parse_seconds(default).ok(),
             Str | Implemented => value.eq_ignore_ascii_case(default),
         };
@@ -255,6 +257,9 @@ fn set_implemented(s: &mut Settings, name: &str, v: &str) -> Result<Option<Strin
         "log_pooler_errors" => s.log_pooler_errors = parse_bool(v)?,
         "log_stats" => s.log_stats = parse_bool(v)?,
         "logfile" => s.logfile = opt_str(v).map(PathBuf::from),
+        "syslog" => s.syslog = parse_bool(v)?,
+        "syslog_ident" => s.syslog_ident = v.to_string(),
+        "syslog_facility" => s.syslog_facility = crate::lifecycle::syslog::facility(v)?,
         "max_client_conn" => s.max_client_conn = parse_int(v)?,
         "max_db_client_connections" => s.max_db_client_connections = parse_int(v)?,
         "max_db_connections" => s.max_db_connections = parse_int(v)?,

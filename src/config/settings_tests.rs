@@ -174,7 +174,13 @@ fn errors_name_file_line_key_and_value() {
         ),
         // Unimplemented settings are still validated.
         ("syslog", "perhaps", bool_err),
+        (
+            "syslog_facility",
+            "kernel",
+            "expected one of auth, authpriv, daemon, user, local0, local1, local2, local3, local4, local5, local6, local7",
+        ),
         ("dns_max_ttl", "x", "expected a number of seconds"),
+        ("sbuf_loopcnt", "x", "expected an integer"),
         ("peer_id", "x", "expected an integer"),
         ("peer_id", "16384", "expected 0 to 16383"),
         ("server_tls_sslmode", "sometimes", ssl_err),
@@ -193,26 +199,29 @@ fn errors_name_file_line_key_and_value() {
 
 #[test]
 fn unimplemented_settings_warn_unless_default() {
-    let (s, w) = set("syslog", "1").unwrap();
+    let (s, w) = set("dns_max_ttl", "30").unwrap();
     assert_eq!(
         w,
-        vec!["/etc/x.ini:3: setting \"syslog\" is not implemented by Sluice yet; ignored"]
+        vec!["/etc/x.ini:3: setting \"dns_max_ttl\" is not implemented by Sluice yet; ignored"]
     );
-    assert_eq!(s.raw["syslog"], "1");
+    assert_eq!(s.raw["dns_max_ttl"], "30");
     for (k, v) in [
         ("client_tls_sslmode", "disable"),
         ("client_tls_sslmode", "DISABLE"),
         ("syslog", "no"),
+        ("syslog", "1"),
         ("dns_max_ttl", "15.0"),
-        ("syslog_facility", "daemon"),
+        ("syslog_facility", "local0"),
         ("syslog_ident", "pgbouncer"),
     ] {
         assert!(set(k, v).unwrap().1.is_empty(), "{k} = {v}");
     }
+    let s = ok("syslog_facility", "LOCAL3");
+    assert_eq!(s.syslog_facility, 19);
     for (k, v) in [
         ("pool_idle_timeout", "30"),
         ("login_notify_message", "hi"),
-        ("syslog_facility", "local0"),
+        ("sbuf_loopcnt", "10"),
     ] {
         assert_eq!(set(k, v).unwrap().1.len(), 1, "{k} = {v}");
     }

@@ -95,6 +95,11 @@ pub enum AuthType {
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub logfile: Option<PathBuf>,
+    /// Log to the syslog daemon too, as `syslog_ident`, at `syslog_facility` (its
+    /// code: daemon is 3).
+    pub syslog: bool,
+    pub syslog_ident: String,
+    pub syslog_facility: u8,
     pub pidfile: Option<PathBuf>,
     /// Addresses to listen on; `*` means all. Empty: UNIX socket only.
     pub listen_addr: Vec<String>,

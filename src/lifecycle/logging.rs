@@ -1,5 +1,6 @@
 //! Log output in PgBouncer's shape: `2026-01-02 03:04:05.678 UTC [pid] LOG message`, to
-//! stderr (unless `-q`/`-d`) and to `logfile`, which SIGHUP reopens.
+//! stderr (unless `-q`/`-d`), to `logfile`, which SIGHUP reopens, and with `syslog`
+//! to the syslog daemon (`syslog.rs`).
 
 use std::fmt;
 use std::fs::{File, OpenOptions};
@@ -8,21 +9,28 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use tracing::{Event, Level, Subscriber};
+use tracing::{Event, Level, Metadata, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, MakeWriter};
 use tracing_subscriber::registry::LookupSpan;
+
+use super::syslog::{Syslog, SyslogConfig};
 
 /// Where log lines go. Shared by the subscriber and the reload path.
 #[derive(Debug)]
 pub struct LogSink {
     stderr: bool,
     file: Mutex<Option<(PathBuf, File)>>,
+    syslog: Mutex<Option<Syslog>>,
 }
 
 impl LogSink {
-    /// Opens `logfile` (if any) for appending.
-    pub fn new(stderr: bool, logfile: Option<PathBuf>) -> io::Result<Arc<LogSink>> {
+    /// Opens `logfile` (if any) for appending; `syslog` sends lines to the daemon too.
+    pub fn new(
+        stderr: bool,
+        logfile: Option<PathBuf>,
+        syslog: Option<SyslogConfig>,
+    ) -> io::Result<Arc<LogSink>> {
         let file = match logfile {
             Some(p) => Some((p.clone(), open(&p)?)),
             None => None,
@@ -30,11 +38,19 @@ impl LogSink {
         Ok(Arc::new(LogSink {
             stderr,
             file: Mutex::new(file),
+            syslog: Mutex::new(syslog.map(Syslog::new)),
         }))
     }
 
-    /// Reopens the log file (after rotation), possibly at a new path.
-    pub fn reopen(&self, logfile: Option<PathBuf>) -> io::Result<()> {
+    /// Reopens the log file (after rotation), possibly at a new path, and takes the
+    /// syslog settings as they are now.
+    pub fn reopen(&self, logfile: Option<PathBuf>, syslog: Option<SyslogConfig>) -> io::Result<()> {
+        {
+            let mut g = self.syslog.lock().unwrap_or_else(|p| p.into_inner());
+            if g.as_ref().map(Syslog::config) != syslog.as_ref() {
+                *g = syslog.map(Syslog::new);
+            }
+        }
         let mut g = self.file.lock().unwrap_or_else(|p| p.into_inner());
         *g = match logfile {
             Some(p) => Some((p.clone(), open(&p)?)),
@@ -43,13 +59,22 @@ impl LogSink {
         Ok(())
     }
 
-    fn write_line(&self, line: &[u8]) {
+    fn write_line(&self, level: Level, line: &[u8]) {
         if self.stderr {
             let _ = io::stderr().write_all(line);
         }
-        let mut g = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, f)) = g.as_mut() {
-            let _ = f.write_all(line);
+        {
+            let mut g = self.file.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((_, f)) = g.as_mut() {
+                let _ = f.write_all(line);
+            }
+        }
+        let mut g = self.syslog.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = g.as_mut() {
+            // The daemon stamps the time and knows the pid: from the level on.
+            let text = String::from_utf8_lossy(line);
+            let text = text.split_once("] ").map_or(&*text, |(_, rest)| rest);
+            s.send(level, text);
         }
     }
 }
@@ -70,6 +95,7 @@ fn open(p: &PathBuf) -> io::Result<File> {
 /// A writer for one formatted event: collects it and writes it whole on drop.
 pub struct LineWriter {
     sink: Arc<LogSink>,
+    level: Level,
     buf: Vec<u8>,
 }
 
@@ -85,7 +111,7 @@ impl Write for LineWriter {
 
 impl Drop for LineWriter {
     fn drop(&mut self) {
-        self.sink.write_line(&self.buf);
+        self.sink.write_line(self.level, &self.buf);
     }
 }
 
@@ -98,6 +124,15 @@ impl<'a> MakeWriter<'a> for SinkWriter {
     fn make_writer(&'a self) -> LineWriter {
         LineWriter {
             sink: self.0.clone(),
+            level: Level::INFO,
+            buf: Vec::with_capacity(160),
+        }
+    }
+
+    fn make_writer_for(&'a self, meta: &Metadata<'_>) -> LineWriter {
+        LineWriter {
+            sink: self.0.clone(),
+            level: *meta.level(),
             buf: Vec::with_capacity(160),
         }
     }

@@ -6,6 +6,7 @@ pub mod alloc;
 pub mod cli;
 pub mod logging;
 pub mod os;
+pub mod syslog;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -38,12 +39,16 @@ pub fn main_with(args: Args) -> i32 {
         }
     };
     let s = &config.settings;
-    if args.daemon && (s.pidfile.is_none() || s.logfile.is_none()) {
-        eprintln!("FATAL daemon mode (-d) needs pidfile and logfile set in the config");
+    if args.daemon && (s.pidfile.is_none() || (s.logfile.is_none() && !s.syslog)) {
+        eprintln!("FATAL daemon mode (-d) needs pidfile, and logfile or syslog, set in the config");
         return 1;
     }
     // Opened before forking so that an unwritable logfile is reported on the terminal.
-    let sink = match LogSink::new(!args.quiet && !args.daemon, s.logfile.clone()) {
+    let sink = match LogSink::new(
+        !args.quiet && !args.daemon,
+        s.logfile.clone(),
+        syslog::SyslogConfig::of(s),
+    ) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("FATAL {e}");
@@ -309,7 +314,8 @@ pub fn reload(app: &App, path: &Path, sink: &LogSink) -> Result<(), String> {
                     "setting \"{name}\" cannot be changed by a reload; restart Sluice to apply it"
                 );
             }
-            if let Err(e) = sink.reopen(new.settings.logfile.clone()) {
+            let syslog = syslog::SyslogConfig::of(&new.settings);
+            if let Err(e) = sink.reopen(new.settings.logfile.clone(), syslog) {
                 tracing::error!("{e}");
             }
             app.set_config(new);

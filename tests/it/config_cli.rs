@@ -175,11 +175,11 @@ fn wait_log_and_stderr(s: &support::Sluice, needle: &str) {
 async fn unimplemented_settings_start_with_a_warning() {
     let s = SluiceBuilder::new()
         .userlist(support::MD5_USER, support::MD5_PASSWORD)
-        .setting("syslog", "1")
+        .setting("sbuf_loopcnt", "7")
         .setting("client_tls_dheparams", "legacy")
         .start();
     wait_log_and_stderr(&s, "WARNING");
-    wait_log_and_stderr(&s, "setting \"syslog\" is not implemented");
+    wait_log_and_stderr(&s, "setting \"sbuf_loopcnt\" is not implemented");
     wait_log_and_stderr(&s, "setting \"client_tls_dheparams\" is not implemented");
     assert!(s.log().contains("sluice.ini:"), "{}", s.log());
     // It really serves despite the warnings.
@@ -232,4 +232,41 @@ async fn semicolon_and_hash_comments_are_ignored() {
     let v: i32 = c.query_one("SELECT 7", &[]).await.expect("query").get(0);
     assert_eq!(v, 7);
     assert!(!s.log().contains("WARNING"), "{}", s.log());
+}
+
+/// `syslog = 1`: log lines also reach the syslog daemon's socket (here the test's own,
+/// named by `SLUICE_SYSLOG_SOCKET`) as `<PRI>ident[pid]: LEVEL message`, while the
+/// log file keeps them too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn syslog_gets_the_log_lines() {
+    let dir = TempDir::new("sluice-syslog");
+    let path = dir.join("log.sock");
+    let daemon = std::os::unix::net::UnixDatagram::bind(&path).expect("bind the socket");
+    daemon
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("timeout");
+    let s = SluiceBuilder::new()
+        .userlist(support::MD5_USER, support::MD5_PASSWORD)
+        .setting("syslog", "1")
+        .setting("syslog_ident", "sluicetest")
+        .setting("syslog_facility", "local3")
+        .env("SLUICE_SYSLOG_SOCKET", path.to_str().expect("utf-8 path"))
+        .start();
+    let c = support::connect(&s.config(support::MD5_USER, support::MD5_PASSWORD, support::TEST_DB))
+        .await;
+    c.simple_query("SELECT 1").await.expect("query");
+
+    // local3 (19) * 8 + info (6).
+    let want = format!("<158>sluicetest[{}]: LOG C-", s.pid());
+    let mut seen = Vec::new();
+    let found = wait_until(Duration::from_secs(10), || {
+        let mut buf = [0u8; 8192];
+        while let Ok(n) = daemon.recv(&mut buf) {
+            seen.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+        seen.iter()
+            .any(|l| l.starts_with(&want) && l.contains("login attempt"))
+    });
+    assert!(found, "no syslog line like {want:?}: {seen:#?}");
+    assert!(s.log().contains("login attempt"), "{}", s.log());
 }
