@@ -551,7 +551,7 @@ impl Session {
     /// (docs/performance.md, twenty-fourth round).
     async fn pay_client(&mut self, stream: &Stream, handed_on: bool) -> std::io::Result<()> {
         if handed_on {
-            tokio::task::yield_now().await;
+            behind_ready_tasks().await;
         }
         let relay = self.relay.get();
         if relay.try_pay_client(stream)? {
@@ -575,4 +575,19 @@ impl Session {
         .await;
         why
     }
+}
+
+/// Lets the tasks already queued on this loop run first: the task wakes itself and
+/// goes to the back of the run queue. Not `tokio::task::yield_now`, which also makes
+/// the loop poll the I/O driver without waiting before it runs the task again: one
+/// more `epoll_wait` each time (one per ~8 transactions at 8 clients).
+fn behind_ready_tasks() -> impl Future<Output = ()> {
+    let mut yielded = false;
+    poll_fn(move |cx| {
+        if std::mem::replace(&mut yielded, true) {
+            return Poll::Ready(());
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
 }
