@@ -61,20 +61,9 @@ fn client_counts(app: &App) -> HashMap<(String, String), ClientCounts> {
     m
 }
 
-/// `round-robin` is PgBouncer's default; Sluice only ever uses the first of several
-/// hosts, which is what `disable` means there.
-fn load_balance(host: Option<&str>) -> &'static str {
-    if host.is_some_and(|h| h.contains(',')) {
-        "disable"
-    } else {
-        "round-robin"
-    }
-}
-
 /// Every pool, the console's included, sorted by (database, user).
 pub fn pool_rows(app: &App) -> Vec<PoolRow> {
     let counts = client_counts(app);
-    let cfg = app.config();
     let now = Tick::now();
     let mut rows: Vec<PoolRow> = app
         .pools
@@ -96,11 +85,6 @@ pub fn pool_rows(app: &App) -> Vec<PoolRow> {
                 .get(&(p.key.database.clone(), p.key.user.clone()))
                 .copied()
                 .unwrap_or_default();
-            let host = cfg
-                .databases
-                .get(&p.key.database)
-                .or(cfg.fallback_database.as_ref())
-                .and_then(|d| d.host.clone());
             PoolRow {
                 database: p.key.database.clone(),
                 user: p.key.user.clone(),
@@ -113,7 +97,7 @@ pub fn pool_rows(app: &App) -> Vec<PoolRow> {
                 sv_login: n.total.saturating_sub(n.idle + n.active),
                 maxwait: c.maxwait,
                 pool_mode: pc.pool_mode.as_str(),
-                load_balance_hosts: Some(load_balance(host.as_deref())),
+                load_balance_hosts: Some(pc.load_balance.as_str()),
                 pool: Some(p),
             }
         })
@@ -245,7 +229,7 @@ pub fn database_rows(app: &App) -> Vec<DbRow> {
             reserve_pool_size: d.reserve_pool_size.unwrap_or(s.reserve_pool_size),
             server_lifetime: d.server_lifetime.unwrap_or(s.server_lifetime).as_secs(),
             pool_mode: d.pool_mode.map(|m| m.as_str()),
-            load_balance_hosts: Some(load_balance(d.host.as_deref())),
+            load_balance_hosts: Some(d.load_balance_hosts.as_str()),
             max_connections: d.max_db_connections.unwrap_or(s.max_db_connections),
             current_connections: app.pools.db_connections(&name),
             max_client_connections: d

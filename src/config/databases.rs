@@ -12,7 +12,7 @@
 use std::path::Path;
 
 use super::error::{warning_at, ConfigError};
-use super::types::DatabaseEntry;
+use super::types::{DatabaseEntry, LoadBalance};
 use super::value::{opt_str, parse_int, parse_pool_mode, parse_seconds};
 
 /// The default server port when a database entry names none.
@@ -107,15 +107,8 @@ pub(crate) fn parse_database(
         match key.as_str() {
             "dbname" => e.dbname = opt_str(&v),
             "host" => {
-                if v.contains(',') {
-                    warnings.push(warning_at(
-                        file,
-                        line,
-                        format!(
-                            "database \"{name}\": host list \"{v}\": \
-                             Sluice connects to the first host only"
-                        ),
-                    ));
+                if v.contains(',') && v.split(',').any(|h| h.trim().is_empty()) {
+                    return Err(bad("a host list with an empty entry".to_string()));
                 }
                 e.host = opt_str(&v);
             }
@@ -142,13 +135,11 @@ pub(crate) fn parse_database(
             "auth_query" => e.auth_query = opt_str(&v),
             "auth_dbname" => e.auth_dbname = opt_str(&v),
             "load_balance_hosts" => {
-                let mode = v.to_ascii_lowercase();
-                if mode != "disable" && mode != "round-robin" {
-                    return Err(bad("expected disable or round-robin".to_string()));
-                }
-                if mode != "round-robin" {
-                    warnings.push(not_implemented(file, line, &key, name));
-                }
+                e.load_balance_hosts = match v.to_ascii_lowercase().as_str() {
+                    "round-robin" => LoadBalance::RoundRobin,
+                    "disable" => LoadBalance::Disable,
+                    _ => return Err(bad("expected disable or round-robin".to_string())),
+                };
             }
             "query_wait_timeout" => {
                 parse_seconds(&v).map_err(bad)?;
@@ -304,22 +295,17 @@ mod tests {
     }
 
     #[test]
-    fn warnings() {
-        let (e, w) = db("host=a,b:5433").unwrap();
-        assert_eq!(e.host.as_deref(), Some("a,b:5433"));
+    fn host_lists_and_warnings() {
+        let (e, w) = db("host=a,/tmp/pg,b").unwrap();
+        assert_eq!(e.host.as_deref(), Some("a,/tmp/pg,b"));
+        assert_eq!(e.load_balance_hosts, LoadBalance::RoundRobin);
+        assert!(w.is_empty(), "{w:?}");
+        assert!(db("host=a,,b").is_err_and(|e| e.contains("a host list with an empty entry")));
+        let (e, w) = db("load_balance_hosts=Disable query_wait_timeout=3").unwrap();
+        assert_eq!(e.load_balance_hosts, LoadBalance::Disable);
         assert_eq!(
             w,
             vec![
-                "/etc/x.ini:7: database \"app\": host list \"a,b:5433\": \
-                  Sluice connects to the first host only"
-            ]
-        );
-        let (_, w) = db("load_balance_hosts=disable query_wait_timeout=3").unwrap();
-        assert_eq!(
-            w,
-            vec![
-                "/etc/x.ini:7: parameter \"load_balance_hosts\" in database \"app\" \
-                 is not implemented by Sluice yet; ignored",
                 "/etc/x.ini:7: parameter \"query_wait_timeout\" in database \"app\" \
                  is not implemented by Sluice yet; ignored",
             ]

@@ -224,13 +224,35 @@ pub struct Settings {
     pub raw: BTreeMap<String, String>,
 }
 
+/// `load_balance_hosts`: how a database entry's host list is used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LoadBalance {
+    /// Each new server connection goes to the next host of the list.
+    #[default]
+    RoundRobin,
+    /// New connections go to the same host until one fails, then to the next.
+    Disable,
+}
+
+impl LoadBalance {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LoadBalance::RoundRobin => "round-robin",
+            LoadBalance::Disable => "disable",
+        }
+    }
+}
+
 /// One `[databases]` entry.
 #[derive(Debug, Clone, Default)]
 pub struct DatabaseEntry {
     /// The name clients connect to (`*` for the fallback entry).
     pub name: String,
-    /// Host name, IP, or a socket directory (starts with `/`). None: UNIX socket in `unix_socket_dir`.
+    /// Host name, IP, or a socket directory (starts with `/`), or a comma-separated
+    /// list of them. None: UNIX socket in `unix_socket_dir`.
     pub host: Option<String>,
+    /// How a host list is used.
+    pub load_balance_hosts: LoadBalance,
     pub port: u16,
     /// The server-side database; None: same as the client's.
     pub dbname: Option<String>,

@@ -18,6 +18,7 @@ use super::slot::SlotToken;
 use super::target::Reuse;
 use super::{server, Grant, Pool, PoolConfig, PoolError, PoolState, ServerConn};
 use crate::clock::Tick;
+use crate::config::LoadBalance;
 
 /// What [`Pool::checkout`] found.
 // Short-lived, on the stack, as `Step`.
@@ -269,7 +270,8 @@ impl Pool {
             .take_limit(&self.limits.user, cfg.max_user_connections, deadline)
             .await?;
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
-        match server::connect(cfg, keys, &self.server_keys, id, generation, slot).await {
+        let mut slot = Some(slot);
+        match self.dial(cfg, keys, id, generation, &mut slot).await {
             Ok(mut conn) => {
                 conn.limit_tokens = Some((db_token, user_token));
                 let mut st = self.lock_state();
@@ -283,17 +285,59 @@ impl Pool {
                 Ok(conn)
             }
             Err(e) => {
-                tracing::warn!(
-                    "S-{id}: {}/{}@{} {}",
-                    self.key.database,
-                    self.key.user,
-                    cfg.addr,
-                    e
-                );
                 self.lock_state().last_login_error = Some((Instant::now(), e.clone()));
                 Err(e)
             }
         }
+    }
+
+    /// Connects to a host of the pool's list: with `load_balance_hosts = round-robin`
+    /// the one after the last tried, with `disable` the one the last connection went
+    /// to. A host that fails is passed over for the next, each host tried once, so a
+    /// host that is down does not fail a client while another is up (PgBouncer fails
+    /// that attempt and moves on at the next one). Each failure is logged.
+    async fn dial(
+        &self,
+        cfg: &PoolConfig,
+        keys: Option<server::ScramKeys>,
+        id: u64,
+        generation: u64,
+        slot: &mut Option<SlotToken>,
+    ) -> Result<ServerConn, PoolError> {
+        let n = cfg.hosts.len().max(1);
+        let first = match cfg.load_balance {
+            LoadBalance::RoundRobin => self.next_host.fetch_add(1, Ordering::Relaxed),
+            LoadBalance::Disable => self.next_host.load(Ordering::Relaxed),
+        };
+        let mut last = PoolError::Connect("no host to connect to".into());
+        for i in 0..n {
+            let at = first.wrapping_add(i) % n;
+            let Some(addr) = cfg.hosts.get(at) else {
+                break;
+            };
+            let dial = server::Dial {
+                addr,
+                scram_keys: keys,
+                key_cache: &self.server_keys,
+            };
+            match server::connect(cfg, dial, id, generation, slot).await {
+                Ok(conn) => {
+                    if cfg.load_balance == LoadBalance::Disable && n > 1 {
+                        self.next_host.store(at, Ordering::Relaxed);
+                    }
+                    return Ok(conn);
+                }
+                Err(e) => {
+                    tracing::warn!("S-{id}: {}/{}@{addr} {e}", self.key.database, self.key.user);
+                    last = e;
+                    // Past the login the slot went with the connection: no retry.
+                    if slot.is_none() {
+                        break;
+                    }
+                }
+            }
+        }
+        Err(last)
     }
 
     /// Takes a unit of a shared limit: at once if free, else by closing an idle

@@ -160,6 +160,8 @@ pub struct Pool {
     /// What its last SCRAM login to a server derived from the password, so that the
     /// next one skips PBKDF2 (`auth::DerivedKeys`).
     server_keys: server::KeyCache,
+    /// The host of `hosts` the next connection tries first (modulo their count).
+    next_host: std::sync::atomic::AtomicUsize,
 }
 
 impl Pool {
@@ -184,6 +186,7 @@ impl Pool {
             stats: PoolStats::default(),
             shared_params: Default::default(),
             server_keys: Default::default(),
+            next_host: Default::default(),
         }
     }
 

@@ -293,16 +293,29 @@ async fn open(addr: &ServerAddr, timeout: Duration, tcp: &TcpTuning) -> Result<S
 /// The keys the pool's last SCRAM login derived from its password (`DerivedKeys`).
 pub(crate) type KeyCache = std::sync::Mutex<Option<DerivedKeys>>;
 
-/// Connects and logs in a new server connection.
+/// What a new server connection needs of its pool besides the settings.
+pub(crate) struct Dial<'a> {
+    /// The host of the pool's list to connect to.
+    pub addr: &'a ServerAddr,
+    pub scram_keys: Option<ScramKeys>,
+    pub key_cache: &'a KeyCache,
+}
+
+/// Connects and logs in a new server connection. `slot` is taken only when it is
+/// made: a failed attempt leaves it for the next host.
 pub(crate) async fn connect(
     cfg: &PoolConfig,
-    scram_keys: Option<ScramKeys>,
-    key_cache: &KeyCache,
+    dial: Dial<'_>,
     id: u64,
     generation: u64,
-    slot: SlotToken,
+    slot: &mut Option<SlotToken>,
 ) -> Result<ServerConn, PoolError> {
-    let mut stream = open(&cfg.addr, cfg.server_connect_timeout, &cfg.tcp).await?;
+    let Dial {
+        addr,
+        scram_keys,
+        key_cache,
+    } = dial;
+    let mut stream = open(addr, cfg.server_connect_timeout, &cfg.tcp).await?;
     // Asked once, for the console (TLS does not change it).
     let local_addr = stream.local_addr();
     let limit = if cfg.server_connect_timeout.is_zero() {
@@ -310,15 +323,15 @@ pub(crate) async fn connect(
     } else {
         cfg.server_connect_timeout
     };
-    let tls = match &cfg.tls {
-        Some(tls) => {
-            let negotiate = super::server_tls::negotiate(&mut stream, &cfg.addr, tls);
+    let tls = match (&cfg.tls, addr) {
+        (Some(tls), ServerAddr::Tcp(..)) => {
+            let negotiate = super::server_tls::negotiate(&mut stream, addr, tls);
             match crate::timer::timeout(limit, negotiate).await {
                 Ok(r) => r?,
-                Err(_) => return Err(PoolError::Connect(format!("{}: TLS timed out", cfg.addr))),
+                Err(_) => return Err(PoolError::Connect(format!("{addr}: TLS timed out"))),
             }
         }
-        None => Default::default(),
+        _ => Default::default(),
     };
     let mut out = BytesMut::with_capacity(256);
     let mut params: Vec<(&str, &str)> = vec![("user", &cfg.user), ("database", &cfg.dbname)];
@@ -330,6 +343,7 @@ pub(crate) async fn connect(
 
     let login = LoginState {
         cfg,
+        addr,
         scram_keys,
         key_cache,
         scram: None,
@@ -337,14 +351,17 @@ pub(crate) async fn connect(
     };
     let (pid, key, server_params) = match crate::timer::timeout(limit, login.run(&stream)).await {
         Ok(r) => r?,
-        Err(_) => return Err(PoolError::Connect(format!("{}: login timed out", cfg.addr))),
+        Err(_) => return Err(PoolError::Connect(format!("{addr}: login timed out"))),
     };
     let ident = ServerIdent {
         local_addr,
         tls,
-        ..ServerIdent::new(id, (pid, key), cfg.addr.clone(), generation)
+        ..ServerIdent::new(id, (pid, key), addr.clone(), generation)
     };
     let now = ident.created;
+    let slot = slot
+        .take()
+        .ok_or(PoolError::Protocol("server connection without a pool slot"))?;
     let mut conn = ServerConn(Box::new(ServerState {
         stream,
         ident: Arc::new(ident),
@@ -367,6 +384,7 @@ pub(crate) async fn connect(
 
 struct LoginState<'a> {
     cfg: &'a PoolConfig,
+    addr: &'a ServerAddr,
     scram_keys: Option<ScramKeys>,
     key_cache: &'a KeyCache,
     scram: Option<ScramClient>,
@@ -458,7 +476,7 @@ impl LoginState<'_> {
             if cache.as_ref().is_some_and(|c| scram.adopt(&body, c)) {
                 tracing::debug!(
                     "{}: SCRAM keys from an earlier login of this pool, no PBKDF2",
-                    self.cfg.addr
+                    self.addr
                 );
             }
         }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::auth::Secret;
-use crate::config::{Config, DatabaseEntry, PoolMode};
+use crate::config::{Config, DatabaseEntry, LoadBalance, PoolMode};
 use crate::net::TcpTuning;
 
 /// How to reach the PostgreSQL server.
@@ -40,7 +40,13 @@ impl std::fmt::Display for ServerAddr {
 /// snapshot per pool, replaced on reload.
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
+    /// The first (often the only) host, for the log and for finding pools that reach
+    /// the same server.
     pub addr: ServerAddr,
+    /// Every host of the entry's `host` list, in its order (`hosts[0]` is `addr`).
+    pub hosts: Vec<ServerAddr>,
+    /// How new connections pick from `hosts`.
+    pub load_balance: LoadBalance,
     /// Server-side database name.
     pub dbname: String,
     /// Server-side user name.
@@ -130,18 +136,28 @@ impl PoolConfig {
             _ => cfg.userlist.get(&server_user).map(|p| Secret::parse(p)),
         };
         let port = db.port;
-        let addr = match db
+        let mut hosts: Vec<ServerAddr> = db
             .host
             .as_deref()
-            .map(|h| h.split(',').next().unwrap_or("").trim())
-        {
-            Some(h) if !h.is_empty() => ServerAddr::for_host(h, port),
-            _ => ServerAddr::Unix(default_socket_dir(&s.unix_socket_dir), port),
-        };
-        let tls = match addr {
-            ServerAddr::Tcp(..) => cfg.server_tls.clone(),
-            ServerAddr::Unix(..) => None,
-        };
+            .unwrap_or("")
+            .split(',')
+            .map(str::trim)
+            .filter(|h| !h.is_empty())
+            .map(|h| ServerAddr::for_host(h, port))
+            .collect();
+        if hosts.is_empty() {
+            hosts.push(ServerAddr::Unix(
+                default_socket_dir(&s.unix_socket_dir),
+                port,
+            ));
+        }
+        let addr = hosts[0].clone();
+        // For the TCP hosts of the list; a UNIX socket never uses TLS.
+        let tls = hosts
+            .iter()
+            .any(|h| matches!(h, ServerAddr::Tcp(..)))
+            .then(|| cfg.server_tls.clone())
+            .flatten();
         let mut startup = Vec::new();
         for (k, v) in [
             ("client_encoding", &db.client_encoding),
@@ -155,6 +171,8 @@ impl PoolConfig {
         }
         PoolConfig {
             addr,
+            hosts,
+            load_balance: db.load_balance_hosts,
             dbname: db.dbname.clone().unwrap_or_else(|| client_db.to_owned()),
             user: server_user,
             secret,
@@ -197,7 +215,7 @@ impl PoolConfig {
 
     /// Whether a change from `self` to `new` makes existing server connections unusable.
     pub fn needs_reconnect(&self, new: &PoolConfig) -> bool {
-        self.addr != new.addr
+        self.hosts != new.hosts
             || self.dbname != new.dbname
             || self.user != new.user
             || self.secret != new.secret

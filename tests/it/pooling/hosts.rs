@@ -1,0 +1,105 @@
+//! A `[databases]` entry with a host list: new server connections go round the list
+//! (`load_balance_hosts = round-robin`) or stay on one host until it fails
+//! (`disable`), and a host that is down is passed over for the next.
+
+use super::{client, T};
+use crate::support::probe::within;
+use crate::support::{self, Sluice, SluiceBuilder, MD5_PASSWORD, MD5_USER, TEST_DB};
+
+/// A Sluice whose `sluice_test` entry lists `hosts` (each reaching the test server
+/// or not), with `extra` parameters.
+fn sluice(hosts: &str, extra: &str) -> Sluice {
+    SluiceBuilder::new()
+        .userlist(MD5_USER, MD5_PASSWORD)
+        .database(
+            TEST_DB,
+            &format!("host={hosts} port=@PG_PORT@ dbname={TEST_DB} {extra}"),
+        )
+        .start()
+}
+
+/// Opens `n` clients that each hold a server (in an open transaction), and returns
+/// how each server connection reached PostgreSQL: `tcp` or `unix`.
+async fn held_links(s: &Sluice, n: usize) -> (Vec<tokio_postgres::Client>, Vec<String>) {
+    let (mut clients, mut links) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let c = client(s).await;
+        within(T, "BEGIN", c.batch_execute("BEGIN"))
+            .await
+            .expect("begin");
+        let row = within(
+            T,
+            "inet_client_addr",
+            c.query_one(
+                "SELECT CASE WHEN inet_client_addr() IS NULL THEN 'unix' ELSE 'tcp' END",
+                &[],
+            ),
+        )
+        .await
+        .expect("query");
+        links.push(row.get::<_, String>(0));
+        clients.push(c);
+    }
+    (clients, links)
+}
+
+#[tokio::test]
+async fn round_robin_spreads_new_connections_over_the_hosts() {
+    let s = sluice("127.0.0.1,@PG_SOCKET_DIR@", "");
+    let (_held, links) = held_links(&s, 4).await;
+    let tcp = links.iter().filter(|l| *l == "tcp").count();
+    assert_eq!(tcp, 2, "{links:?}\n{}", s.diagnostics());
+}
+
+#[tokio::test]
+async fn disable_stays_on_one_host_and_a_down_host_is_passed_over() {
+    // The first host has no socket: every connection that tries it fails at once.
+    let s = sluice(
+        "/nonexistent-sluice-hosts,127.0.0.1,@PG_SOCKET_DIR@",
+        "load_balance_hosts=disable",
+    );
+    let (_held, links) = held_links(&s, 3).await;
+    // All on the first host that worked, which is then kept: the down one is tried
+    // once, by the first connection.
+    assert_eq!(links, ["tcp", "tcp", "tcp"], "{}", s.diagnostics());
+    let log = s.log();
+    let failures = log
+        .lines()
+        .filter(|l| l.contains("@unix:/nonexistent-sluice-hosts/"))
+        .count();
+    assert_eq!(failures, 1, "{log}");
+
+    // Round-robin passes the down host over too: every client is served.
+    let s = sluice("/nonexistent-sluice-hosts,@PG_SOCKET_DIR@", "");
+    let (_held, links) = held_links(&s, 3).await;
+    assert_eq!(links, ["unix", "unix", "unix"], "{}", s.diagnostics());
+}
+
+#[tokio::test]
+async fn every_host_down_fails_the_client() {
+    let s = sluice("/nonexistent-sluice-a,/nonexistent-sluice-b", "");
+    // The login needs a server (the pool's first, for the welcome): it fails with the
+    // last host's error, after both were tried.
+    let e = within(
+        T,
+        "login",
+        support::try_connect(&s.config(MD5_USER, MD5_PASSWORD, TEST_DB)),
+    )
+    .await
+    .expect_err("logged in with every host down");
+    let text = e
+        .as_db_error()
+        .map(|d| d.message().to_owned())
+        .unwrap_or_default();
+    assert!(
+        text.starts_with("server connection failed: unix:/nonexistent-sluice-b/"),
+        "{text} ({e:?})"
+    );
+    let log = s.log();
+    for host in ["a", "b"] {
+        assert!(
+            log.contains(&format!("@unix:/nonexistent-sluice-{host}/")),
+            "{log}"
+        );
+    }
+}
