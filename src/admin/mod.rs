@@ -192,7 +192,7 @@ fn show(ctx: &mut Ctx<'_>, what: &str, query: &str) -> Result<(), CmdError> {
         "users" => show_pools::users(app, out),
         "lists" => show_misc::lists(app, out),
         "mem" => show_misc::mem(app, out),
-        "dns_hosts" => show_misc::dns_hosts(out),
+        "dns_hosts" => show_misc::dns_hosts(app, out),
         "dns_zones" => show_misc::dns_zones(out),
         "peers" => show_misc::peers(app, out),
         "peer_pools" => show_misc::peer_pools(out),

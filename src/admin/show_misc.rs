@@ -112,20 +112,26 @@ pub fn mem(app: &App, out: &mut BytesMut) {
     t.finish();
 }
 
-/// SHOW DNS_HOSTS: empty, lookups go to the system resolver uncached.
-pub fn dns_hosts(out: &mut BytesMut) {
-    Table::new(
+/// SHOW DNS_HOSTS: the server host names looked up and still kept (`dns_max_ttl`,
+/// `dns_nxdomain_ttl`): seconds left, and the addresses (none after a failure).
+pub fn dns_hosts(app: &App, out: &mut BytesMut) {
+    let mut t = Table::new(
         out,
         &[
             ("hostname", Ty::Text),
             ("ttl", Ty::Int8),
             ("addrs", Ty::Text),
         ],
-    )
-    .finish();
+    );
+    for (name, ips, left) in app.config().dns.rows() {
+        let addrs: Vec<String> = ips.iter().map(ToString::to_string).collect();
+        t.row(vec![name.into(), left.into(), addrs.join(",").into()]);
+    }
+    t.finish();
 }
 
-/// SHOW DNS_ZONES: empty, as DNS_HOSTS.
+/// SHOW DNS_ZONES: empty: zones are checked only by PgBouncer's c-ares build
+/// (`dns_zone_check_period`).
 pub fn dns_zones(out: &mut BytesMut) {
     Table::new(
         out,

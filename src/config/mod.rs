@@ -179,6 +179,10 @@ impl Config {
         let server_tls = server_tls(&settings, file, line)?;
         let (file, line) = mode_line(&ini, "auth_type", path);
         let hba = hba(&settings, file, line)?;
+        let dns = std::sync::Arc::new(crate::net::dns::DnsCache::new(
+            settings.dns_max_ttl,
+            settings.dns_nxdomain_ttl,
+        ));
         Ok(Config {
             path: path.to_path_buf(),
             settings,
@@ -192,6 +196,7 @@ impl Config {
             client_tls,
             server_tls,
             hba,
+            dns,
         })
     }
 

@@ -199,18 +199,20 @@ fn errors_name_file_line_key_and_value() {
 
 #[test]
 fn unimplemented_settings_warn_unless_default() {
-    let (s, w) = set("dns_max_ttl", "30").unwrap();
+    let (s, w) = set("dns_zone_check_period", "30").unwrap();
     assert_eq!(
         w,
-        vec!["/etc/x.ini:3: setting \"dns_max_ttl\" is not implemented by Sluice yet; ignored"]
+        vec![
+            "/etc/x.ini:3: setting \"dns_zone_check_period\" is not implemented by Sluice yet; ignored"
+        ]
     );
-    assert_eq!(s.raw["dns_max_ttl"], "30");
+    assert_eq!(s.raw["dns_zone_check_period"], "30");
     for (k, v) in [
         ("client_tls_sslmode", "disable"),
         ("client_tls_sslmode", "DISABLE"),
         ("syslog", "no"),
         ("syslog", "1"),
-        ("dns_max_ttl", "15.0"),
+        ("dns_zone_check_period", "0.0"),
         ("syslog_facility", "local0"),
         ("syslog_ident", "pgbouncer"),
     ] {

@@ -178,6 +178,9 @@ pub struct Settings {
     pub query_wait_timeout: Duration,
     /// A client queued this long is told so with a notice (PgBouncer 1.25); 0: never.
     pub query_wait_notify: Duration,
+    /// How long a server host name's addresses, or its failed lookup, are kept.
+    pub dns_max_ttl: Duration,
+    pub dns_nxdomain_ttl: Duration,
     pub client_idle_timeout: Duration,
     pub idle_transaction_timeout: Duration,
     pub transaction_timeout: Duration,
@@ -325,6 +328,8 @@ pub struct Config {
     /// The TLS connector for server connections, from `server_tls_*`; None when
     /// `server_tls_sslmode` is `disable`.
     pub server_tls: Option<std::sync::Arc<crate::tls::server::ServerTls>>,
+    /// Lookups of the server host names (net/dns.rs); a copy shares them.
+    pub dns: std::sync::Arc<crate::net::dns::DnsCache>,
     /// `auth_hba_file`'s rules, read at each load when `auth_type = hba`.
     pub hba: Option<std::sync::Arc<crate::auth::hba::Hba>>,
 }

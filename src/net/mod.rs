@@ -1,6 +1,7 @@
 //! Sockets: the listeners (TCP and UNIX) and a [`Stream`] that is either.
 
 pub mod bufpool;
+pub mod dns;
 pub mod framed;
 pub mod listener;
 pub mod stream;

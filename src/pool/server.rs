@@ -259,13 +259,7 @@ fn read_err(e: ReadError) -> PoolError {
 pub(crate) async fn connect_to(addr: &ServerAddr, tcp: &TcpTuning) -> std::io::Result<Stream> {
     match addr {
         ServerAddr::Tcp(host, port) => {
-            // tokio connects (with its write registration), then the socket moves
-            // to a read-only registration (net/stream.rs): two epoll_ctl calls per
-            // server connection, which lives long.
-            let s = TcpStream::connect((host.as_str(), *port)).await?;
-            s.set_nodelay(true)?;
-            tcp.apply(socket2::SockRef::from(&s))?;
-            Stream::from_std(StdStream::Tcp(s.into_std()?))
+            tcp_stream(TcpStream::connect((host.as_str(), *port)).await?, tcp)
         }
         ServerAddr::Unix(dir, port) => {
             let path = crate::net::listener::unix_socket_path(dir, *port);
@@ -275,9 +269,29 @@ pub(crate) async fn connect_to(addr: &ServerAddr, tcp: &TcpTuning) -> std::io::R
     }
 }
 
-/// Opens a socket to the server with `server_connect_timeout`.
-async fn open(addr: &ServerAddr, timeout: Duration, tcp: &TcpTuning) -> Result<Stream, PoolError> {
-    let fut = connect_to(addr, tcp);
+/// A connected TCP socket as a `Stream`, with the settings' TCP options. tokio
+/// connected it (with its write registration); the socket moves to a read-only
+/// registration (net/stream.rs): two epoll_ctl calls per server connection, which
+/// lives long.
+fn tcp_stream(s: TcpStream, tcp: &TcpTuning) -> std::io::Result<Stream> {
+    s.set_nodelay(true)?;
+    tcp.apply(socket2::SockRef::from(&s))?;
+    Stream::from_std(StdStream::Tcp(s.into_std()?))
+}
+
+/// Opens a socket to the server with `server_connect_timeout`, its host name looked
+/// up through the configuration's cache (`dns_max_ttl`).
+async fn open(addr: &ServerAddr, cfg: &PoolConfig) -> Result<Stream, PoolError> {
+    let (timeout, tcp) = (cfg.server_connect_timeout, &cfg.tcp);
+    let fut = async {
+        match addr {
+            ServerAddr::Tcp(host, port) => {
+                let addrs = cfg.dns.resolve(host, *port).await?;
+                tcp_stream(TcpStream::connect(&addrs[..]).await?, tcp)
+            }
+            ServerAddr::Unix(..) => connect_to(addr, tcp).await,
+        }
+    };
     let limit = if timeout.is_zero() {
         Duration::from_secs(3600)
     } else {
@@ -315,7 +329,7 @@ pub(crate) async fn connect(
         scram_keys,
         key_cache,
     } = dial;
-    let mut stream = open(addr, cfg.server_connect_timeout, &cfg.tcp).await?;
+    let mut stream = open(addr, cfg).await?;
     // Asked once, for the console (TLS does not change it).
     let local_addr = stream.local_addr();
     let limit = if cfg.server_connect_timeout.is_zero() {

@@ -47,6 +47,8 @@ pub struct PoolConfig {
     pub hosts: Vec<ServerAddr>,
     /// How new connections pick from `hosts`.
     pub load_balance: LoadBalance,
+    /// Where host names are looked up (the configuration's cache).
+    pub dns: std::sync::Arc<crate::net::dns::DnsCache>,
     /// Server-side database name.
     pub dbname: String,
     /// Server-side user name.
@@ -173,6 +175,7 @@ impl PoolConfig {
             addr,
             hosts,
             load_balance: db.load_balance_hosts,
+            dns: cfg.dns.clone(),
             dbname: db.dbname.clone().unwrap_or_else(|| client_db.to_owned()),
             user: server_user,
             secret,

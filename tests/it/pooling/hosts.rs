@@ -103,3 +103,47 @@ async fn every_host_down_fails_the_client() {
         );
     }
 }
+
+/// A host name is looked up once and kept for `dns_max_ttl` (SHOW DNS_HOSTS lists
+/// it); with 0 it is looked up at every connection and nothing is kept.
+#[tokio::test]
+async fn host_names_are_kept_for_dns_max_ttl() {
+    for ttl in ["15", "0"] {
+        let s = SluiceBuilder::new()
+            .userlist(MD5_USER, MD5_PASSWORD)
+            .setting("admin_users", MD5_USER)
+            .setting("dns_max_ttl", ttl)
+            .database(
+                TEST_DB,
+                &format!("host=localhost port=@PG_PORT@ dbname={TEST_DB}"),
+            )
+            .start();
+        let (_held, links) = held_links(&s, 2).await;
+        assert_eq!(links, ["tcp", "tcp"], "{}", s.diagnostics());
+        let admin = crate::admin::console(&s, MD5_USER, MD5_PASSWORD).await;
+        let rows: Vec<(String, String, String)> =
+            within(T, "SHOW DNS_HOSTS", admin.simple_query("SHOW DNS_HOSTS"))
+                .await
+                .expect("SHOW DNS_HOSTS")
+                .into_iter()
+                .filter_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r) => Some((
+                        r.get(0).unwrap_or_default().to_owned(),
+                        r.get(1).unwrap_or_default().to_owned(),
+                        r.get(2).unwrap_or_default().to_owned(),
+                    )),
+                    _ => None,
+                })
+                .collect();
+        if ttl == "0" {
+            assert!(rows.is_empty(), "{rows:?}");
+            continue;
+        }
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        let (name, left, addrs) = &rows[0];
+        assert_eq!(name, "localhost");
+        let left: u64 = left.parse().expect("ttl");
+        assert!((1..=15).contains(&left), "{rows:?}");
+        assert!(addrs.split(',').any(|a| a == "127.0.0.1"), "{rows:?}");
+    }
+}

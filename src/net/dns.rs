@@ -1,0 +1,174 @@
+//! Host name lookups for server connections, cached as PgBouncer caches them:
+//! `dns_max_ttl` for an answer, `dns_nxdomain_ttl` for a failure, whatever TTL the
+//! DNS records carry. The lookup itself is the system resolver's (`getaddrinfo`, on
+//! a blocking thread), so `/etc/hosts` and `nsswitch.conf` apply as for libpq.
+//!
+//! The cache belongs to one loaded configuration (a reload starts an empty one), and
+//! holds only the names in `[databases]` host entries: the operator's, never a
+//! client's.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rustc_hash::FxHashMap;
+
+use crate::clock::Tick;
+
+/// One name's last lookup.
+#[derive(Debug, Clone)]
+struct Entry {
+    /// The addresses, or why the lookup failed.
+    found: Result<Vec<IpAddr>, String>,
+    until: Tick,
+}
+
+impl Entry {
+    /// Whether it may still be used at `now`.
+    fn live(&self, now: Tick) -> bool {
+        self.until.nanos_since(now) > 0
+    }
+}
+
+/// Lookups of the configuration's host names, with how long each may be kept.
+#[derive(Debug)]
+pub struct DnsCache {
+    max_ttl: Duration,
+    nxdomain_ttl: Duration,
+    entries: Mutex<FxHashMap<String, Entry>>,
+}
+
+/// A name, its addresses (empty after a failure) and the seconds left, for SHOW
+/// DNS_HOSTS.
+pub type HostRow = (String, Vec<IpAddr>, u64);
+
+impl DnsCache {
+    pub fn new(max_ttl: Duration, nxdomain_ttl: Duration) -> DnsCache {
+        DnsCache {
+            max_ttl,
+            nxdomain_ttl,
+            entries: Mutex::default(),
+        }
+    }
+
+    /// The socket addresses of `host` at `port`: an address as it is, a name from
+    /// the cache while its entry lasts, else looked up (and kept).
+    pub async fn resolve(&self, host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
+        if let Ok(ip) = host.parse::<IpAddr>() {
+            return Ok(vec![SocketAddr::new(ip, port)]);
+        }
+        let now = Tick::now();
+        let cached = self.lock().get(host).filter(|e| e.live(now)).cloned();
+        let found = match cached {
+            Some(e) => e.found,
+            None => {
+                let found = lookup(host).await;
+                self.keep(host, &found);
+                found
+            }
+        };
+        match found {
+            Ok(ips) => Ok(ips
+                .into_iter()
+                .map(|ip| SocketAddr::new(ip, port))
+                .collect()),
+            Err(e) => Err(io::Error::other(e)),
+        }
+    }
+
+    /// Keeps a lookup's outcome for as long as its kind may be kept (not at all for 0).
+    fn keep(&self, host: &str, found: &Result<Vec<IpAddr>, String>) {
+        let ttl = match found {
+            Ok(_) => self.max_ttl,
+            Err(_) => self.nxdomain_ttl,
+        };
+        if !ttl.is_zero() {
+            let entry = Entry {
+                found: found.clone(),
+                until: Tick::now() + ttl,
+            };
+            self.lock().insert(host.to_owned(), entry);
+        }
+    }
+
+    /// The entries still valid, by name.
+    pub fn rows(&self) -> Vec<HostRow> {
+        let now = Tick::now();
+        let mut rows: Vec<HostRow> = self
+            .lock()
+            .iter()
+            .filter(|(_, e)| e.live(now))
+            .map(|(name, e)| {
+                let left = e.until.micros_since(now).div_ceil(1_000_000);
+                let ips = e.found.clone().unwrap_or_default();
+                (name.clone(), ips, left)
+            })
+            .collect();
+        rows.sort();
+        rows
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, FxHashMap<String, Entry>> {
+        // Entries are inserted whole: a poisoned map is still sound.
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The system resolver's addresses for `host`, each once, in its order.
+async fn lookup(host: &str) -> Result<Vec<IpAddr>, String> {
+    let addrs = tokio::net::lookup_host((host, 0))
+        .await
+        .map_err(|e| format!("{host}: {e}"))?;
+    let mut ips: Vec<IpAddr> = Vec::new();
+    for a in addrs {
+        if !ips.contains(&a.ip()) {
+            ips.push(a.ip());
+        }
+    }
+    if ips.is_empty() {
+        return Err(format!("{host}: no address"));
+    }
+    Ok(ips)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn names_are_kept_for_their_ttl_and_addresses_never() {
+        let cache = DnsCache::new(Duration::from_secs(15), Duration::from_secs(15));
+        let addrs = cache.resolve("127.0.0.1", 5432).await.expect("an address");
+        assert_eq!(addrs, vec!["127.0.0.1:5432".parse().expect("addr")]);
+        assert!(cache.rows().is_empty());
+        let addrs = cache.resolve("localhost", 6432).await.expect("localhost");
+        assert!(
+            addrs
+                .iter()
+                .all(|a| a.port() == 6432 && a.ip().is_loopback()),
+            "{addrs:?}"
+        );
+        let rows = cache.rows();
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!(rows[0].0, "localhost");
+        assert!((1..=15).contains(&rows[0].2), "{rows:?}");
+        // A failure is kept too, for its own ttl, and answered from the cache (no
+        // lookup: a test cannot count on a resolver that fails fast offline).
+        cache.keep(
+            "nowhere.example",
+            &Err("nowhere.example: no address".into()),
+        );
+        let e = cache
+            .resolve("nowhere.example", 1)
+            .await
+            .expect_err("kept failure");
+        assert_eq!(e.to_string(), "nowhere.example: no address");
+        assert_eq!(cache.rows().len(), 2);
+        // Zero: nothing is kept.
+        let uncached = DnsCache::new(Duration::ZERO, Duration::ZERO);
+        uncached.resolve("localhost", 1).await.expect("localhost");
+        uncached.keep("nowhere.example", &Err("no".into()));
+        assert!(uncached.rows().is_empty());
+    }
+}
