@@ -7,6 +7,14 @@
 
 mod databases;
 mod error;
+/// An empty cache of server host names with the settings' TTLs.
+fn dns_cache(s: &Settings) -> std::sync::Arc<crate::net::dns::DnsCache> {
+    std::sync::Arc::new(crate::net::dns::DnsCache::new(
+        s.dns_max_ttl,
+        s.dns_nxdomain_ttl,
+    ))
+}
+
 #[cfg(test)]
 mod hostile_tests;
 mod ini;
@@ -179,10 +187,7 @@ impl Config {
         let server_tls = server_tls(&settings, file, line)?;
         let (file, line) = mode_line(&ini, "auth_type", path);
         let hba = hba(&settings, file, line)?;
-        let dns = std::sync::Arc::new(crate::net::dns::DnsCache::new(
-            settings.dns_max_ttl,
-            settings.dns_nxdomain_ttl,
-        ));
+        let dns = dns_cache(&settings);
         Ok(Config {
             path: path.to_path_buf(),
             settings,
@@ -220,6 +225,10 @@ impl Config {
         }
         if key == "auth_type" || key == "auth_hba_file" || key == "auth_ident_file" {
             new.hba = hba(&new.settings, &self.path, 0)?;
+        }
+        if key.starts_with("dns_") {
+            // New TTLs: a new, empty cache (as a reload makes).
+            new.dns = dns_cache(&new.settings);
         }
         for w in warnings {
             tracing::warn!("{w}");

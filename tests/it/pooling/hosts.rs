@@ -145,5 +145,17 @@ async fn host_names_are_kept_for_dns_max_ttl() {
         let left: u64 = left.parse().expect("ttl");
         assert!((1..=15).contains(&left), "{rows:?}");
         assert!(addrs.split(',').any(|a| a == "127.0.0.1"), "{rows:?}");
+        // The console's SET starts a cache with the new TTLs, as a reload does.
+        within(T, "SET", admin.simple_query("SET dns_max_ttl = 0"))
+            .await
+            .expect("SET dns_max_ttl");
+        let after = within(T, "SHOW DNS_HOSTS", admin.simple_query("SHOW DNS_HOSTS"))
+            .await
+            .expect("SHOW DNS_HOSTS");
+        let left = after
+            .iter()
+            .filter(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(_)))
+            .count();
+        assert_eq!(left, 0, "kept after SET dns_max_ttl = 0");
     }
 }
