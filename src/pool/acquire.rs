@@ -295,7 +295,10 @@ impl Pool {
     /// the one after the last tried, with `disable` the one the last connection went
     /// to. A host that fails is passed over for the next, each host tried once, so a
     /// host that is down does not fail a client while another is up (PgBouncer fails
-    /// that attempt and moves on at the next one). Each failure is logged.
+    /// that attempt and moves on at the next one); and for `server_login_retry` it is
+    /// tried after the others, so that a host that is unreachable (each try costing
+    /// `server_connect_timeout`) does not hold up every other new connection. Each
+    /// failure is logged.
     async fn dial(
         &self,
         cfg: &PoolConfig,
@@ -309,9 +312,21 @@ impl Pool {
             LoadBalance::RoundRobin => self.next_host.fetch_add(1, Ordering::Relaxed),
             LoadBalance::Disable => self.next_host.load(Ordering::Relaxed),
         };
+        let mut order: Vec<usize> = (0..n).map(|i| first.wrapping_add(i) % n).collect();
+        if n > 1 {
+            let now = Tick::now();
+            let failed = self.lock_host_failures();
+            // Stable: the list's order stays within each group.
+            order.sort_by_key(|&at| {
+                failed
+                    .get(at)
+                    .copied()
+                    .flatten()
+                    .is_some_and(|t| !now.reached(t, cfg.server_login_retry))
+            });
+        }
         let mut last = PoolError::Connect("no host to connect to".into());
-        for i in 0..n {
-            let at = first.wrapping_add(i) % n;
+        for at in order {
             let Some(addr) = cfg.hosts.get(at) else {
                 break;
             };
@@ -322,13 +337,19 @@ impl Pool {
             };
             match server::connect(cfg, dial, id, generation, slot).await {
                 Ok(conn) => {
-                    if cfg.load_balance == LoadBalance::Disable && n > 1 {
-                        self.next_host.store(at, Ordering::Relaxed);
+                    if n > 1 {
+                        self.note_host(at, n, None);
+                        if cfg.load_balance == LoadBalance::Disable {
+                            self.next_host.store(at, Ordering::Relaxed);
+                        }
                     }
                     return Ok(conn);
                 }
                 Err(e) => {
                     tracing::warn!("S-{id}: {}/{}@{addr} {e}", self.key.database, self.key.user);
+                    if n > 1 {
+                        self.note_host(at, n, Some(Tick::now()));
+                    }
                     last = e;
                     // Past the login the slot went with the connection: no retry.
                     if slot.is_none() {
@@ -338,6 +359,22 @@ impl Pool {
             }
         }
         Err(last)
+    }
+
+    /// Records when host `at` of `n` last failed (None: it has just worked).
+    fn note_host(&self, at: usize, n: usize, failed: Option<Tick>) {
+        let mut f = self.lock_host_failures();
+        if f.len() != n {
+            *f = vec![None; n];
+        }
+        if let Some(slot) = f.get_mut(at) {
+            *slot = failed;
+        }
+    }
+
+    fn lock_host_failures(&self) -> std::sync::MutexGuard<'_, Vec<Option<Tick>>> {
+        // Plain values: a poisoned lock still holds a sound list.
+        self.host_failures.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Takes a unit of a shared limit: at once if free, else by closing an idle

@@ -162,6 +162,8 @@ pub struct Pool {
     server_keys: server::KeyCache,
     /// The host of `hosts` the next connection tries first (modulo their count).
     next_host: std::sync::atomic::AtomicUsize,
+    /// When each host of a list last failed, if it has not worked since.
+    host_failures: Mutex<Vec<Option<Tick>>>,
 }
 
 impl Pool {
@@ -187,6 +189,7 @@ impl Pool {
             shared_params: Default::default(),
             server_keys: Default::default(),
             next_host: Default::default(),
+            host_failures: Default::default(),
         }
     }
 

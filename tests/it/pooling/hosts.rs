@@ -69,10 +69,17 @@ async fn disable_stays_on_one_host_and_a_down_host_is_passed_over() {
         .count();
     assert_eq!(failures, 1, "{log}");
 
-    // Round-robin passes the down host over too: every client is served.
+    // Round-robin passes the down host over too: every client is served. Having
+    // failed, it is tried after the other for `server_login_retry`: only once here.
     let s = sluice("/nonexistent-sluice-hosts,@PG_SOCKET_DIR@", "");
     let (_held, links) = held_links(&s, 3).await;
     assert_eq!(links, ["unix", "unix", "unix"], "{}", s.diagnostics());
+    let log = s.log();
+    let failures = log
+        .lines()
+        .filter(|l| l.contains("@unix:/nonexistent-sluice-hosts/"))
+        .count();
+    assert_eq!(failures, 1, "{log}");
 }
 
 #[tokio::test]
