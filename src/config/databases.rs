@@ -11,7 +11,7 @@
 
 use std::path::Path;
 
-use super::error::{warning_at, ConfigError};
+use super::error::ConfigError;
 use super::types::{DatabaseEntry, LoadBalance};
 use super::value::{opt_str, parse_int, parse_pool_mode, parse_seconds};
 
@@ -68,13 +68,12 @@ pub fn parse_pairs(s: &str) -> Result<Vec<(String, String)>, String> {
 }
 
 /// Builds the entry for `name = connstr` (line `line` of `file`). `*` is accepted
-/// here; the caller files it as the fallback. Notes for the operator go to `warnings`.
+/// here; the caller files it as the fallback.
 pub(crate) fn parse_database(
     name: &str,
     connstr: &str,
     file: &Path,
     line: usize,
-    warnings: &mut Vec<String>,
 ) -> Result<DatabaseEntry, ConfigError> {
     if name == "pgbouncer" {
         return Err(ConfigError::at(
@@ -141,9 +140,12 @@ pub(crate) fn parse_database(
                     _ => return Err(bad("expected disable or round-robin".to_string())),
                 };
             }
+            // PgBouncer's next release: -1 (its default) leaves the global value.
             "query_wait_timeout" => {
-                parse_seconds(&v).map_err(bad)?;
-                warnings.push(not_implemented(file, line, &key, name));
+                e.query_wait_timeout = match v.trim() {
+                    "-1" => None,
+                    _ => Some(parse_seconds(&v).map_err(bad)?),
+                };
             }
             _ => {
                 return Err(ConfigError::at(
@@ -155,16 +157,6 @@ pub(crate) fn parse_database(
         }
     }
     Ok(e)
-}
-
-fn not_implemented(file: &Path, line: usize, key: &str, name: &str) -> String {
-    warning_at(
-        file,
-        line,
-        format!(
-            "parameter \"{key}\" in database \"{name}\" is not implemented by Sluice yet; ignored"
-        ),
-    )
 }
 
 #[cfg(test)]
@@ -181,11 +173,8 @@ mod tests {
         (k.to_string(), v.to_string())
     }
 
-    fn db(connstr: &str) -> Result<(DatabaseEntry, Vec<String>), String> {
-        let mut w = Vec::new();
-        parse_database("app", connstr, Path::new("/etc/x.ini"), 7, &mut w)
-            .map(|e| (e, w))
-            .map_err(|e| e.to_string())
+    fn db(connstr: &str) -> Result<DatabaseEntry, String> {
+        parse_database("app", connstr, Path::new("/etc/x.ini"), 7).map_err(|e| e.to_string())
     }
 
     #[test]
@@ -250,8 +239,7 @@ mod tests {
                   max_db_connections=9 max_db_client_connections=10 server_lifetime=1.5 \
                   client_encoding=UTF8 datestyle=ISO timezone=UTC application_name=app \
                   auth_user=a auth_query='SELECT 2' auth_dbname=adb load_balance_hosts=round-robin";
-        let (e, w) = db(cs).unwrap();
-        assert!(w.is_empty(), "{w:?}");
+        let e = db(cs).unwrap();
         assert_eq!(e.name, "app");
         assert_eq!(e.host.as_deref(), Some("db1"));
         assert_eq!(e.port, 5433);
@@ -278,37 +266,35 @@ mod tests {
 
     #[test]
     fn defaults_for_an_empty_entry() {
-        let (e, w) = db("").unwrap();
-        assert!(w.is_empty());
+        let e = db("").unwrap();
         assert_eq!(e.port, 5432);
         assert_eq!(
             (e.host, e.dbname, e.user, e.pool_size),
             (None, None, None, None)
         );
-        assert_eq!(db("host='' dbname=''").unwrap().0.host, None);
+        assert_eq!(db("host='' dbname=''").unwrap().host, None);
         // As in libpq and PgBouncer, spaces after "=" are skipped, so the next pair
         // becomes the value.
         assert_eq!(
-            db("host= dbname=x").unwrap().0.host.as_deref(),
+            db("host= dbname=x").unwrap().host.as_deref(),
             Some("dbname=x")
         );
     }
 
     #[test]
-    fn host_lists_and_warnings() {
-        let (e, w) = db("host=a,/tmp/pg,b").unwrap();
+    fn host_lists_load_balance_and_query_wait_timeout() {
+        let e = db("host=a,/tmp/pg,b").unwrap();
         assert_eq!(e.host.as_deref(), Some("a,/tmp/pg,b"));
         assert_eq!(e.load_balance_hosts, LoadBalance::RoundRobin);
-        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(e.query_wait_timeout, None);
         assert!(db("host=a,,b").is_err_and(|e| e.contains("a host list with an empty entry")));
-        let (e, w) = db("load_balance_hosts=Disable query_wait_timeout=3").unwrap();
+        let e = db("load_balance_hosts=Disable query_wait_timeout=3").unwrap();
         assert_eq!(e.load_balance_hosts, LoadBalance::Disable);
+        assert_eq!(e.query_wait_timeout, Some(Duration::from_secs(3)));
+        // -1, PgBouncer's default there: the global value.
         assert_eq!(
-            w,
-            vec![
-                "/etc/x.ini:7: parameter \"query_wait_timeout\" in database \"app\" \
-                 is not implemented by Sluice yet; ignored",
-            ]
+            db("query_wait_timeout=-1").unwrap().query_wait_timeout,
+            None
         );
     }
 
@@ -329,14 +315,13 @@ mod tests {
         );
         assert!(db("server_lifetime=x").is_err());
         assert!(db("load_balance_hosts=random").is_err());
-        assert!(db("query_wait_timeout=-1").is_err());
+        assert!(db("query_wait_timeout=-2").is_err());
         assert_eq!(
             db("host='x").unwrap_err(),
             "/etc/x.ini:7: syntax error in connection string for database \"app\": \
              unterminated quoted value for \"host\""
         );
-        let mut w = Vec::new();
-        let err = parse_database("pgbouncer", "", Path::new("a.ini"), 2, &mut w).unwrap_err();
+        let err = parse_database("pgbouncer", "", Path::new("a.ini"), 2).unwrap_err();
         assert_eq!(
             err.to_string(),
             "a.ini:2: database name \"pgbouncer\" is reserved for the admin console"

@@ -149,13 +149,7 @@ impl Config {
                     &mut warnings,
                 )?,
                 "databases" => {
-                    let db = databases::parse_database(
-                        &e.key,
-                        &e.value,
-                        &e.file,
-                        e.line,
-                        &mut warnings,
-                    )?;
+                    let db = databases::parse_database(&e.key, &e.value, &e.file, e.line)?;
                     // A later definition replaces an earlier one, as in PgBouncer.
                     if e.key == "*" {
                         fallback_database = Some(db);

@@ -274,6 +274,8 @@ pub struct DatabaseEntry {
     pub max_db_connections: Option<u32>,
     pub max_db_client_connections: Option<u32>,
     pub server_lifetime: Option<Duration>,
+    /// This database's `query_wait_timeout`; None: the global one.
+    pub query_wait_timeout: Option<Duration>,
     pub auth_user: Option<String>,
     pub auth_query: Option<String>,
     pub auth_dbname: Option<String>,

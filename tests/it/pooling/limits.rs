@@ -144,6 +144,34 @@ async fn queued_client_is_told(mode: &str) {
     assert!(msgs.iter().all(|m| m.tag != TAG_NOTICE), "{msgs:?}");
 }
 
+/// `query_wait_timeout` in a `[databases]` entry (PgBouncer's next release) wins over
+/// the global one for that database's pools.
+#[tokio::test]
+async fn a_database_query_wait_timeout_overrides_the_global_one() {
+    let s = support::SluiceBuilder::new()
+        .userlist(MD5_USER, MD5_PASSWORD)
+        .setting("default_pool_size", "1")
+        .database(
+            TEST_DB,
+            &format!("host=127.0.0.1 port=@PG_PORT@ dbname={TEST_DB} query_wait_timeout=1"),
+        )
+        .start();
+    let holder = client(&s).await;
+    backend_pid(&holder).await;
+    let waiter = client(&s).await;
+    let started = Instant::now();
+    let e = within(T, "waiting query", waiter.query_one("SELECT 1", &[]))
+        .await
+        .expect_err("got a server although the pool was full");
+    let waited = started.elapsed();
+    let text = e
+        .as_db_error()
+        .map(|d| d.message().to_owned())
+        .unwrap_or_default();
+    assert!(text.contains("query_wait_timeout"), "error: {text} ({e:?})");
+    assert!(waited < Duration::from_secs(10), "failed after {waited:?}");
+}
+
 #[tokio::test]
 async fn query_wait_timeout_fails_a_waiting_client() {
     let marker = unique_marker("pool_qwt");
