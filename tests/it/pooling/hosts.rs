@@ -43,6 +43,12 @@ async fn held_links(s: &Sluice, n: usize) -> (Vec<tokio_postgres::Client>, Vec<S
     (clients, links)
 }
 
+/// How many failed connections to the socket directory `dir` the log shows.
+fn failures(s: &Sluice, dir: &str) -> usize {
+    let needle = format!("@unix:{dir}");
+    s.log().lines().filter(|l| l.contains(&needle)).count()
+}
+
 #[tokio::test]
 async fn round_robin_spreads_new_connections_over_the_hosts() {
     let s = sluice("127.0.0.1,@PG_SOCKET_DIR@", "");
@@ -62,24 +68,14 @@ async fn disable_stays_on_one_host_and_a_down_host_is_passed_over() {
     // All on the first host that worked, which is then kept: the down one is tried
     // once, by the first connection.
     assert_eq!(links, ["tcp", "tcp", "tcp"], "{}", s.diagnostics());
-    let log = s.log();
-    let failures = log
-        .lines()
-        .filter(|l| l.contains("@unix:/nonexistent-sluice-hosts/"))
-        .count();
-    assert_eq!(failures, 1, "{log}");
+    assert_eq!(failures(&s, "/nonexistent-sluice-hosts/"), 1, "{}", s.log());
 
     // Round-robin passes the down host over too: every client is served. Having
     // failed, it is tried after the other for `server_login_retry`: only once here.
     let s = sluice("/nonexistent-sluice-hosts,@PG_SOCKET_DIR@", "");
     let (_held, links) = held_links(&s, 3).await;
     assert_eq!(links, ["unix", "unix", "unix"], "{}", s.diagnostics());
-    let log = s.log();
-    let failures = log
-        .lines()
-        .filter(|l| l.contains("@unix:/nonexistent-sluice-hosts/"))
-        .count();
-    assert_eq!(failures, 1, "{log}");
+    assert_eq!(failures(&s, "/nonexistent-sluice-hosts/"), 1, "{}", s.log());
 }
 
 #[tokio::test]
