@@ -11,12 +11,13 @@ use crate::config::DatabaseEntry;
 use crate::pool::Pool;
 
 /// SHOW LISTS rows: PgBouncer's object counts. Sluice has no slab caches, so there
-/// are no free objects; DNS is the system resolver's, so nothing is cached.
+/// are no free objects, and no DNS zones (those are c-ares's).
 pub fn list_rows(app: &App) -> Vec<(&'static str, u64)> {
     let pools = app.pools.all();
     let used_clients = u64::from(app.clients.load(std::sync::atomic::Ordering::Relaxed));
     let logged_in = app.client_reg.len() as u64;
     let used_servers: u64 = pools.iter().map(|p| u64::from(p.counts().total)).sum();
+    let (dns_names, dns_queries) = app.config().dns.counts();
     vec![
         ("databases", database_rows(app).len() as u64),
         ("users", user_names(app).len() as u64),
@@ -28,9 +29,9 @@ pub fn list_rows(app: &App) -> Vec<(&'static str, u64)> {
         ("login_clients", used_clients.saturating_sub(logged_in)),
         ("free_servers", 0),
         ("used_servers", used_servers),
-        ("dns_names", 0),
+        ("dns_names", dns_names),
         ("dns_zones", 0),
-        ("dns_queries", 0),
+        ("dns_queries", dns_queries),
         ("dns_pending", 0),
     ]
 }

@@ -9,6 +9,7 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -37,6 +38,8 @@ pub struct DnsCache {
     max_ttl: Duration,
     nxdomain_ttl: Duration,
     entries: Mutex<FxHashMap<String, Entry>>,
+    /// Lookups under way (SHOW LISTS `dns_queries`).
+    in_flight: AtomicU32,
 }
 
 /// A name, its addresses (empty after a failure) and the seconds left, for SHOW
@@ -49,6 +52,7 @@ impl DnsCache {
             max_ttl,
             nxdomain_ttl,
             entries: Mutex::default(),
+            in_flight: AtomicU32::new(0),
         }
     }
 
@@ -63,6 +67,9 @@ impl DnsCache {
         let found = match cached {
             Some(e) => e.found,
             None => {
+                self.in_flight.fetch_add(1, Ordering::Relaxed);
+                // Counted down however the lookup ends (a connect timeout drops it).
+                let _done = InFlight(&self.in_flight);
                 let found = lookup(host).await;
                 self.keep(host, &found);
                 found
@@ -109,9 +116,28 @@ impl DnsCache {
         rows
     }
 
+    /// How many names are kept, and how many lookups are under way (SHOW LISTS).
+    pub fn counts(&self) -> (u64, u64) {
+        let now = Tick::now();
+        let names = self.lock().values().filter(|e| e.live(now)).count();
+        (
+            names as u64,
+            u64::from(self.in_flight.load(Ordering::Relaxed)),
+        )
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, FxHashMap<String, Entry>> {
         // Entries are inserted whole: a poisoned map is still sound.
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Counts a lookup down when dropped.
+struct InFlight<'a>(&'a AtomicU32);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -165,6 +191,7 @@ mod tests {
             .expect_err("kept failure");
         assert_eq!(e.to_string(), "nowhere.example: no address");
         assert_eq!(cache.rows().len(), 2);
+        assert_eq!(cache.counts(), (2, 0), "names kept, no lookup under way");
         // Zero: nothing is kept.
         let uncached = DnsCache::new(Duration::ZERO, Duration::ZERO);
         uncached.resolve("localhost", 1).await.expect("localhost");

@@ -91,6 +91,9 @@ pub struct ServerIdent {
     pub generation: u64,
     /// The local end of the socket (SHOW SERVERS `local_addr`/`local_port`).
     pub local_addr: Option<std::net::SocketAddr>,
+    /// The address a TCP connection reached: its cancel goes there, not to whatever
+    /// `addr`'s name resolves to by then (a name with several addresses).
+    pub peer_addr: Option<std::net::SocketAddr>,
     /// What TLS negotiated (SHOW SERVERS `tls`); all zero for plaintext.
     pub tls: crate::tls::TlsInfo,
     /// Prepared statements it held when last linked (SHOW SERVERS); written only by
@@ -108,6 +111,7 @@ impl ServerIdent {
             created: Tick::now(),
             generation,
             local_addr: None,
+            peer_addr: None,
             tls: Default::default(),
             prepared: AtomicU32::new(0),
         }
@@ -259,6 +263,10 @@ fn read_err(e: ReadError) -> PoolError {
 pub(crate) async fn connect_to(addr: &ServerAddr, tcp: &TcpTuning) -> std::io::Result<Stream> {
     match addr {
         ServerAddr::Tcp(host, port) => {
+            if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+                // No lookup (tokio would make one on a blocking thread).
+                return connect_ip(std::net::SocketAddr::new(ip, *port), tcp).await;
+            }
             tcp_stream(TcpStream::connect((host.as_str(), *port)).await?, tcp)
         }
         ServerAddr::Unix(dir, port) => {
@@ -267,6 +275,14 @@ pub(crate) async fn connect_to(addr: &ServerAddr, tcp: &TcpTuning) -> std::io::R
             Stream::from_std(StdStream::Unix(s.into_std()?))
         }
     }
+}
+
+/// Connects to one TCP address.
+pub(crate) async fn connect_ip(
+    sa: std::net::SocketAddr,
+    tcp: &TcpTuning,
+) -> std::io::Result<Stream> {
+    tcp_stream(TcpStream::connect(sa).await?, tcp)
 }
 
 /// A connected TCP socket as a `Stream`, with the settings' TCP options. tokio
@@ -330,8 +346,12 @@ pub(crate) async fn connect(
         key_cache,
     } = dial;
     let mut stream = open(addr, cfg).await?;
-    // Asked once, for the console (TLS does not change it).
-    let local_addr = stream.local_addr();
+    // Asked once, for the console and cancels (TLS does not change them).
+    let (local_addr, peer_addr) = (stream.local_addr(), stream.peer_addr());
+    let peer_addr = match peer_addr {
+        crate::net::stream::PeerAddr::Tcp(sa) => Some(sa),
+        crate::net::stream::PeerAddr::Unix => None,
+    };
     let limit = if cfg.server_connect_timeout.is_zero() {
         Duration::from_secs(3600)
     } else {
@@ -369,6 +389,7 @@ pub(crate) async fn connect(
     };
     let ident = ServerIdent {
         local_addr,
+        peer_addr,
         tls,
         ..ServerIdent::new(id, (pid, key), addr.clone(), generation)
     };

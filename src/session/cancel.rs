@@ -126,12 +126,20 @@ impl CancelRegistry {
                 // Over TLS when the server connection is, as libpq 17 does: the key
                 // would otherwise cross the network in clear.
                 let tls = cfg.server_tls.as_deref().filter(|_| server.tls.is_tls());
-                send_cancel(&server.addr, spid, skey, timeout, tls).await
+                let to = Dest {
+                    addr: &server.addr,
+                    ip: server.peer_addr,
+                };
+                send_cancel(to, spid, skey, timeout, tls).await
             }
             Route::Peer { peer, pid, key } => match cfg.peers.get(&peer) {
                 Some(p) => {
                     let addr = ServerAddr::for_host(&p.host, p.port);
-                    send_cancel(&addr, pid, key, timeout, None).await
+                    let to = Dest {
+                        addr: &addr,
+                        ip: None,
+                    };
+                    send_cancel(to, pid, key, timeout, None).await
                 }
                 None => {
                     tracing::debug!("cancel request for unknown peer {peer} ignored");
@@ -146,21 +154,33 @@ impl CancelRegistry {
     }
 }
 
-/// Sends a CancelRequest for (pid, key) to `addr` (a server or a peer) and waits
+/// Where a cancel goes: a server connection's own address when it is known, else
+/// `addr` as configured (looked up afresh). `addr` names it in logs and for TLS.
+#[derive(Clone, Copy)]
+struct Dest<'a> {
+    addr: &'a ServerAddr,
+    ip: Option<std::net::SocketAddr>,
+}
+
+/// Sends a CancelRequest for (pid, key) to `to` (a server or a peer) and waits
 /// until it closes the connection (PostgreSQL does once it has read the request, a
 /// peer once it has passed it on), so the cancel is delivered before we report success.
 /// With `tls`, the server is asked for TLS first, as for a server connection.
 async fn send_cancel(
-    addr: &ServerAddr,
+    to: Dest<'_>,
     pid: u32,
     key: u32,
     timeout: Duration,
     tls: Option<&ServerTls>,
 ) -> bool {
+    let addr = to.addr;
     let send = async {
         // A connection that lives for one packet: no keepalive or buffer options.
         let tcp = crate::net::TcpTuning::default();
-        let mut stream = crate::pool::server::connect_to(addr, &tcp).await?;
+        let mut stream = match to.ip {
+            Some(ip) => crate::pool::server::connect_ip(ip, &tcp).await?,
+            None => crate::pool::server::connect_to(addr, &tcp).await?,
+        };
         if let Some(tls) = tls {
             crate::pool::negotiate_tls(&mut stream, addr, tls)
                 .await

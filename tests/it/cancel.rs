@@ -191,6 +191,22 @@ async fn cancel_reaches_a_server_behind_a_unix_socket() {
     cancel_and_check(&c).await;
 }
 
+/// A server named by a host name: the cancel goes to the address the server
+/// connection reached (a name may have several addresses, and its lookup change).
+#[tokio::test]
+async fn cancel_reaches_a_server_named_by_host_name() {
+    let s = SluiceBuilder::new()
+        .userlist(MD5_USER, MD5_PASSWORD)
+        .setting("dns_max_ttl", "0")
+        .database(
+            "namedb",
+            &format!("host=localhost port=@PG_PORT@ dbname={TEST_DB}"),
+        )
+        .start();
+    let c = connect(&s.config(MD5_USER, MD5_PASSWORD, "namedb")).await;
+    cancel_and_check(&c).await;
+}
+
 /// Two processes on one port (`so_reuseport`), peered: a cancel that reaches the
 /// process which did not issue the key is passed on to the one that did.
 #[tokio::test]

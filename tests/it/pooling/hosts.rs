@@ -138,6 +138,19 @@ async fn host_names_are_kept_for_dns_max_ttl() {
                     _ => None,
                 })
                 .collect();
+        // SHOW LISTS counts the names kept.
+        let names = within(T, "SHOW LISTS", admin.simple_query("SHOW LISTS"))
+            .await
+            .expect("SHOW LISTS")
+            .into_iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("dns_names") => {
+                    r.get(1).map(str::to_owned)
+                }
+                _ => None,
+            });
+        let kept = if ttl == "0" { "0" } else { "1" };
+        assert_eq!(names.as_deref(), Some(kept), "dns_names with ttl {ttl}");
         if ttl == "0" {
             assert!(rows.is_empty(), "{rows:?}");
             continue;
