@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the build, tests and demo need, if missing: a Rust toolchain
 # (not installed automatically: prints how), a C linker, PostgreSQL server
-# binaries (initdb/pg_ctl/postgres), psql and pgbench. Idempotent and quiet
+# binaries (initdb/pg_ctl/postgres), psql and pgbench, PAM's modules. Idempotent and quiet
 # when everything is present. Uses sudo only when not root.
 set -euo pipefail
 
@@ -47,6 +47,11 @@ if ! pg_server_bindir >/dev/null || ! have_client psql || ! have_client pgbench;
 fi
 if ! command -v make >/dev/null 2>&1; then
     missing+=(make)
+fi
+# libpam and its standard modules (pam_exec), for the auth_type = pam tests; part
+# of every Debian install, but a trimmed image may lack them.
+if ! ls /usr/lib/*/security/pam_exec.so /lib/*/security/pam_exec.so >/dev/null 2>&1; then
+    missing+=(libpam0g libpam-modules)
 fi
 
 if [ "${#missing[@]}" -gt 0 ]; then

@@ -2,7 +2,7 @@
 //! (server side for clients logging in to Sluice, client side for Sluice logging in to
 //! PostgreSQL).
 //!
-//! Everything here is pure computation: no I/O, no async, no global state. Callers feed
+//! Everything here but `pam` is pure computation: no I/O, no async, no global state. Callers feed
 //! the bytes of the relevant protocol messages in and send the returned bytes out.
 //! Deriving keys from a plaintext password (PBKDF2) is CPU-heavy, so callers should run
 //! [`ScramServer::derive_plain`] (and [`ScramServer::new`] for [`Secret::Plain`] secrets)
@@ -14,6 +14,7 @@ pub mod hba;
 mod hostile_tests;
 pub mod ident;
 mod md5;
+pub mod pam;
 mod scram_client;
 mod scram_common;
 mod scram_server;

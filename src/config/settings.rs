@@ -204,6 +204,9 @@ fn set_implemented(s: &mut Settings, name: &str, v: &str) -> Result<Option<Strin
                     "auth_type \"{t}\" is not implemented by Sluice yet"
                 )));
             }
+            if s.auth_type == AuthType::Pam {
+                crate::auth::pam::available().map_err(|e| format!("auth_type pam: {e}"))?;
+            }
         }
         "auth_user" => s.auth_user = opt_str(v),
         "autodb_idle_timeout" => s.autodb_idle_timeout = parse_seconds(v)?,
@@ -358,7 +361,7 @@ fn parse_auth_type(v: &str) -> Result<AuthType, String> {
         "cert" => AuthType::Cert,
         "hba" => AuthType::Hba,
         "ldap" => AuthType::Unsupported("ldap"),
-        "pam" => AuthType::Unsupported("pam"),
+        "pam" => AuthType::Pam,
         _ => {
             return Err(
                 "expected one of any, trust, plain, md5, scram-sha-256, cert, hba, ldap, pam"

@@ -87,7 +87,9 @@ pub enum AuthType {
     /// The OS user of a UNIX-socket client must be the user name; only as an
     /// `auth_hba_file` method (as in PgBouncer), never as `auth_type` itself.
     Peer,
-    /// Accepted by the parser but not implemented (ldap, pam).
+    /// A cleartext password checked by PAM, service `pgbouncer` (`auth::pam`).
+    Pam,
+    /// Accepted by the parser but not implemented (ldap).
     Unsupported(&'static str),
 }
 

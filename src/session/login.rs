@@ -253,7 +253,7 @@ pub async fn login(
         _ => None,
     };
     let stored = listed.or(queried.as_deref());
-    let keys = authenticate(
+    let proof = authenticate(
         &cfg,
         db,
         stream,
@@ -279,9 +279,16 @@ pub async fn login(
         if let Some(p) = queried.as_deref().filter(|p| !p.is_empty()) {
             pool.set_queried_secret(Secret::parse(p));
         }
-        // SCRAM keys prove the client's own password: they can only log in as that user.
-        if let Some(k) = keys {
-            pool.set_scram_keys(k);
+        match proof {
+            // SCRAM keys prove the client's own password: they can only log in as
+            // that user.
+            Proof::ScramKeys(k) => pool.set_scram_keys(k),
+            // PAM's users are in no file: the password PAM accepted logs in to the
+            // server (as in PgBouncer), unless the files give one.
+            Proof::Password(p) if listed.is_none() && queried.is_none() => {
+                pool.set_queried_secret(Secret::Plain(p))
+            }
+            _ => {}
         }
     }
     // With application_name_add_host each client's value is its own: never reused.
@@ -312,10 +319,17 @@ pub async fn login(
     })
 }
 
+/// What a client's login proved that its server connections may log in with.
+pub(crate) enum Proof {
+    Nothing,
+    /// The client proved itself with SCRAM against a stored SCRAM secret.
+    ScramKeys(ScramKeys),
+    /// PAM accepted this cleartext password.
+    Password(String),
+}
+
 /// Runs the `auth_type` exchange against `listed`, the user's stored password (from
-/// `auth_file`, or from `auth_query` when `queried`; `None`: no such user). Returns
-/// SCRAM keys when the client proved itself with SCRAM against a stored SCRAM secret
-/// (usable for logging in to the server).
+/// `auth_file`, or from `auth_query` when `queried`; `None`: no such user).
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn authenticate(
     cfg: &Config,
@@ -327,7 +341,7 @@ pub(crate) async fn authenticate(
     listed: Option<&str>,
     queried: bool,
     came: Came<'_>,
-) -> Result<Option<ScramKeys>, ClientError> {
+) -> Result<Proof, ClientError> {
     let s = &cfg.settings;
     let tls = came.tls;
     let (auth_type, names) = match s.auth_type {
@@ -343,10 +357,10 @@ pub(crate) async fn authenticate(
             if db.user.is_none() {
                 tracing::warn!("auth_type=any needs a forced user= on database {}", db.name);
             }
-            Ok(None)
+            Ok(Proof::Nothing)
         }
         AuthType::Trust => match listed {
-            Some(_) => Ok(None),
+            Some(_) => Ok(Proof::Nothing),
             None => Err(ClientError::fatal(
                 PROTOCOL_VIOLATION,
                 "\"trust\" authentication failed".into(),
@@ -363,7 +377,7 @@ pub(crate) async fn authenticate(
                     return Err(failed());
                 };
                 if check_plain(user, &secret, &password).await {
-                    Ok(None)
+                    Ok(Proof::Nothing)
                 } else {
                     Err(failed())
                 }
@@ -376,17 +390,35 @@ pub(crate) async fn authenticate(
                 authentication(out, AUTH_MD5, &salt);
                 let response = read_password(stream, buf, out).await?;
                 match secret {
-                    Some(secret) if verify_md5(user, &secret, salt, &response) => Ok(None),
+                    Some(secret) if verify_md5(user, &secret, salt, &response) => {
+                        Ok(Proof::Nothing)
+                    }
                     _ => Err(failed()),
                 }
             })
             .await
         }
         AuthType::Md5 | AuthType::ScramSha256 => {
-            Box::pin(scram(cfg, stream, buf, out, user, secret, queried)).await
+            let keys = Box::pin(scram(cfg, stream, buf, out, user, secret, queried)).await?;
+            Ok(keys.map_or(Proof::Nothing, Proof::ScramKeys))
         }
-        AuthType::Cert => identity::cert(tls, user, names).map(|()| None),
-        AuthType::Peer => identity::peer(stream, came, user, names).map(|()| None),
+        AuthType::Pam => {
+            Box::pin(async {
+                authentication(out, AUTH_CLEARTEXT, &[]);
+                let password = read_password(stream, buf, out).await?;
+                let rhost = came.addr.map(|a| a.to_string());
+                match crate::auth::pam::check(user, &password, rhost).await {
+                    Ok(()) => Ok(Proof::Password(password)),
+                    Err(why) => {
+                        tracing::warn!("PAM refused user {user}: {why}");
+                        Err(failed())
+                    }
+                }
+            })
+            .await
+        }
+        AuthType::Cert => identity::cert(tls, user, names).map(|()| Proof::Nothing),
+        AuthType::Peer => identity::peer(stream, came, user, names).map(|()| Proof::Nothing),
         // Resolved above; a rule file's method is never `hba` again.
         AuthType::Hba => Err(ClientError::fatal(
             INVALID_AUTHORIZATION,
