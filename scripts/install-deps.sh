@@ -50,7 +50,7 @@ if ! command -v make >/dev/null 2>&1; then
 fi
 # libpam and its standard modules (pam_exec), for the auth_type = pam tests; part
 # of every Debian install, but a trimmed image may lack them.
-if ! ls /usr/lib/*/security/pam_exec.so /lib/*/security/pam_exec.so >/dev/null 2>&1; then
+if ! compgen -G '/usr/lib/*/security/pam_exec.so' >/dev/null && ! compgen -G '/lib/*/security/pam_exec.so' >/dev/null; then
     missing+=(libpam0g libpam-modules)
 fi
 
