@@ -13,7 +13,7 @@
 //! must not write system files.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 /// The PAM service name, PgBouncer's.
 const SERVICE: &CStr = c"pgbouncer";
@@ -73,8 +73,11 @@ struct Lib {
     acct_mgmt: HandleFn,
     set_item: SetItemFn,
     strerror: StrerrorFn,
-    /// One check at a time.
-    serial: Mutex<()>,
+    /// One check at a time. A waiting login waits here as a future, not as a
+    /// blocking thread; the permit goes with the check onto its thread, so a login
+    /// that gives up (`client_login_timeout`) does not let a second check start
+    /// beside one still running.
+    serial: tokio::sync::Semaphore,
 }
 
 /// The library, opened on first use; the error says why it could not be.
@@ -116,7 +119,7 @@ fn open() -> Result<Lib, String> {
             acct_mgmt: std::mem::transmute::<*mut c_void, HandleFn>(sym(c"pam_acct_mgmt")?),
             set_item: std::mem::transmute::<*mut c_void, SetItemFn>(sym(c"pam_set_item")?),
             strerror: std::mem::transmute::<*mut c_void, StrerrorFn>(sym(c"pam_strerror")?),
-            serial: Mutex::new(()),
+            serial: tokio::sync::Semaphore::new(1),
         })
     }
 }
@@ -207,9 +210,14 @@ pub async fn check(user: &str, password: &str, rhost: Option<String>) -> Result<
     let rhost = rhost.and_then(|h| CString::new(h).ok());
     let confdir = std::env::var_os("SLUICE_PAM_CONFDIR")
         .and_then(|d| CString::new(d.into_encoded_bytes()).ok());
+    let lib = lib()?;
+    let one = lib
+        .serial
+        .acquire()
+        .await
+        .map_err(|_| "PAM checks are closed".to_string())?;
     tokio::task::spawn_blocking(move || {
-        let lib = lib()?;
-        let _one = lib.serial.lock().unwrap_or_else(|p| p.into_inner());
+        let _one = one;
         let ask = Ask { password, user };
         run(lib, &ask, rhost.as_deref(), confdir.as_deref())
     })
