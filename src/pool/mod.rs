@@ -14,6 +14,7 @@ pub mod registry;
 pub mod server;
 mod server_tls;
 mod slot;
+mod socket;
 pub mod target;
 
 use std::collections::VecDeque;
@@ -30,6 +31,7 @@ pub use line::Request;
 pub use registry::{PoolKey, Pools};
 pub use server::{ScramKeys, ServerConn, ServerIdent};
 pub use server_tls::negotiate as negotiate_tls;
+pub(crate) use socket::{connect_ip, connect_to};
 use target::Reuse;
 pub use target::{PoolConfig, ServerAddr};
 

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
-use tokio::net::{TcpStream, UnixStream};
 
 use super::error::PoolError;
 use super::limits::LimitToken;
@@ -15,7 +14,7 @@ use super::target::{PoolConfig, Reuse, ServerAddr};
 use crate::auth::{md5_response, DerivedKeys, ScramClient, ScramCredential, Secret};
 use crate::clock::Tick;
 use crate::net::framed::{read_message, ReadError};
-use crate::net::{StdStream, Stream, TcpTuning};
+use crate::net::Stream;
 use crate::protocol::backend::{parse_error_fields, parse_parameter_status, ErrorFields};
 use crate::protocol::{frontend, header};
 
@@ -259,67 +258,6 @@ fn read_err(e: ReadError) -> PoolError {
     }
 }
 
-/// Opens a socket to `addr` (a server, or a peer for a cancel), without a time limit.
-pub(crate) async fn connect_to(addr: &ServerAddr, tcp: &TcpTuning) -> std::io::Result<Stream> {
-    match addr {
-        ServerAddr::Tcp(host, port) => {
-            if let Ok(ip) = host.parse::<std::net::IpAddr>() {
-                // No lookup (tokio would make one on a blocking thread).
-                return connect_ip(std::net::SocketAddr::new(ip, *port), tcp).await;
-            }
-            tcp_stream(TcpStream::connect((host.as_str(), *port)).await?, tcp)
-        }
-        ServerAddr::Unix(dir, port) => {
-            let path = crate::net::listener::unix_socket_path(dir, *port);
-            let s = UnixStream::connect(path).await?;
-            Stream::from_std(StdStream::Unix(s.into_std()?))
-        }
-    }
-}
-
-/// Connects to one TCP address.
-pub(crate) async fn connect_ip(
-    sa: std::net::SocketAddr,
-    tcp: &TcpTuning,
-) -> std::io::Result<Stream> {
-    tcp_stream(TcpStream::connect(sa).await?, tcp)
-}
-
-/// A connected TCP socket as a `Stream`, with the settings' TCP options. tokio
-/// connected it (with its write registration); the socket moves to a read-only
-/// registration (net/stream.rs): two epoll_ctl calls per server connection, which
-/// lives long.
-fn tcp_stream(s: TcpStream, tcp: &TcpTuning) -> std::io::Result<Stream> {
-    s.set_nodelay(true)?;
-    tcp.apply(socket2::SockRef::from(&s))?;
-    Stream::from_std(StdStream::Tcp(s.into_std()?))
-}
-
-/// Opens a socket to the server with `server_connect_timeout`, its host name looked
-/// up through the configuration's cache (`dns_max_ttl`).
-async fn open(addr: &ServerAddr, cfg: &PoolConfig) -> Result<Stream, PoolError> {
-    let (timeout, tcp) = (cfg.server_connect_timeout, &cfg.tcp);
-    let fut = async {
-        match addr {
-            ServerAddr::Tcp(host, port) => {
-                let addrs = cfg.dns.resolve(host, *port).await?;
-                tcp_stream(TcpStream::connect(&addrs[..]).await?, tcp)
-            }
-            ServerAddr::Unix(..) => connect_to(addr, tcp).await,
-        }
-    };
-    let limit = if timeout.is_zero() {
-        Duration::from_secs(3600)
-    } else {
-        timeout
-    };
-    match crate::timer::timeout(limit, fut).await {
-        Ok(Ok(s)) => Ok(s),
-        Ok(Err(e)) => Err(PoolError::Connect(format!("{addr}: {e}"))),
-        Err(_) => Err(PoolError::Connect(format!("{addr}: connect timed out"))),
-    }
-}
-
 /// The keys the pool's last SCRAM login derived from its password (`DerivedKeys`).
 pub(crate) type KeyCache = std::sync::Mutex<Option<DerivedKeys>>;
 
@@ -345,7 +283,7 @@ pub(crate) async fn connect(
         scram_keys,
         key_cache,
     } = dial;
-    let mut stream = open(addr, cfg).await?;
+    let mut stream = super::socket::open(addr, cfg).await?;
     // Asked once, for the console and cancels (TLS does not change them).
     let (local_addr, peer_addr) = (stream.local_addr(), stream.peer_addr());
     let peer_addr = match peer_addr {

@@ -178,8 +178,8 @@ async fn send_cancel(
         // A connection that lives for one packet: no keepalive or buffer options.
         let tcp = crate::net::TcpTuning::default();
         let mut stream = match to.ip {
-            Some(ip) => crate::pool::server::connect_ip(ip, &tcp).await?,
-            None => crate::pool::server::connect_to(addr, &tcp).await?,
+            Some(ip) => crate::pool::connect_ip(ip, &tcp).await?,
+            None => crate::pool::connect_to(addr, &tcp).await?,
         };
         if let Some(tls) = tls {
             crate::pool::negotiate_tls(&mut stream, addr, tls)
