@@ -242,10 +242,11 @@ pub async fn login(
     }
 
     // A user missing from auth_file is looked up with auth_query, when an auth_user
-    // applies (boxed: a rare path, kept out of every login's future).
+    // applies (boxed: a rare path, kept out of every login's future). Not for `any`
+    // (nothing is checked) or `pam` (PAM checks; PgBouncer does not combine the two).
     let listed = cfg.userlist.get(&user).map(String::as_str);
     let queried = match listed {
-        None if s.auth_type != AuthType::Any => {
+        None if !matches!(s.auth_type, AuthType::Any | AuthType::Pam) => {
             Box::pin(super::authq::look_up(app, &cfg, db, &database, &user))
                 .await
                 .map_err(|e| e.naming(&database, &user))?
