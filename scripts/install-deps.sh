@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the build, tests and demo need, if missing: a Rust toolchain
 # (not installed automatically: prints how), a C linker, PostgreSQL server
-# binaries (initdb/pg_ctl/postgres), psql and pgbench, PAM's modules. Idempotent and quiet
+# binaries (initdb/pg_ctl/postgres), psql and pgbench, PAM's modules, slapd. Idempotent and quiet
 # when everything is present. Uses sudo only when not root.
 set -euo pipefail
 
@@ -54,6 +54,11 @@ if ! compgen -G '/usr/lib/*/security/pam_exec.so' >/dev/null && ! compgen -G '/l
     missing+=(libpam0g libpam-modules)
 fi
 
+# slapd (and the libldap it brings), for the LDAP login tests, which start their own.
+if [ ! -x /usr/sbin/slapd ]; then
+    missing+=(slapd)
+fi
+
 if [ "${#missing[@]}" -gt 0 ]; then
     if ! command -v apt-get >/dev/null 2>&1; then
         echo "install-deps: missing ${missing[*]} and apt-get is not available; install them by hand" >&2
@@ -61,7 +66,22 @@ if [ "${#missing[@]}" -gt 0 ]; then
     fi
     echo "install-deps: installing ${missing[*]}" >&2
     "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    # Debian's slapd package starts a system slapd; the tests need none, so a
+    # policy-rc.d refuses service starts for the length of the install.
+    policy_added=0
+    if [[ " ${missing[*]} " == *" slapd "* ]] && [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' | "${SUDO[@]}" tee /usr/sbin/policy-rc.d >/dev/null
+        "${SUDO[@]}" chmod +x /usr/sbin/policy-rc.d
+        policy_added=1
+    fi
+    rc=0
+    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || rc=$?
+    if [ "$policy_added" = 1 ]; then
+        "${SUDO[@]}" rm -f /usr/sbin/policy-rc.d
+    fi
+    if [ "$rc" -ne 0 ]; then
+        exit "$rc"
+    fi
     if ! pg_server_bindir >/dev/null || ! have_client psql || ! have_client pgbench; then
         echo "install-deps: PostgreSQL binaries still not found after installing" >&2
         exit 1

@@ -5,8 +5,9 @@
 //! Supported as in PgBouncer: `local`, `host`, `hostssl`, `hostnossl`; databases `all`,
 //! `sameuser`, `replication`, names and `@file`; users `all`, names and `@file`;
 //! addresses `all`, CIDR (IPv4 and IPv6) or an address with a netmask; methods
-//! `trust`, `reject`, `md5`, `password`, `scram-sha-256`, `cert`, `peer` (`local`
-//! only), and the option `map=NAME` on `cert` and `peer` rules, a user-name map of
+//! `trust`, `reject`, `md5`, `password`, `scram-sha-256`, `cert`, `ldap` (its
+//! options PostgreSQL's, `auth/ldap_options.rs`), `peer` (`local` only), and the
+//! option `map=NAME` on `cert` and `peer` rules, a user-name map of
 //! `auth_ident_file` (`auth/ident.rs`). Not supported (an error at load, naming file
 //! and line): `+group` users, `samehost`/`samenet`, host names, other methods, and
 //! other options.
@@ -15,6 +16,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use super::ident::IdentMap;
+use super::LdapOptions;
 use crate::config::ConfigError;
 
 /// What a rule lets a login do.
@@ -27,6 +29,7 @@ pub enum HbaMethod {
     ScramSha256,
     Cert,
     Peer,
+    Ldap,
 }
 
 /// The loaded rules, and the user-name maps their `map=` options name.
@@ -42,6 +45,8 @@ pub struct Hba {
 pub struct Chosen<'a> {
     pub method: HbaMethod,
     pub map: Option<&'a str>,
+    /// An `ldap` rule's own options (None: `auth_ldap_options`).
+    pub ldap: Option<&'a LdapOptions>,
 }
 
 /// A login as the rules see it.
@@ -85,6 +90,10 @@ struct Rule {
     method: HbaMethod,
     /// `map=`: the user-name map of `auth_ident_file` (cert and peer only).
     map: Option<String>,
+    /// An `ldap` rule's options, when it gives any.
+    ldap: Option<LdapOptions>,
+    /// Its line in the file.
+    line: usize,
 }
 
 impl Hba {
@@ -107,7 +116,8 @@ impl Hba {
             if fields.is_empty() {
                 continue;
             }
-            let rule = rule(&fields, dir).map_err(at)?;
+            let mut rule = rule(&fields, dir).map_err(at)?;
+            rule.line = i + 1;
             if let (Some(map), None) = (&rule.map, &ident) {
                 return Err(at(format!("map={map} needs auth_ident_file")));
             }
@@ -117,6 +127,15 @@ impl Hba {
             rules,
             ident: ident.unwrap_or_default(),
         })
+    }
+
+    /// The line of the first `ldap` rule that gives no options (it takes
+    /// `auth_ldap_options`).
+    pub fn first_bare_ldap_rule(&self) -> Option<usize> {
+        self.rules
+            .iter()
+            .find(|r| r.method == HbaMethod::Ldap && r.ldap.is_none())
+            .map(|r| r.line)
     }
 
     /// The method of the first rule matching `login`; None if none does.
@@ -130,6 +149,7 @@ impl Hba {
         Some(Chosen {
             method: rule.method,
             map: rule.map.as_deref(),
+            ldap: rule.ldap.as_ref(),
         })
     }
 
@@ -262,13 +282,32 @@ fn rule(fields: &[Field], dir: &Path) -> Result<Rule, String> {
         Some("password") => HbaMethod::Password,
         Some("scram-sha-256") => HbaMethod::ScramSha256,
         Some("cert") => HbaMethod::Cert,
+        Some("ldap") => HbaMethod::Ldap,
         Some("peer") if kind == Kind::Local => HbaMethod::Peer,
         Some("peer") => return Err("peer authentication is only for local connections".into()),
         Some(other) => return Err(format!("unsupported authentication method \"{other}\"")),
         None => return Err("end-of-line before authentication method".into()),
     };
-    let mut map = None;
-    for option in &rest[1..] {
+    let (mut map, mut ldap) = (None, None);
+    if method == HbaMethod::Ldap {
+        // Every option is the server's (`ldapserver=...`), PostgreSQL's names.
+        let mut pairs = Vec::new();
+        for (item, _) in rest[1..].iter().flatten() {
+            let (k, v) = item
+                .split_once('=')
+                .ok_or_else(|| format!("expected an LDAP option as key=value, got \"{item}\""))?;
+            pairs.push((k.to_owned(), v.to_owned()));
+        }
+        if !pairs.is_empty() {
+            ldap = Some(LdapOptions::from_pairs(pairs)?);
+        }
+    }
+    let others = if method == HbaMethod::Ldap {
+        &[][..]
+    } else {
+        &rest[1..]
+    };
+    for option in others {
         match option.as_slice() {
             [(o, _)] if o.starts_with("map=") => {
                 if !matches!(method, HbaMethod::Cert | HbaMethod::Peer) {
@@ -290,6 +329,8 @@ fn rule(fields: &[Field], dir: &Path) -> Result<Rule, String> {
         addr,
         method,
         map,
+        ldap,
+        line: 0,
     })
 }
 

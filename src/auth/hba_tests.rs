@@ -162,3 +162,28 @@ fn map_options_name_user_name_maps() {
     assert!(h.name_allowed(None, "alice", "alice"));
     assert!(!h.name_allowed(None, "ops", "alice"));
 }
+
+#[test]
+fn ldap_rules_carry_their_options() {
+    let h = hba(concat!(
+        "host all a all ldap ldapserver=\"h1 h2\",ldapport=3890 ldapprefix=\"uid=\" ",
+        "ldapsuffix=\", dc=x, dc=y\"\n",
+        "host all all all ldap\n",
+    ));
+    let chosen = h.choose(tcp("10.0.0.1", false, "db", "a")).expect("rule 1");
+    assert_eq!(chosen.method, HbaMethod::Ldap);
+    let o = chosen.ldap.expect("options");
+    assert_eq!(o.uris().as_deref(), Some("ldap://h1:3890 ldap://h2:3890"));
+    assert_eq!(o.suffix.as_deref(), Some(", dc=x, dc=y"));
+    // The second rule gives none: it takes auth_ldap_options, and says where it is.
+    assert_eq!(
+        h.choose(tcp("10.0.0.1", false, "db", "b"))
+            .expect("rule 2")
+            .ldap,
+        None
+    );
+    assert_eq!(h.first_bare_ldap_rule(), Some(2));
+    assert!(err("host all all all ldap ldapserver=h\n").contains("requires argument"));
+    assert!(err("host all all all ldap ldaptls\n").contains("key=value"));
+    assert!(err("host all all all md5 ldapserver=h\n").contains("unsupported option"));
+}

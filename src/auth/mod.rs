@@ -2,17 +2,21 @@
 //! (server side for clients logging in to Sluice, client side for Sluice logging in to
 //! PostgreSQL).
 //!
-//! Everything here but `pam` is pure computation: no I/O, no async, no global state. Callers feed
+//! Everything here but `pam` and `ldap` (which call system libraries) is pure
+//! computation: no I/O, no async, no global state. Callers feed
 //! the bytes of the relevant protocol messages in and send the returned bytes out.
 //! Deriving keys from a plaintext password (PBKDF2) is CPU-heavy, so callers should run
 //! [`ScramServer::derive_plain`] (and [`ScramServer::new`] for [`Secret::Plain`] secrets)
 //! on a blocking thread; [`DerivedSecrets`] keeps what was derived.
 
 mod derived;
+mod dl;
 pub mod hba;
 #[cfg(test)]
 mod hostile_tests;
 pub mod ident;
+pub mod ldap;
+mod ldap_options;
 mod md5;
 pub mod pam;
 mod scram_client;
@@ -23,6 +27,7 @@ mod scram_tests;
 mod secret;
 
 pub use self::derived::DerivedSecrets;
+pub use self::ldap_options::{LdapOptions, Scope as LdapScope};
 pub use self::md5::{md5_response, md5_secret, verify_md5};
 pub use self::scram_client::{DerivedKeys, ScramClient, ScramCredential};
 pub use self::scram_common::{scram_secret_from_password, MAX_SERVER_ITERATIONS, SCRAM_SHA_256};

@@ -87,22 +87,8 @@ fn lib() -> Result<&'static Lib, &'static str> {
 }
 
 fn open() -> Result<Lib, String> {
-    // SAFETY: dlopen takes a NUL-terminated name; the handle is never closed, so
-    // the function pointers below stay valid for the life of the process.
-    let handle =
-        unsafe { libc::dlopen(c"libpam.so.0".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-    if handle.is_null() {
-        return Err("libpam.so.0 could not be loaded".into());
-    }
-    let sym = |name: &CStr| -> Result<*mut c_void, String> {
-        // SAFETY: `handle` is a live dlopen handle and `name` is NUL-terminated.
-        let p = unsafe { libc::dlsym(handle, name.as_ptr()) };
-        if p.is_null() {
-            Err(format!("libpam.so.0 has no {}", name.to_string_lossy()))
-        } else {
-            Ok(p)
-        }
-    };
+    let lib = super::dl::Library::open(&[c"libpam.so.0"])?;
+    let sym = |name: &CStr| lib.sym(name);
     // SAFETY (each transmute): the symbol is libpam's function of that name, whose C
     // prototype (security/pam_appl.h, Linux-PAM) the target type spells out: same
     // argument and return types, C calling convention. A pointer to a function and

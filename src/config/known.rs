@@ -32,7 +32,7 @@ pub(super) const KNOWN: &[(&str, &str, Kind)] = &[
     ("auth_file", "", Implemented),
     ("auth_hba_file", "", Implemented),
     ("auth_ident_file", "", Implemented),
-    ("auth_ldap_options", "", Str),
+    ("auth_ldap_options", "", Implemented),
     ("auth_query", DEFAULT_AUTH_QUERY, Implemented),
     ("auth_type", "md5", Implemented),
     ("auth_user", "", Implemented),

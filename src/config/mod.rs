@@ -69,12 +69,17 @@ fn server_tls(
 }
 
 /// `auth_hba_file`'s rules when `auth_type = hba` (its problems at `file:line`, a
-/// missing file at the `auth_type` line); None for other auth types.
+/// missing file at the `auth_type` line); None for other auth types. Also checks
+/// that an `ldap` login has LDAP options.
 fn hba(
     s: &Settings,
     file: &Path,
     line: usize,
 ) -> Result<Option<std::sync::Arc<crate::auth::hba::Hba>>, ConfigError> {
+    if s.auth_type == AuthType::Ldap && s.auth_ldap_options.is_none() {
+        let why = "auth_type ldap needs auth_ldap_options".to_string();
+        return Err(ConfigError::at(file, line, why));
+    }
     if s.auth_type != AuthType::Hba {
         return Ok(None);
     }
@@ -82,10 +87,12 @@ fn hba(
         let why = "auth_type hba needs auth_hba_file".to_string();
         return Err(ConfigError::at(file, line, why));
     };
-    Ok(Some(std::sync::Arc::new(crate::auth::hba::Hba::load(
-        hba_file,
-        s.auth_ident_file.as_deref(),
-    )?)))
+    let rules = crate::auth::hba::Hba::load(hba_file, s.auth_ident_file.as_deref())?;
+    if let (Some(at), None) = (rules.first_bare_ldap_rule(), &s.auth_ldap_options) {
+        let why = "an ldap rule without options needs auth_ldap_options".to_string();
+        return Err(ConfigError::at(hba_file, at, why));
+    }
+    Ok(Some(std::sync::Arc::new(rules)))
 }
 
 fn tls_error(e: crate::tls::TlsSetupError, file: &Path, line: usize) -> ConfigError {
@@ -217,7 +224,11 @@ impl Config {
         if key.starts_with("server_tls") {
             new.server_tls = server_tls(&new.settings, &self.path, 0)?;
         }
-        if key == "auth_type" || key == "auth_hba_file" || key == "auth_ident_file" {
+        if key == "auth_type"
+            || key == "auth_hba_file"
+            || key == "auth_ident_file"
+            || key == "auth_ldap_options"
+        {
             new.hba = hba(&new.settings, &self.path, 0)?;
         }
         if key.starts_with("dns_") {

@@ -40,6 +40,7 @@ impl Default for Settings {
             auth_file: None,
             auth_hba_file: None,
             auth_ident_file: None,
+            auth_ldap_options: None,
             auth_user: None,
             auth_query: DEFAULT_AUTH_QUERY.to_string(),
             auth_dbname: None,
@@ -196,16 +197,20 @@ fn set_implemented(s: &mut Settings, name: &str, v: &str) -> Result<Option<Strin
         "auth_file" => s.auth_file = opt_str(v).map(PathBuf::from),
         "auth_hba_file" => s.auth_hba_file = opt_str(v).map(PathBuf::from),
         "auth_ident_file" => s.auth_ident_file = opt_str(v).map(PathBuf::from),
+        "auth_ldap_options" => {
+            s.auth_ldap_options = match v.trim() {
+                "" => None,
+                text => Some(std::sync::Arc::new(crate::auth::LdapOptions::parse(text)?)),
+            }
+        }
         "auth_query" => s.auth_query = v.to_string(),
         "auth_type" => {
             s.auth_type = parse_auth_type(v)?;
-            if let AuthType::Unsupported(t) = s.auth_type {
-                return Ok(Some(format!(
-                    "auth_type \"{t}\" is not implemented by Sluice yet"
-                )));
-            }
             if s.auth_type == AuthType::Pam {
                 crate::auth::pam::available().map_err(|e| format!("auth_type pam: {e}"))?;
+            }
+            if s.auth_type == AuthType::Ldap {
+                crate::auth::ldap::available().map_err(|e| format!("auth_type ldap: {e}"))?;
             }
         }
         "auth_user" => s.auth_user = opt_str(v),
@@ -360,7 +365,7 @@ fn parse_auth_type(v: &str) -> Result<AuthType, String> {
         // Accepted so the file loads; session code refuses logins it cannot check.
         "cert" => AuthType::Cert,
         "hba" => AuthType::Hba,
-        "ldap" => AuthType::Unsupported("ldap"),
+        "ldap" => AuthType::Ldap,
         "pam" => AuthType::Pam,
         _ => {
             return Err(

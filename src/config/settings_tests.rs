@@ -281,17 +281,20 @@ fn metrics_listen_is_sluice_specific() {
 }
 
 #[test]
-fn unsupported_auth_types_warn() {
+fn every_auth_type_of_pgbouncer_is_taken() {
     assert_eq!(ok("auth_type", "cert").auth_type, AuthType::Cert);
     assert_eq!(ok("auth_type", "HBA").auth_type, AuthType::Hba);
-    // libpam is opened at load: this machine has it.
+    // libpam and libldap are opened at load: this machine has them.
     assert_eq!(ok("auth_type", "PAM").auth_type, AuthType::Pam);
-    let (s, w) = set("auth_type", "LDAP").unwrap();
-    assert!(matches!(s.auth_type, AuthType::Unsupported("ldap")));
+    assert_eq!(ok("auth_type", "LDAP").auth_type, AuthType::Ldap);
+    let o = ok("auth_ldap_options", "ldapserver=h ldapprefix=cn=");
     assert_eq!(
-        w,
-        vec!["/etc/x.ini:3: auth_type \"ldap\" is not implemented by Sluice yet".to_string()]
+        o.auth_ldap_options
+            .as_ref()
+            .and_then(|o| o.prefix.as_deref()),
+        Some("cn=")
     );
+    assert!(set("auth_ldap_options", "ldapserver=h").is_err());
 }
 
 #[test]

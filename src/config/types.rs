@@ -89,8 +89,8 @@ pub enum AuthType {
     Peer,
     /// A cleartext password checked by PAM, service `pgbouncer` (`auth::pam`).
     Pam,
-    /// Accepted by the parser but not implemented (ldap).
-    Unsupported(&'static str),
+    /// A cleartext password checked by binding to an LDAP server (`auth::ldap`).
+    Ldap,
 }
 
 /// Global settings: the `[pgbouncer]` section.
@@ -117,6 +117,9 @@ pub struct Settings {
     pub auth_hba_file: Option<PathBuf>,
     /// The user-name maps `map=` in `auth_hba_file` names (cert and peer rules).
     pub auth_ident_file: Option<PathBuf>,
+    /// The LDAP server and how to find a user in it, for `auth_type = ldap` and for
+    /// `ldap` rules of `auth_hba_file` that give no options of their own.
+    pub auth_ldap_options: Option<std::sync::Arc<crate::auth::LdapOptions>>,
     /// Role that runs `auth_query` for users not in `auth_file`; None: no lookups.
     pub auth_user: Option<String>,
     /// Query returning (name, secret or NULL) for `$1`, the user logging in.

@@ -4,6 +4,7 @@
 
 use super::ClientError;
 use crate::auth::hba::Hba;
+use crate::auth::LdapOptions;
 use crate::config::{AuthType, Config, DatabaseEntry};
 use crate::net::Stream;
 use crate::protocol::sqlstate::INVALID_AUTHORIZATION;
@@ -76,15 +77,15 @@ pub fn peer(
     }
 }
 
-/// `auth_type = hba`: the auth type the first matching rule names, and how a `cert`
-/// or `peer` login checks its name; `reject`, or no rule, refuses the login
+/// `auth_type = hba`: the auth type the first matching rule names, how a `cert`
+/// or `peer` login checks its name, and an `ldap` rule's own options; `reject`, or no rule, refuses the login
 /// (`login rejected`, as PgBouncer).
 pub fn hba_method<'c>(
     cfg: &'c Config,
     db: &DatabaseEntry,
     user: &str,
     came: Came<'_>,
-) -> Result<(AuthType, NameCheck<'c>), ClientError> {
+) -> Result<(AuthType, NameCheck<'c>, Option<&'c LdapOptions>), ClientError> {
     use crate::auth::hba::{HbaLogin, HbaMethod};
     let login = HbaLogin {
         addr: came.addr,
@@ -107,7 +108,8 @@ pub fn hba_method<'c>(
         HbaMethod::ScramSha256 => AuthType::ScramSha256,
         HbaMethod::Cert => AuthType::Cert,
         HbaMethod::Peer => AuthType::Peer,
+        HbaMethod::Ldap => AuthType::Ldap,
         HbaMethod::Reject => return Err(refuse("login rejected")),
     };
-    Ok((auth_type, names))
+    Ok((auth_type, names, chosen.ldap))
 }

@@ -243,10 +243,11 @@ pub async fn login(
 
     // A user missing from auth_file is looked up with auth_query, when an auth_user
     // applies (boxed: a rare path, kept out of every login's future). Not for `any`
-    // (nothing is checked) or `pam` (PAM checks; PgBouncer does not combine the two).
+    // (nothing is checked), `pam` or `ldap` (they check; PgBouncer does not combine
+    // them with a lookup).
     let listed = cfg.userlist.get(&user).map(String::as_str);
     let queried = match listed {
-        None if !matches!(s.auth_type, AuthType::Any | AuthType::Pam) => {
+        None if !matches!(s.auth_type, AuthType::Any | AuthType::Pam | AuthType::Ldap) => {
             Box::pin(super::authq::look_up(app, &cfg, db, &database, &user))
                 .await
                 .map_err(|e| e.naming(&database, &user))?
@@ -284,8 +285,8 @@ pub async fn login(
             // SCRAM keys prove the client's own password: they can only log in as
             // that user.
             Proof::ScramKeys(k) => pool.set_scram_keys(k),
-            // PAM's users are in no file: the password PAM accepted logs in to the
-            // server (as in PgBouncer), unless the files give one.
+            // PAM's and LDAP's users are in no file: the password accepted logs in
+            // to the server (as in PgBouncer), unless the files give one.
             Proof::Password(p) if listed.is_none() && queried.is_none() => {
                 pool.set_queried_secret(Secret::Plain(p))
             }
@@ -325,7 +326,7 @@ pub(crate) enum Proof {
     Nothing,
     /// The client proved itself with SCRAM against a stored SCRAM secret.
     ScramKeys(ScramKeys),
-    /// PAM accepted this cleartext password.
+    /// PAM or LDAP accepted this cleartext password.
     Password(String),
 }
 
@@ -345,9 +346,9 @@ pub(crate) async fn authenticate(
 ) -> Result<Proof, ClientError> {
     let s = &cfg.settings;
     let tls = came.tls;
-    let (auth_type, names) = match s.auth_type {
+    let (auth_type, names, rule_ldap) = match s.auth_type {
         AuthType::Hba => identity::hba_method(cfg, db, user, came)?,
-        other => (other, identity::NameCheck::SAME),
+        other => (other, identity::NameCheck::SAME, None),
     };
     // An empty stored password never matches (as in PgBouncer); it still lists the
     // user for `trust`.
@@ -403,15 +404,29 @@ pub(crate) async fn authenticate(
             let keys = Box::pin(scram(cfg, stream, buf, out, user, secret, queried)).await?;
             Ok(keys.map_or(Proof::Nothing, Proof::ScramKeys))
         }
-        AuthType::Pam => {
+        AuthType::Pam | AuthType::Ldap => {
             Box::pin(async {
                 authentication(out, AUTH_CLEARTEXT, &[]);
                 let password = read_password(stream, buf, out).await?;
-                let rhost = came.addr.map(|a| a.to_string());
-                match crate::auth::pam::check(user, &password, rhost).await {
+                let checked = if auth_type == AuthType::Pam {
+                    let rhost = came.addr.map(|a| a.to_string());
+                    crate::auth::pam::check(user, &password, rhost).await
+                } else {
+                    // The load made sure one of the two is there.
+                    match rule_ldap.or(s.auth_ldap_options.as_deref()) {
+                        Some(o) => crate::auth::ldap::check(o, user, &password).await,
+                        None => Err("no LDAP options".into()),
+                    }
+                };
+                match checked {
                     Ok(()) => Ok(Proof::Password(password)),
                     Err(why) => {
-                        tracing::warn!("PAM refused user {user}: {why}");
+                        let by = if auth_type == AuthType::Pam {
+                            "PAM"
+                        } else {
+                            "LDAP"
+                        };
+                        tracing::warn!("{by} refused user {user}: {why}");
                         Err(failed())
                     }
                 }
@@ -424,10 +439,6 @@ pub(crate) async fn authenticate(
         AuthType::Hba => Err(ClientError::fatal(
             INVALID_AUTHORIZATION,
             "login rejected".into(),
-        )),
-        AuthType::Unsupported(name) => Err(ClientError::fatal(
-            FEATURE_NOT_SUPPORTED,
-            format!("auth_type {name} is not supported by Sluice"),
         )),
     }
 }

@@ -8,6 +8,7 @@ mod support;
 mod admin;
 mod auth;
 mod auth_derived;
+mod auth_ldap;
 mod auth_pam;
 mod auth_query;
 mod auth_server;
