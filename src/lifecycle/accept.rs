@@ -28,7 +28,7 @@ pub(super) async fn accept_loops(app: Arc<App>, mut listeners: Listeners) {
         let accepting = tokio::spawn(accept_tcp(app.clone(), l.clone()));
         tasks.push(tokio::spawn(watch_tcp(app.clone(), l, accepting)));
     }
-    if let Some(l) = listeners.unix.take() {
+    for l in std::mem::take(&mut listeners.unix) {
         let app = app.clone();
         tasks.push(tokio::spawn(async move {
             let mut acceptor = Acceptor::new(&l);

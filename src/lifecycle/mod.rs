@@ -7,6 +7,7 @@ pub mod cli;
 pub mod logging;
 pub mod os;
 pub mod syslog;
+pub mod systemd;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -93,7 +94,9 @@ pub fn main_with(args: Args) -> i32 {
         }
     };
     let user = args.user.clone().or_else(|| config.settings.user.clone());
-    let code = runtime.block_on(run(path, config, sink, user));
+    // Taken once, here: the descriptors become the listeners'.
+    let passed = systemd::take_listen_fds();
+    let code = runtime.block_on(run(path, config, sink, user, passed));
     // Dropping the runtime would wait without limit for blocking work (a DNS lookup of
     // a dead server, say); SIGQUIT promises an exit at once.
     runtime.shutdown_timeout(Duration::from_millis(500));
@@ -122,8 +125,14 @@ fn worker_threads(env: Option<&str>, cores: usize) -> usize {
 const MAX_DEFAULT_WORKERS: usize = 4;
 
 /// Binds, serves, and returns the exit code once shut down.
-async fn run(path: PathBuf, config: Config, sink: Arc<LogSink>, user: Option<String>) -> i32 {
-    let listeners = match bind_listeners(&config.settings) {
+async fn run(
+    path: PathBuf,
+    config: Config,
+    sink: Arc<LogSink>,
+    user: Option<String>,
+    passed: Vec<std::os::fd::OwnedFd>,
+) -> i32 {
+    let listeners = match bind_listeners(&config.settings, passed) {
         Ok(l) => l,
         Err(e) => {
             tracing::error!("cannot listen: {e}");
@@ -167,6 +176,7 @@ async fn run(path: PathBuf, config: Config, sink: Arc<LogSink>, user: Option<Str
         "process up: {}, libc, tokio",
         crate::lifecycle::cli::version_line()
     );
+    let notifier = systemd::Notifier::from_env();
 
     // Removed explicitly on the way out rather than left to the listener's drop, which
     // only happens whenever the runtime gets round to dropping the accept task.
@@ -182,7 +192,10 @@ async fn run(path: PathBuf, config: Config, sink: Arc<LogSink>, user: Option<Str
     let accept = tokio::spawn(accept::accept_loops(app.clone(), listeners));
     let janitor = tokio::spawn(janitor(app.clone()));
     let keeper = tokio::spawn(crate::session::keeper::run(app.clone()));
-    let code = signals(app.clone(), &path, &sink, sigs).await;
+    if let Some(n) = &notifier {
+        n.ready();
+    }
+    let code = signals(app.clone(), &path, &sink, sigs, notifier.as_ref()).await;
     accept.abort();
     janitor.abort();
     keeper.abort();
@@ -238,7 +251,13 @@ fn install_signals() -> Option<Signals> {
     ])
 }
 
-async fn signals(app: Arc<App>, path: &Path, sink: &LogSink, sigs: Signals) -> i32 {
+async fn signals(
+    app: Arc<App>,
+    path: &Path,
+    sink: &LogSink,
+    sigs: Signals,
+    notify: Option<&systemd::Notifier>,
+) -> i32 {
     let [mut hup, mut int, mut term, mut quit, mut usr1, mut usr2] = sigs;
     // Shutdown progress is checked every 100 ms, only once a shutdown began (here, or
     // from the console, which the watch tells): an idle pooler does not wake for it.
@@ -255,7 +274,13 @@ async fn signals(app: Arc<App>, path: &Path, sink: &LogSink, sigs: Signals) -> i
             }
             _ = hup.recv() => {
                 tracing::info!("got SIGHUP, re-reading config");
+                if let Some(n) = notify {
+                    n.reloading();
+                }
                 let _ = reload(&app, path, sink);
+                if let Some(n) = notify {
+                    n.ready();
+                }
             }
             _ = int.recv() => {
                 if app.shutdown_mode() != Shutdown::No {
@@ -263,6 +288,9 @@ async fn signals(app: Arc<App>, path: &Path, sink: &LogSink, sigs: Signals) -> i
                     return 0;
                 }
                 tracing::info!("got SIGINT, shutting down, waiting for servers");
+                if let Some(n) = notify {
+                    n.stopping();
+                }
                 app.begin_shutdown(Shutdown::WaitForServers);
             }
             _ = term.recv() => {
@@ -271,6 +299,9 @@ async fn signals(app: Arc<App>, path: &Path, sink: &LogSink, sigs: Signals) -> i
                     return 0;
                 }
                 tracing::info!("got SIGTERM, shutting down, waiting for clients");
+                if let Some(n) = notify {
+                    n.stopping();
+                }
                 app.begin_shutdown(Shutdown::WaitForClients);
             }
             _ = quit.recv() => {

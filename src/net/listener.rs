@@ -3,6 +3,7 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -22,7 +23,9 @@ pub type UnixListener = AsyncFd<mio::net::UnixListener>;
 #[derive(Debug)]
 pub struct Listeners {
     pub tcp: Vec<TcpListener>,
-    pub unix: Option<UnixListener>,
+    /// The socket in `unix_socket_dir`, or those the service manager passed.
+    pub unix: Vec<UnixListener>,
+    /// The socket file Sluice made (and removes); none for passed sockets.
     unix_path: Option<PathBuf>,
 }
 
@@ -116,10 +119,15 @@ pub fn unix_socket_path(dir: &str, port: u16) -> PathBuf {
     PathBuf::from(dir).join(format!(".s.PGSQL.{port}"))
 }
 
-/// Binds every configured listener; fails if any cannot be bound.
+/// Binds every configured listener; fails if any cannot be bound. With sockets
+/// `passed` by the service manager (systemd socket activation), listens on those
+/// instead, as PgBouncer does.
 ///
 /// Must run inside the tokio runtime (the sockets are registered with it).
-pub fn bind_listeners(s: &Settings) -> io::Result<Listeners> {
+pub fn bind_listeners(s: &Settings, passed: Vec<OwnedFd>) -> io::Result<Listeners> {
+    if !passed.is_empty() {
+        return use_passed(s, passed);
+    }
     let mut tcp = Vec::new();
     for addr in &s.listen_addr {
         for sa in resolve(addr, s.listen_port)? {
@@ -162,8 +170,50 @@ pub fn bind_listeners(s: &Settings) -> io::Result<Listeners> {
     }
     Ok(Listeners {
         tcp,
-        unix,
+        unix: unix.into_iter().collect(),
         unix_path,
+    })
+}
+
+/// Listeners from the sockets systemd passed: TCP ones get `tcp_defer_accept`; the
+/// configured addresses and socket directory are not used.
+fn use_passed(s: &Settings, passed: Vec<OwnedFd>) -> io::Result<Listeners> {
+    if !s.listen_addr.is_empty() {
+        tracing::warn!("sockets passed from service manager, listen_addr ignored");
+    }
+    if !s.unix_socket_dir.is_empty() && s.unix_socket_dir != "/tmp" {
+        tracing::warn!("sockets passed from service manager, unix_socket_dir ignored");
+    }
+    let (mut tcp, mut unix) = (Vec::new(), Vec::new());
+    for fd in passed {
+        let raw = fd.as_raw_fd();
+        let sock = Socket::from(fd);
+        let addr = sock.local_addr()?;
+        sock.set_nonblocking(true)?;
+        if addr.is_unix() {
+            let l = std::os::unix::net::UnixListener::from(OwnedFd::from(sock));
+            unix.push(register(
+                mio::net::UnixListener::from_std(l),
+                Interest::READABLE,
+            )?);
+        } else if addr.as_socket().is_some() {
+            if s.tcp_defer_accept {
+                set_defer_accept(&sock, true)?;
+            }
+            let l = mio::net::TcpListener::from_std(sock.into());
+            tcp.push(register(l, Interest::READABLE)?);
+        } else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("socket passed from service manager (fd {raw}) is neither TCP nor UNIX"),
+            ));
+        }
+        tracing::info!("socket passed from service manager (fd {raw})");
+    }
+    Ok(Listeners {
+        tcp,
+        unix,
+        unix_path: None,
     })
 }
 

@@ -27,6 +27,7 @@ mod relay;
 mod signals;
 mod sleep;
 mod startup;
+mod systemd;
 mod tls;
 mod tls_cert;
 mod tls_records;
