@@ -1,4 +1,4 @@
-//! The command line, shaped like PgBouncer's: `sluice [-d] [-q] [-v ...] [-u USER] CONFIG`.
+//! The command line, shaped like PgBouncer's: `sluice [-d] [-q] [-R] [-v ...] [-u USER] CONFIG`.
 
 use std::path::PathBuf;
 
@@ -17,6 +17,10 @@ pub struct Args {
     /// Increase verbosity (repeatable)
     #[arg(short = 'v', long = "verbose", action = ArgAction::Count)]
     pub verbose: u8,
+    /// PgBouncer's deprecated online restart: accepted, not done (Sluice starts
+    /// normally; use so_reuseport to overlap an old and a new process)
+    #[arg(short = 'R', long = "reboot")]
+    pub reboot: bool,
     /// Switch to this OS user after binding the listeners
     #[arg(short = 'u', long = "user", value_name = "USER")]
     pub user: Option<String>,

@@ -68,6 +68,13 @@ pub fn main_with(args: Args) -> i32 {
     for w in &config.warnings {
         tracing::warn!("{w}");
     }
+    if args.reboot {
+        // PgBouncer's takeover hands sockets over through SHOW FDS, which Sluice
+        // does not serve; an old process's live UNIX socket still stops this one.
+        tracing::warn!(
+            "online restart (-R) is not supported, starting normally; use so_reuseport instead"
+        );
+    }
     tracing::debug!(
         "loaded config {}: {} databases, {} users in auth_file",
         path.display(),

@@ -23,9 +23,23 @@ fn help_prints_usage() {
         assert!(out.status.success(), "{flag}: {}", text(&out.stderr));
         let stdout = text(&out.stdout);
         assert!(stdout.contains("Usage"), "{flag}: {stdout}");
-        for opt in ["-d", "-q", "-v", "-u", "-V"] {
+        for opt in ["-d", "-q", "-R", "-v", "-u", "-V"] {
             assert!(stdout.contains(opt), "{flag} lacks {opt}: {stdout}");
         }
+    }
+}
+
+/// `-R` (PgBouncer's deprecated online restart) is taken, so scripts that pass it
+/// still start Sluice, which says it starts normally.
+#[test]
+fn reboot_flag_starts_normally_with_a_warning() {
+    for flag in ["-R", "--reboot"] {
+        let s = SluiceBuilder::new().arg(flag).start();
+        assert!(
+            s.log().contains("online restart (-R) is not supported"),
+            "{}",
+            s.log()
+        );
     }
 }
 
