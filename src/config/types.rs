@@ -301,6 +301,9 @@ pub struct UserEntry {
     pub idle_transaction_timeout: Option<Duration>,
     pub transaction_timeout: Option<Duration>,
     pub client_idle_timeout: Option<Duration>,
+    /// This user's `query_wait_timeout` (PgBouncer's next release); before the
+    /// database's and the global one.
+    pub query_wait_timeout: Option<Duration>,
 }
 
 /// A table of the configuration's names (databases, users, the auth file's entries).

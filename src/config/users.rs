@@ -50,6 +50,13 @@ pub(crate) fn parse_user(
             "idle_transaction_timeout" => u.idle_transaction_timeout = secs()?,
             "transaction_timeout" => u.transaction_timeout = secs()?,
             "client_idle_timeout" => u.client_idle_timeout = secs()?,
+            // As for a database: -1 leaves the database's or the global value.
+            "query_wait_timeout" => {
+                u.query_wait_timeout = match v.trim() {
+                    "-1" => None,
+                    _ => secs()?,
+                }
+            }
             _ => {
                 return Err(ConfigError::at(
                     file,
@@ -77,7 +84,7 @@ mod tests {
         let u = user(
             "pool_mode=Statement pool_size = 5 reserve_pool=2 max_user_connections=10 \
              max_user_client_connections=11 query_timeout=1.5 idle_transaction_timeout=2 \
-             transaction_timeout=3 client_idle_timeout='4'",
+             transaction_timeout=3 client_idle_timeout='4' query_wait_timeout=9",
         )
         .unwrap();
         assert_eq!(u.name, "app");
@@ -90,6 +97,11 @@ mod tests {
         assert_eq!(u.idle_transaction_timeout, Some(Duration::from_secs(2)));
         assert_eq!(u.transaction_timeout, Some(Duration::from_secs(3)));
         assert_eq!(u.client_idle_timeout, Some(Duration::from_secs(4)));
+        assert_eq!(u.query_wait_timeout, Some(Duration::from_secs(9)));
+        assert_eq!(
+            user("query_wait_timeout=-1").unwrap().query_wait_timeout,
+            None
+        );
         assert_eq!(
             user("reserve_pool_size=7").unwrap().reserve_pool_size,
             Some(7)

@@ -196,7 +196,10 @@ impl PoolConfig {
             server_idle_timeout: s.server_idle_timeout,
             server_connect_timeout: s.server_connect_timeout,
             server_login_retry: s.server_login_retry,
-            query_wait_timeout: db.query_wait_timeout.unwrap_or(s.query_wait_timeout),
+            query_wait_timeout: user_entry
+                .and_then(|u| u.query_wait_timeout)
+                .or(db.query_wait_timeout)
+                .unwrap_or(s.query_wait_timeout),
             query_wait_notify: s.query_wait_notify,
             server_round_robin: s.server_round_robin,
             min_pool_size: db.min_pool_size.unwrap_or(s.min_pool_size),

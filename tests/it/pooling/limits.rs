@@ -162,6 +162,25 @@ async fn a_database_query_wait_timeout_overrides_the_global_one() {
     assert!(waited < Duration::from_secs(10), "failed after {waited:?}");
 }
 
+/// `query_wait_timeout` in a `[users]` entry (PgBouncer's next release) wins over the
+/// database's and the global one.
+#[tokio::test]
+async fn a_user_query_wait_timeout_overrides_the_database_one() {
+    let s = support::SluiceBuilder::new()
+        .userlist(MD5_USER, MD5_PASSWORD)
+        .setting("default_pool_size", "1")
+        .database(
+            TEST_DB,
+            &format!("host=127.0.0.1 port=@PG_PORT@ dbname={TEST_DB} query_wait_timeout=100"),
+        )
+        .user(MD5_USER, "query_wait_timeout=1")
+        .start();
+    let holder = client(&s).await;
+    backend_pid(&holder).await;
+    let waited = wait_times_out(&s).await;
+    assert!(waited < Duration::from_secs(10), "failed after {waited:?}");
+}
+
 /// A client that waits for the one server (held elsewhere) until its wait fails with
 /// `query_wait_timeout`; how long it waited.
 async fn wait_times_out(s: &support::Sluice) -> Duration {
