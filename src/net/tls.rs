@@ -105,6 +105,25 @@ impl Stream {
     /// client's), after which the stream carries the session: every read and write
     /// goes through it. On an error the stream is unusable and should be dropped.
     pub async fn start_tls(&mut self, conn: impl Into<Connection>) -> io::Result<()> {
+        self.start_tls_after(conn, &[]).await
+    }
+
+    /// [`Stream::start_tls`] for a handshake whose first bytes, `read`, were already
+    /// read off the socket (a direct TLS connection, PostgreSQL 17's
+    /// `sslnegotiation=direct`, whose ClientHello comes in place of a startup packet).
+    pub async fn start_tls_after(
+        &mut self,
+        conn: impl Into<Connection>,
+        mut read: &[u8],
+    ) -> io::Result<()> {
+        let mut conn = conn.into();
+        while !read.is_empty() {
+            if conn.read_tls(&mut read)? == 0 {
+                break;
+            }
+            conn.process_new_packets()
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        }
         let sock = self.io.get_mut();
         if !matches!(sock.raw, StdStream::Tcp(_)) || sock.tls.is_some() {
             return Err(io::Error::new(
@@ -113,7 +132,7 @@ impl Stream {
             ));
         }
         sock.tls = Some(Box::new(TlsSession {
-            conn: Mutex::new(conn.into()),
+            conn: Mutex::new(conn),
         }));
         std::future::poll_fn(|cx| self.poll_handshake(cx)).await
     }

@@ -73,6 +73,12 @@ pub async fn read_startup(
             if n == 0 {
                 return Err(ClientError::Gone);
             }
+            // A TLS handshake record where a packet length should be (whose first
+            // byte is 0 for any valid length): a direct TLS connection.
+            if first[0] == TLS_HANDSHAKE && tcp && !tls.info.is_tls() {
+                *tls = Box::pin(direct_tls(app, stream, &first[..n])).await?;
+                continue;
+            }
             match startup::packet_len(&first[..n]).map_err(bad_startup)? {
                 Some(len) if n >= len => {
                     // What came after it, if anything, is kept for the next read.
@@ -122,7 +128,7 @@ pub async fn read_startup(
                     continue;
                 };
                 stream.write_all(b"S").await.map_err(ClientError::Io)?;
-                *tls = crate::tls::handshake::accept(config, stream)
+                *tls = crate::tls::handshake::accept(config, stream, &[])
                     .await
                     .map_err(|e| ClientError::Dropped(e.to_string()))?;
             }
@@ -319,6 +325,33 @@ pub async fn login(
         params,
         greeting: out,
     })
+}
+
+/// The first byte of a TLS handshake record.
+const TLS_HANDSHAKE: u8 = 0x16;
+
+/// A ClientHello in place of a startup packet: PostgreSQL 17's direct TLS
+/// (`sslnegotiation=direct`), as PgBouncer 1.25 takes it. Only with client TLS on,
+/// and only from a client that negotiated ALPN `postgresql`, as PostgreSQL requires
+/// (so that a TLS client of another protocol is not taken for one).
+async fn direct_tls(app: &App, stream: &mut Stream, read: &[u8]) -> Result<TlsPeer, ClientError> {
+    let Some(config) = app.config().client_tls.clone() else {
+        return Err(ClientError::Dropped(
+            "direct TLS connection refused: client TLS is disabled".into(),
+        ));
+    };
+    let peer = crate::tls::handshake::accept(config, stream, read)
+        .await
+        .map_err(|e| ClientError::Dropped(e.to_string()))?;
+    let alpn = stream.with_tls(|c| c.alpn_protocol() == Some(crate::tls::ALPN_POSTGRESQL));
+    if alpn != Some(true) {
+        return Err(ClientError::fatal(
+            PROTOCOL_VIOLATION,
+            "received direct SSL connection request without ALPN protocol negotiation extension"
+                .into(),
+        ));
+    }
+    Ok(peer)
 }
 
 /// What a client's login proved that its server connections may log in with.

@@ -12,11 +12,19 @@ use rustls::{ClientConfig, ClientConnection, Connection, ServerConfig, ServerCon
 use super::{TlsInfo, TlsPeer};
 use crate::net::Stream;
 
-/// Takes `stream` (a TCP client that was just told `S`) through the TLS handshake.
-/// On an error the stream is unusable and should be dropped.
-pub async fn accept(config: Arc<ServerConfig>, stream: &mut Stream) -> io::Result<TlsPeer> {
+/// Takes `stream` (a TCP client that was just told `S`, or whose first bytes,
+/// `read`, were a ClientHello: direct TLS) through the TLS handshake. On an error
+/// the stream is unusable and should be dropped.
+pub async fn accept(
+    config: Arc<ServerConfig>,
+    stream: &mut Stream,
+    read: &[u8],
+) -> io::Result<TlsPeer> {
     let conn = ServerConnection::new(config).map_err(failed)?;
-    stream.start_tls(conn).await.map_err(failed_io)?;
+    stream
+        .start_tls_after(conn, read)
+        .await
+        .map_err(failed_io)?;
     stream
         .with_tls(|c| match c {
             Connection::Server(c) => Some(TlsPeer::of(c)),

@@ -87,6 +87,9 @@ pub const MAX_RECORD_PLAINTEXT: usize = 8192;
 /// A TLS record's header, which rustls counts in its fragment size.
 const RECORD_HEADER: usize = 5;
 
+/// The ALPN protocol name of PostgreSQL connections (PostgreSQL 17 on).
+pub const ALPN_POSTGRESQL: &[u8] = b"postgresql";
+
 /// The acceptor's configuration for `client_tls_*`; None when `client_tls_sslmode` is
 /// `disable`. A CA file makes client certificates checked: required from
 /// `verify-ca` on, optional below it (a certificate offered must still verify).
@@ -141,6 +144,10 @@ pub fn acceptor(s: &Settings) -> Result<Option<Arc<ServerConfig>>, TlsSetupError
     // bytes for nothing at every login.
     config.send_tls13_tickets = 0;
     config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    // PostgreSQL 17's protocol name. A client that offers ALPN must offer it (the
+    // handshake fails otherwise, as with PostgreSQL); one that offers none is still
+    // served after an SSLRequest, and refused on a direct TLS connection.
+    config.alpn_protocols = vec![ALPN_POSTGRESQL.to_vec()];
     Ok(Some(Arc::new(config)))
 }
 

@@ -30,6 +30,7 @@ mod startup;
 mod systemd;
 mod tls;
 mod tls_cert;
+mod tls_direct;
 mod tls_records;
 mod tls_server;
 mod tls_stream;

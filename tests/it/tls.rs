@@ -75,6 +75,13 @@ impl Certs {
         std::fs::read_to_string(self.dir.join(name)).expect("certificate file")
     }
 
+    /// A Sluice with `client_tls_sslmode = mode` that trusts [`support::TRUST_USER`].
+    pub(crate) fn trusting(&self, mode: &str) -> SluiceBuilder {
+        self.sluice(mode)
+            .setting("auth_type", "trust")
+            .userlist(support::TRUST_USER, "")
+    }
+
     /// A Sluice with md5 users and `client_tls_sslmode = mode`.
     pub(crate) fn sluice(&self, mode: &str) -> SluiceBuilder {
         SluiceBuilder::new()

@@ -96,11 +96,7 @@ fn read_to_ready(s: &mut impl Read) -> std::io::Result<(Vec<u8>, usize)> {
 #[test]
 fn records_carry_at_most_8_kb() {
     let certs = Certs::new();
-    let s = certs
-        .sluice("require")
-        .setting("auth_type", "trust")
-        .userlist(TRUST_USER, "")
-        .start();
+    let s = certs.trusting("require").start();
 
     let tcp = TcpStream::connect(("127.0.0.1", s.port())).expect("connect");
     tcp.set_read_timeout(Some(Duration::from_secs(30)))
