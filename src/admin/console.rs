@@ -154,7 +154,7 @@ pub async fn serve(
         peer,
         local_addr: local.map(Into::into),
         application_name: who.application_name.as_str().into(),
-        admin: true,
+        kind: crate::stats::conns::ClientKind::Console,
         tls,
     });
     app.admin.console_stats.flush(&mut StatsDelta {

@@ -230,7 +230,7 @@ pub fn kill(ctx: &mut Ctx<'_>, db: &str) -> Result<(), CmdError> {
         }
     }
     for c in app.client_reg.all() {
-        if !c.meta.admin && db.is_none_or(|d| *c.meta.database == *d) {
+        if !c.meta.is_admin() && db.is_none_or(|d| *c.meta.database == *d) {
             c.kill(crate::stats::conns::KillReason::DatabaseRemoved);
         }
     }

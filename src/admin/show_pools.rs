@@ -241,7 +241,12 @@ pub fn database_rows(app: &App) -> Vec<DbRow> {
             name,
         })
         .collect();
-    let console_clients = app.client_reg.all().iter().filter(|c| c.meta.admin).count() as u32;
+    let console_clients = app
+        .client_reg
+        .all()
+        .iter()
+        .filter(|c| c.meta.is_admin())
+        .count() as u32;
     rows.push(DbRow {
         name: ADMIN_DB.to_owned(),
         host: None,
@@ -353,7 +358,7 @@ pub fn users(app: &App, out: &mut BytesMut) {
             .map_or(0, |p| p.limits().user.count());
         let clients_now = clients
             .iter()
-            .filter(|c| !c.meta.admin && *c.meta.user == *name)
+            .filter(|c| !c.meta.is_admin() && *c.meta.user == *name)
             .count() as u32;
         t.row(vec![
             name.clone().into(),

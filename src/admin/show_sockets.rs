@@ -110,7 +110,7 @@ fn client_row(c: &ClientInfo, state: &str, listen_port: u16, debug: bool) -> Vec
         "C".into(),
         c.meta.user.to_string().into(),
         c.meta.database.to_string().into(),
-        "none".into(),
+        replication_text(c.meta.replication()).into(),
         state.into(),
         addr.into(),
         port.into(),
@@ -154,6 +154,12 @@ struct ServerView {
     application_name: String,
     prepared: u32,
     tls: crate::tls::TlsInfo,
+    replication: &'static str,
+}
+
+/// The `replication` column: none, physical or logical.
+fn replication_text(r: Option<crate::protocol::startup::Replication>) -> &'static str {
+    r.map_or("none", |r| r.name())
 }
 
 fn server_row(s: &ServerView, debug: bool) -> Vec<Cell> {
@@ -166,7 +172,7 @@ fn server_row(s: &ServerView, debug: bool) -> Vec<Cell> {
         "S".into(),
         s.user.clone().into(),
         s.database.clone().into(),
-        "none".into(),
+        s.replication.into(),
         s.state.into(),
         addr.into(),
         port.into(),
@@ -200,7 +206,9 @@ fn server_views(app: &App) -> Vec<ServerView> {
         let cfg = pool.config();
         let generation = pool.generation();
         for c in clients.iter().filter(|c| {
-            !c.meta.admin && *c.meta.database == *row.database && *c.meta.pool_user == *row.user
+            !c.meta.is_admin()
+                && *c.meta.database == *row.database
+                && *c.meta.pool_user == *row.user
         }) {
             if let Some(s) = c.linked() {
                 views.push(ServerView {
@@ -218,6 +226,7 @@ fn server_views(app: &App) -> Vec<ServerView> {
                     application_name: c.meta.application_name.to_string(),
                     prepared: s.prepared(),
                     tls: s.tls,
+                    replication: replication_text(c.meta.replication()),
                 });
             }
         }
@@ -241,6 +250,7 @@ fn server_views(app: &App) -> Vec<ServerView> {
                 application_name: String::new(),
                 prepared: s.prepared,
                 tls: ident.tls,
+                replication: "none",
             });
         }
     }

@@ -55,6 +55,8 @@ pub struct HbaLogin<'a> {
     /// None for a UNIX-socket client.
     pub addr: Option<IpAddr>,
     pub tls: bool,
+    /// A physical replication connection: only `replication` matches its database.
+    pub physical_replication: bool,
     pub database: &'a str,
     pub user: &'a str,
 }
@@ -177,11 +179,13 @@ impl Rule {
             (Addr::Net(net, bits), Some(ip)) => in_net(ip, *net, *bits),
             (Addr::Net(..), None) => false,
         };
+        // As in PostgreSQL: a physical replication connection matches `replication`
+        // alone; a logical one, like any other, its database (`all` included).
         let database = self.databases.iter().any(|n| match n {
+            Name::Replication => l.physical_replication,
+            _ if l.physical_replication => false,
             Name::All => true,
             Name::SameUser => l.database == l.user,
-            // Replication connections never come through the pool's login.
-            Name::Replication => false,
             Name::Literal(d) => d == l.database,
         });
         let user = self.users.iter().any(|n| match n {

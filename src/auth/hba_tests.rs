@@ -21,6 +21,7 @@ fn tcp<'a>(ip: &str, tls: bool, database: &'a str, user: &'a str) -> HbaLogin<'a
                 .unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)),
         ),
         tls,
+        physical_replication: false,
         database,
         user,
     }
@@ -38,6 +39,7 @@ fn first_matching_rule_wins() {
     let unix = HbaLogin {
         addr: None,
         tls: false,
+        physical_replication: false,
         database: "app",
         user: "x",
     };
@@ -146,6 +148,7 @@ fn map_options_name_user_name_maps() {
     let local = HbaLogin {
         addr: None,
         tls: false,
+        physical_replication: false,
         database: "db",
         user: "bob",
     };
@@ -186,4 +189,15 @@ fn ldap_rules_carry_their_options() {
     assert!(err("host all all all ldap ldapserver=h\n").contains("requires argument"));
     assert!(err("host all all all ldap ldaptls\n").contains("key=value"));
     assert!(err("host all all all md5 ldapserver=h\n").contains("unsupported option"));
+}
+
+#[test]
+fn physical_replication_matches_the_replication_keyword_only() {
+    let h = hba("host replication repl 10.0.0.0/8 md5\nhost all all all trust\n");
+    let mut l = tcp("10.0.0.1", false, "db", "repl");
+    assert_eq!(h.method(l), Some(HbaMethod::Trust), "a plain login");
+    l.physical_replication = true;
+    assert_eq!(h.method(l), Some(HbaMethod::Md5));
+    l.user = "other";
+    assert_eq!(h.method(l), None, "`all` matches no physical replication");
 }

@@ -101,7 +101,68 @@ impl Pool {
                     Grant::Slot(slot) => slot,
                 },
             };
-            return Box::pin(self.connect_new(&cfg, slot, deadline)).await;
+            return Box::pin(self.connect_new(&cfg, slot, deadline, &[])).await;
+        }
+    }
+
+    /// A new connection of its own for a replication client, opened with `extra`
+    /// startup parameters (`replication` and the client's values), as PgBouncer
+    /// does: never an idle one, and closed when released. It takes a place of the
+    /// pool's: when the pool is full, an idle connection is closed to make room, or
+    /// the client waits in line and closes the connection it is handed.
+    pub async fn acquire_dedicated(
+        self: &Arc<Self>,
+        extra: &[(String, String)],
+    ) -> Result<ServerConn, PoolError> {
+        let cfg = self.config();
+        let qwt = cfg.query_wait_timeout;
+        let deadline = (!qwt.is_zero()).then(|| Tick::now() + qwt);
+        let waker = std::future::poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
+        loop {
+            let mut doomed = Vec::new();
+            let step = {
+                let mut st = self.lock_state();
+                if st.closed {
+                    return Err(PoolError::PoolClosed);
+                }
+                if cfg.pool_size == 0 || st.total < cfg.pool_size {
+                    st.total += 1;
+                    Step::Connect
+                } else if let Some(conn) = pop_idle(&mut st, Tick::now(), &mut doomed) {
+                    st.active += 1;
+                    let mut conn = conn;
+                    conn.lent = super::LentMark::lent_by(self.clone());
+                    Step::Idle(conn)
+                } else {
+                    Step::Wait(line::join(self, &mut st, Tick::now(), &waker))
+                }
+            };
+            drop(doomed);
+            let slot = match step {
+                Step::Connect => SlotToken::counted(self.clone()),
+                // Closed, so that its place is free for the next turn.
+                Step::Idle(conn) => {
+                    self.release(conn, false);
+                    continue;
+                }
+                Step::Wait(ticket) => {
+                    match self
+                        .wait_in_line(ticket, &cfg, deadline, &mut || {})
+                        .await?
+                    {
+                        Grant::Server(conn) => {
+                            let conn = self.handed_over(conn);
+                            self.release(conn, false);
+                            continue;
+                        }
+                        Grant::Slot(slot) => slot,
+                    }
+                }
+            };
+            let mut conn = Box::pin(self.connect_new(&cfg, slot, deadline, extra)).await?;
+            // Never pooled: closed when the client lets it go.
+            conn.close_needed = true;
+            return Ok(conn);
         }
     }
 
@@ -165,7 +226,7 @@ impl Pool {
                 let cfg = self.config();
                 let qwt = cfg.query_wait_timeout;
                 let deadline = (!qwt.is_zero()).then(|| ticket.since + qwt);
-                Box::pin(self.connect_new(&cfg, slot, deadline)).await
+                Box::pin(self.connect_new(&cfg, slot, deadline, &[])).await
             }
             Answer::Refused => Err(refusal(self)),
         }
@@ -247,12 +308,14 @@ impl Pool {
         }
     }
 
-    /// Opens a new connection in `slot`, within the database and user limits.
+    /// Opens a new connection in `slot`, within the database and user limits, with
+    /// `extra` startup parameters (a replication client's; none for the pool's own).
     pub(crate) async fn connect_new(
         self: &Arc<Self>,
         cfg: &PoolConfig,
         slot: SlotToken,
         deadline: Option<Tick>,
+        extra: &[(String, String)],
     ) -> Result<ServerConn, PoolError> {
         let (generation, keys) = {
             let st = self.lock_state();
@@ -271,12 +334,13 @@ impl Pool {
             .await?;
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
         let mut slot = Some(slot);
-        match self.dial(cfg, keys, id, generation, &mut slot).await {
+        match self.dial(cfg, keys, id, generation, &mut slot, extra).await {
             Ok(mut conn) => {
                 conn.limit_tokens = Some((db_token, user_token));
                 let mut st = self.lock_state();
                 st.last_login_error = None;
-                if st.welcome.is_none() {
+                // The welcome is a plain connection's, not one with a client's values.
+                if st.welcome.is_none() && extra.is_empty() {
                     st.welcome = Some(Arc::new(conn.params.values.clone()));
                 }
                 st.active += 1;
@@ -306,6 +370,7 @@ impl Pool {
         id: u64,
         generation: u64,
         slot: &mut Option<SlotToken>,
+        extra: &[(String, String)],
     ) -> Result<ServerConn, PoolError> {
         let n = cfg.hosts.len().max(1);
         let first = match cfg.load_balance {
@@ -334,6 +399,7 @@ impl Pool {
                 addr,
                 scram_keys: keys,
                 key_cache: &self.server_keys,
+                extra,
             };
             match server::connect(cfg, dial, id, generation, slot).await {
                 Ok(conn) => {
@@ -433,7 +499,7 @@ impl Pool {
         let pool = self.clone();
         tokio::spawn(async move {
             let deadline = Some(Tick::now() + Duration::from_secs(1));
-            if let Ok(conn) = pool.connect_new(&cfg, slot, deadline).await {
+            if let Ok(conn) = pool.connect_new(&cfg, slot, deadline, &[]).await {
                 pool.release(conn, true);
             }
         });

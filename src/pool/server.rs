@@ -267,6 +267,8 @@ pub(crate) struct Dial<'a> {
     pub addr: &'a ServerAddr,
     pub scram_keys: Option<ScramKeys>,
     pub key_cache: &'a KeyCache,
+    /// Startup parameters besides the pool's, in place of any of the same name.
+    pub extra: &'a [(String, String)],
 }
 
 /// Connects and logs in a new server connection. `slot` is taken only when it is
@@ -282,6 +284,7 @@ pub(crate) async fn connect(
         addr,
         scram_keys,
         key_cache,
+        extra,
     } = dial;
     let mut stream = super::socket::open(addr, cfg).await?;
     // Asked once, for the console and cancels (TLS does not change them).
@@ -308,8 +311,11 @@ pub(crate) async fn connect(
     let mut out = BytesMut::with_capacity(256);
     let mut params: Vec<(&str, &str)> = vec![("user", &cfg.user), ("database", &cfg.dbname)];
     for (k, v) in &cfg.startup {
-        params.push((k, v));
+        if !extra.iter().any(|(e, _)| e.eq_ignore_ascii_case(k)) {
+            params.push((k, v));
+        }
     }
+    params.extend(extra.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     frontend::startup_message(&mut out, &params);
     stream.write_all(&out).await.map_err(PoolError::io)?;
 

@@ -36,6 +36,48 @@ pub fn packet_len(buf: &[u8]) -> Result<Option<usize>, ProtocolError> {
     Ok(Some(len))
 }
 
+/// A replication connection's kind. Such a client gets a server connection of its
+/// own, opened with its `replication` value, for its whole session, as PgBouncer
+/// 1.23 on gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replication {
+    /// `replication=true`: a walsender for physical replication.
+    Physical,
+    /// `replication=database`: a walsender for logical replication.
+    Logical,
+}
+
+impl Replication {
+    /// The startup parameter's value, as PostgreSQL reads it: None for a plain
+    /// client, Err (PostgreSQL's words) for a value it refuses.
+    pub fn parse(v: &str) -> Result<Option<Replication>, String> {
+        match v.to_ascii_lowercase().as_str() {
+            "true" | "on" | "yes" | "1" => Ok(Some(Replication::Physical)),
+            "database" => Ok(Some(Replication::Logical)),
+            "false" | "off" | "no" | "0" => Ok(None),
+            _ => Err(format!(
+                "invalid value for parameter \"replication\": \"{v}\""
+            )),
+        }
+    }
+
+    /// The value the server connection is opened with.
+    pub fn param(self) -> &'static str {
+        match self {
+            Replication::Physical => "true",
+            Replication::Logical => "database",
+        }
+    }
+
+    /// Its name in SHOW CLIENTS and SERVERS.
+    pub fn name(self) -> &'static str {
+        match self {
+            Replication::Physical => "physical",
+            Replication::Logical => "logical",
+        }
+    }
+}
+
 /// Parses one whole packet (length prefix included).
 pub fn parse(packet: &[u8]) -> Result<StartupPacket, ProtocolError> {
     if packet.len() < 8 {

@@ -7,6 +7,7 @@ use super::params;
 use super::relay::Relay;
 use crate::config::PoolMode;
 use crate::pool::{Pool, PoolError, ServerConn};
+use crate::protocol::startup::Replication;
 use crate::stats::conns::ClientInfo;
 
 /// Records that the client now holds `s`: for cancels, the console and SHOW STATS.
@@ -22,7 +23,15 @@ pub(super) async fn acquire_linked(
     params: &mut params::ClientParams,
     have: Option<ServerConn>,
     on_notice: impl FnMut(),
+    replication: Option<Replication>,
 ) -> Result<ServerConn, PoolError> {
+    if let Some(kind) = replication {
+        // A connection of its own, its parameters given at startup: a physical
+        // replication connection takes no SET.
+        let mut extra = params.values().to_vec();
+        extra.push(("replication".to_owned(), kind.param().to_owned()));
+        return Box::pin(pool.acquire_dedicated(&extra)).await;
+    }
     let mut server = match have {
         Some(s) => s,
         None => pool.acquire_noting(on_notice).await?,
@@ -55,7 +64,8 @@ pub(super) async fn finish_server(
     clean: bool,
     mode: PoolMode,
 ) {
-    if !clean {
+    // Not pooled again (a replication client's, one found broken): no reset.
+    if !clean || server.close_needed {
         pool.release(server, false);
         return;
     }

@@ -222,7 +222,7 @@ mod tests {
             peer: crate::net::PeerAddr::Unix,
             local_addr: None,
             application_name: "".into(),
-            admin: false,
+            kind: crate::stats::conns::ClientKind::Pooled,
             tls: Default::default(),
         }));
         reg.register(&info)

@@ -15,6 +15,9 @@ use crate::tls::TlsPeer;
 pub struct Came<'a> {
     pub addr: Option<std::net::IpAddr>,
     pub tls: &'a TlsPeer,
+    /// A physical replication connection, which only hba rules for the
+    /// `replication` database match.
+    pub physical_replication: bool,
 }
 
 fn refuse(message: &str) -> ClientError {
@@ -90,6 +93,7 @@ pub fn hba_method<'c>(
     let login = HbaLogin {
         addr: came.addr,
         tls: came.tls.info.is_tls(),
+        physical_replication: came.physical_replication,
         database: &db.name,
         user,
     };

@@ -346,7 +346,7 @@ pub fn sweep(app: &App) {
     app.keeper.fresh_sweep();
     let now = Tick::now();
     app.client_reg.for_each(|c| {
-        if !c.meta.admin
+        if !c.meta.is_admin()
             && !c.is_asleep()
             && c.state() == crate::stats::conns::ClientState::Idle
             && c.request_age(now) >= sweep_idle(c.sweep_shift())

@@ -19,7 +19,7 @@ use crate::protocol::backend::{
 };
 use crate::protocol::header::TAG_PASSWORD;
 use crate::protocol::sqlstate::*;
-use crate::protocol::startup::{self, StartupPacket, StartupParams};
+use crate::protocol::startup::{self, Replication, StartupPacket, StartupParams};
 use crate::tls::TlsPeer;
 
 /// Largest password or SASL message accepted from a client before it is logged in.
@@ -36,6 +36,8 @@ pub struct LoggedIn {
     /// the last SASL message), sent with AuthenticationOk and the welcome in one
     /// write: a system call per login saved. Empty and unallocated for most logins.
     pub greeting: BytesMut,
+    /// A replication client's kind (the `replication` startup parameter).
+    pub replication: Option<Replication>,
 }
 
 /// What the startup phase produced.
@@ -185,10 +187,15 @@ pub async fn login(
     let extra = &s.track_extra_parameters;
     let mut tracked = StartupTracked::default();
     let mut protocol_options = Vec::new();
+    let mut replication = None;
     for (k, v) in startup_params.iter() {
         match k {
             "user" => user = Some(v.to_owned()),
             "database" => database = Some(v.to_owned()),
+            "replication" => {
+                replication =
+                    Replication::parse(v).map_err(|m| ClientError::fatal(PROTOCOL_VIOLATION, m))?;
+            }
             k if k.starts_with("_pq_.") => protocol_options.push(k.to_owned()),
             k => match params::canonical(extra, k) {
                 Some(name) => tracked.set(name, v),
@@ -261,6 +268,10 @@ pub async fn login(
         _ => None,
     };
     let stored = listed.or(queried.as_deref());
+    let came = Came {
+        physical_replication: replication == Some(Replication::Physical),
+        ..came
+    };
     let proof = authenticate(
         &cfg,
         db,
@@ -324,6 +335,7 @@ pub async fn login(
         pool,
         params,
         greeting: out,
+        replication,
     })
 }
 

@@ -25,7 +25,7 @@ use crate::net::{Origin, PeerAddr, Stream};
 use crate::pool::PoolError;
 use crate::protocol::backend;
 use crate::protocol::sqlstate::*;
-use crate::stats::conns::{ClientInfo, ClientMeta};
+use crate::stats::conns::{ClientInfo, ClientKind, ClientMeta};
 use crate::tls::{TlsInfo, TlsPeer};
 use login::{LoggedIn, Startup};
 use relay::{Relay, Timeouts};
@@ -178,7 +178,11 @@ async fn serve_client(app: Arc<App>, mut stream: Stream, origin: Origin) {
                     PeerAddr::Tcp(a) => Some(a.ip()),
                     PeerAddr::Unix => None,
                 };
-                let came = identity::Came { addr, tls: &tls };
+                let came = identity::Came {
+                    addr,
+                    tls: &tls,
+                    physical_replication: false,
+                };
                 if crate::admin::is_console(&params) {
                     // Boxed: rare, and its future is as large as a pooled login's.
                     let unix = !tcp;
@@ -290,7 +294,9 @@ async fn open_session(
         peer: peer.clone(),
         local_addr: local.map(Into::into),
         application_name: who.params.get("application_name").unwrap_or("").into(),
-        admin: false,
+        kind: who
+            .replication
+            .map_or(ClientKind::Pooled, ClientKind::Replication),
         tls,
     }));
     let log_pooler_errors = cfg.settings.log_pooler_errors;

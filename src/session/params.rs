@@ -275,6 +275,11 @@ impl ClientParams {
         !matches(&self.set, server)
     }
 
+    /// The client's tracked values, as (name, value).
+    pub fn values(&self) -> &[(String, String)] {
+        &self.set.values
+    }
+
     /// The tracked values this client wants, for a request left in a pool's line.
     pub fn wanted(&self) -> &Arc<ParamSet> {
         &self.set

@@ -82,6 +82,8 @@ pub(crate) struct Session {
     server: Option<ServerConn>,
     params: ClientParams,
     mode: PoolMode,
+    /// A replication client: a server connection of its own, for the whole session.
+    replication: Option<crate::protocol::startup::Replication>,
     release_at: ReleaseAt,
     reset_always: bool,
     pub(super) log_disconnections: bool,
@@ -291,7 +293,8 @@ impl Session {
         let (pool, relay) = (&self.pool, self.relay.get());
         let request_at = relay.last_read();
         self.info.set_waiting(request_at);
-        if self.slot.0.gate_blocks(&pool.key.database) {
+        // A replication client never takes a pooled server (`Session::link`).
+        if self.slot.0.gate_blocks(&pool.key.database) || self.replication.is_some() {
             return Err(Pending::Other(None));
         }
         match pool.checkout(request_at, waker) {
@@ -359,7 +362,7 @@ impl Session {
                 std::pin::pin!(async move {
                     let mut s = pool.redeem(place, note).await?;
                     if params.differs(&mut s) {
-                        return Box::pin(acquire_linked(pool, params, Some(s), note)).await;
+                        return Box::pin(acquire_linked(pool, params, Some(s), note, None)).await;
                     }
                     Ok(s)
                 }),
@@ -399,7 +402,7 @@ impl Session {
             }
         }
         let asked = Tick::now();
-        let (pool, relay) = (&self.pool, self.relay.get());
+        let (pool, relay, own) = (&self.pool, self.relay.get(), self.replication);
         let notice = AtomicBool::new(false);
         let note = || notice.store(true, Ordering::Relaxed);
         let acquired = watch_client(
@@ -407,7 +410,7 @@ impl Session {
             relay,
             || {},
             &notice,
-            std::pin::pin!(acquire_linked(pool, &mut self.params, fast, note)),
+            std::pin::pin!(acquire_linked(pool, &mut self.params, fast, note, own)),
         )
         .await;
         match self.linked(asked, None, acquired) {

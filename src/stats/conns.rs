@@ -70,10 +70,36 @@ pub struct ClientMeta {
     pub peer: PeerAddr,
     pub local_addr: Option<CompactAddr>,
     pub application_name: Box<str>,
-    /// A console connection rather than a pooled one.
-    pub admin: bool,
+    /// A pooled client, a replication one, or a console connection. One byte, in
+    /// what was padding: an idle client's console entry is no larger.
+    pub kind: ClientKind,
     /// What its TLS session negotiated; all zero for plaintext.
     pub tls: crate::tls::TlsInfo,
+}
+
+/// What a client is, for the console.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientKind {
+    Pooled,
+    /// A replication connection (a server of its own).
+    Replication(crate::protocol::startup::Replication),
+    /// A connection to the admin console.
+    Console,
+}
+
+impl ClientMeta {
+    /// A console connection rather than a pooled one.
+    pub fn is_admin(&self) -> bool {
+        self.kind == ClientKind::Console
+    }
+
+    /// A replication connection's kind (SHOW CLIENTS and SERVERS `replication`).
+    pub fn replication(&self) -> Option<crate::protocol::startup::Replication> {
+        match self.kind {
+            ClientKind::Replication(r) => Some(r),
+            _ => None,
+        }
+    }
 }
 
 /// Why a client was killed (the reason it is told, and the log's).
@@ -471,7 +497,7 @@ pub(crate) fn test_meta(id: u64) -> ClientMeta {
         peer: PeerAddr::Unix,
         local_addr: None,
         application_name: "".into(),
-        admin: false,
+        kind: ClientKind::Pooled,
         tls: Default::default(),
     }
 }

@@ -24,6 +24,7 @@ mod listeners;
 mod pooling;
 mod prepared_sql;
 mod relay;
+mod replication;
 mod signals;
 mod sleep;
 mod startup;

@@ -39,6 +39,9 @@ pub const SCRAM_PASSWORD: &str = "scrampass";
 pub const PLAIN_USER: &str = "sluice_plain";
 pub const PLAIN_PASSWORD: &str = "plainpass";
 pub const TRUST_USER: &str = "sluice_trust";
+/// A role with the REPLICATION attribute (md5), for replication connections.
+pub const REPL_USER: &str = "sluice_repl";
+pub const REPL_PASSWORD: &str = "replpass";
 /// Database created by [`pg()`], usable by all four roles.
 pub const TEST_DB: &str = "sluice_test";
 
@@ -48,6 +51,7 @@ pub fn password_for(user: &str) -> Option<&'static str> {
         MD5_USER => Some(MD5_PASSWORD),
         SCRAM_USER => Some(SCRAM_PASSWORD),
         PLAIN_USER => Some(PLAIN_PASSWORD),
+        REPL_USER => Some(REPL_PASSWORD),
         _ => None,
     }
 }

@@ -265,6 +265,8 @@ impl PgServer {
                    host all sluice_plain 127.0.0.1/32 password\n\
                    host all sluice_slow_scram 127.0.0.1/32 scram-sha-256\n\
                    host all sluice_trust 127.0.0.1/32 trust\n\
+                   host replication sluice_repl 127.0.0.1/32 md5\n\
+                   host all sluice_repl 127.0.0.1/32 md5\n\
                    host all all 127.0.0.1/32 trust\n";
         std::fs::write(self.data_dir.join("pg_hba.conf"), hba)
             .map_err(|e| format!("write pg_hba.conf: {e}"))?;
@@ -304,6 +306,7 @@ impl PgServer {
             "postgres",
             "SET password_encryption = 'md5';\n\
              CREATE ROLE sluice_md5 LOGIN PASSWORD 'md5pass';\n\
+             CREATE ROLE sluice_repl LOGIN REPLICATION PASSWORD 'replpass';\n\
              SET password_encryption = 'scram-sha-256';\n\
              CREATE ROLE sluice_scram LOGIN PASSWORD 'scrampass';\n\
              CREATE ROLE sluice_plain LOGIN PASSWORD 'plainpass';\n\
@@ -311,7 +314,8 @@ impl PgServer {
              CREATE ROLE sluice_slow_scram LOGIN;\n\
              CREATE DATABASE sluice_test OWNER postgres;\n\
              GRANT ALL ON DATABASE sluice_test \
-               TO sluice_md5, sluice_scram, sluice_plain, sluice_trust, sluice_slow_scram;\n",
+               TO sluice_md5, sluice_scram, sluice_plain, sluice_trust, sluice_slow_scram, \
+               sluice_repl;\n",
         )?;
         self.try_psql(
             "sluice_test",

@@ -9,6 +9,7 @@ use super::Session;
 use crate::config::PoolMode;
 use crate::net::Stream;
 use crate::protocol::backend;
+use crate::session::assign::acquire_linked;
 use crate::session::login::LoggedIn;
 use crate::session::relay::{Parked, RelaySlot, ReleaseAt};
 use crate::session::{fail_client, protocol_failure, timeouts, ClientSlot, ClientTag};
@@ -38,14 +39,21 @@ impl Session {
             params,
             user,
             greeting,
+            replication,
             ..
         } = who;
         let app = &r.slot.0;
         let cfg = app.config();
-        let mode = pool.config().pool_mode;
+        // A replication client holds its own server for its whole session, whatever
+        // the pool's mode (and server_fast_close does not cut it short).
+        let mode = match replication {
+            Some(_) => PoolMode::Session,
+            None => pool.config().pool_mode,
+        };
         // server_fast_close: a session-mode server retired by RECONNECT or a reload
         // closes at the end of the current transaction, and the client with it.
-        let fast_close = mode == PoolMode::Session && cfg.settings.server_fast_close;
+        let fast_close =
+            mode == PoolMode::Session && cfg.settings.server_fast_close && replication.is_none();
         let release_at = match mode {
             PoolMode::Session if fast_close => ReleaseAt::SessionCheckpoints,
             PoolMode::Session => ReleaseAt::SessionEnd,
@@ -72,6 +80,7 @@ impl Session {
             relay: RelaySlot::new(kept),
             server: None,
             mode,
+            replication,
             release_at,
             fresh: true,
             slot: r.slot,
@@ -90,6 +99,23 @@ impl Session {
             .or_else(|| self.app().pools.sibling_welcome(pool))
         {
             Some(w) => w,
+            // A replication client's own server, opened now (PgBouncer links one at
+            // once): its parameters are this client's welcome, and no plain
+            // connection is opened just to learn them.
+            None if self.replication.is_some() => {
+                let pool = pool.clone();
+                let own = self.replication;
+                let acquired = acquire_linked(&pool, &mut self.params, None, || {}, own);
+                match Box::pin(acquired).await {
+                    Ok(server) => {
+                        let w = Arc::new(server.params.values.clone());
+                        self.info.link(&server.ident, 0);
+                        self.server = Some(server);
+                        w
+                    }
+                    Err(e) => return Err(Box::pin(fail_client(stream, self.tag(), &e)).await),
+                }
+            }
             None => match Box::pin(pool.acquire()).await {
                 Ok(server) => {
                     pool.release(server, true);

@@ -1,0 +1,182 @@
+//! Replication connections (the `replication` startup parameter), as PgBouncer 1.23
+//! passes them on: each gets a server connection of its own, opened with its
+//! `replication` value, held for its whole session in any pool mode and closed when
+//! it leaves. Clients: psql, pg_basebackup (which streams WAL beside the copy) and a
+//! raw client that holds a physical connection open while the console looks.
+
+use std::time::Duration;
+
+use crate::support::probe::within;
+use crate::support::wire::{self, RawClient};
+use crate::support::{
+    self, pg, wait_until, Sluice, SluiceBuilder, TempDir, MD5_PASSWORD, MD5_USER, REPL_PASSWORD,
+    REPL_USER, TEST_DB,
+};
+
+const T: Duration = Duration::from_secs(30);
+
+/// Transaction pooling, two servers a pool; `replication` (the database physical
+/// replication tools log in to) leads to the test database.
+fn start() -> Sluice {
+    SluiceBuilder::new()
+        .userlist(REPL_USER, REPL_PASSWORD)
+        .userlist(MD5_USER, MD5_PASSWORD)
+        .userlist("admin", "adminpw")
+        .setting("admin_users", "admin")
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "2")
+        .database(
+            "replication",
+            &format!("host=127.0.0.1 port=@PG_PORT@ dbname={TEST_DB}"),
+        )
+        .start()
+}
+
+/// Walsenders of the replication role whose application_name is (`true`) or is not
+/// pg_basebackup's, as PostgreSQL counts them (the two tests run side by side).
+fn walsenders(basebackup: bool) -> usize {
+    let op = if basebackup { "=" } else { "<>" };
+    let out = pg().psql(&format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender' \
+         AND usename = '{REPL_USER}' AND application_name {op} 'pg_basebackup'"
+    ));
+    out.trim().parse().unwrap_or(usize::MAX)
+}
+
+/// psql as the replication role with `replication=<mode>` (in the connection
+/// string: psql has no flag for it), running `sql`.
+fn psql_replication(s: &Sluice, db: &str, mode: &str, sql: &str) -> (bool, String) {
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user={REPL_USER} dbname={db} replication={mode}",
+        s.port()
+    );
+    let mut cmd = std::process::Command::new(pg().bin("psql"));
+    cmd.env("PGPASSWORD", REPL_PASSWORD)
+        .args(["-X", "-A", "-t", "-F", "|", "-d", &conninfo, "-c", sql]);
+    let out = support::run_bounded(&mut cmd, None, T).expect("psql hung");
+    let text = if out.status.success() {
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    } else {
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    (out.status.success(), text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replication_clients_get_servers_of_their_own() {
+    let s = start();
+    // Physical: a walsender answers IDENTIFY_SYSTEM (system id, timeline, position,
+    // no database).
+    let (ok, text) = psql_replication(&s, "replication", "true", "IDENTIFY_SYSTEM");
+    assert!(ok, "{text}\n{}", s.diagnostics());
+    let fields: Vec<&str> = text.split('|').collect();
+    assert_eq!(fields.len(), 4, "{text}");
+    assert!(
+        fields[0].parse::<u64>().is_ok() && fields[3].is_empty(),
+        "{text}"
+    );
+    // Logical: the walsender is connected to the database.
+    let (ok, text) = psql_replication(&s, TEST_DB, "database", "IDENTIFY_SYSTEM");
+    assert!(ok, "{text}");
+    assert!(text.ends_with(&format!("|{TEST_DB}")), "{text}");
+
+    // A physical client held open: the console shows it and its server as such.
+    let mut raw = RawClient::login(
+        s.port(),
+        REPL_USER,
+        REPL_PASSWORD,
+        "replication",
+        &[("replication", "true")],
+    )
+    .await
+    .expect("replication login");
+    raw.query("IDENTIFY_SYSTEM").await.expect("send");
+    let msgs = raw.until_ready(T).await;
+    assert!(wire::first_error(&msgs).is_none(), "{msgs:?}");
+    assert_eq!(wire::first_column(&msgs).len(), 1, "{msgs:?}");
+    assert_eq!(walsenders(false), 1);
+    let admin = crate::admin::console(&s, "admin", "adminpw").await;
+    for show in ["SHOW CLIENTS", "SHOW SERVERS"] {
+        let rows = within(T, show, admin.simple_query(show)).await.expect(show);
+        let kinds: Vec<String> = rows
+            .iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) if r.get(1) == Some(REPL_USER) => {
+                    r.get(3).map(str::to_owned)
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(kinds, ["physical"], "{show}");
+    }
+    // A plain client of another pool is served by a plain backend meanwhile.
+    let c = within(
+        T,
+        "plain",
+        support::connect(&s.config(MD5_USER, MD5_PASSWORD, TEST_DB)),
+    )
+    .await;
+    let kind: String = c
+        .query_one(
+            "SELECT backend_type FROM pg_stat_activity WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .expect("query")
+        .get(0);
+    assert_eq!(kind, "client backend");
+
+    // Leaving closes its server: no walsender is left, none was pooled.
+    drop(raw);
+    assert!(
+        wait_until(Duration::from_secs(10), || walsenders(false) == 0),
+        "walsenders left: {}",
+        walsenders(false)
+    );
+
+    // A bad value is refused with PostgreSQL's words.
+    let e = RawClient::login(
+        s.port(),
+        REPL_USER,
+        REPL_PASSWORD,
+        "replication",
+        &[("replication", "maybe")],
+    )
+    .await
+    .err()
+    .unwrap_or_default();
+    assert!(
+        e.contains("invalid value for parameter \"replication\""),
+        "{e}"
+    );
+}
+
+/// pg_basebackup through Sluice: the base backup's copy, and the WAL streamed beside
+/// it on a second replication connection (CopyBoth), with the pool's two places.
+#[test]
+fn pg_basebackup_copies_the_cluster() {
+    let s = start();
+    let dir = TempDir::new("sluice-basebackup");
+    let target = dir.join("copy");
+    let mut cmd = std::process::Command::new(pg().bin("pg_basebackup"));
+    cmd.env("PGPASSWORD", REPL_PASSWORD)
+        .arg("-d")
+        .arg(format!("host=127.0.0.1 port={} user={REPL_USER}", s.port()))
+        .arg("-D")
+        .arg(&target)
+        .args(["-X", "stream", "-c", "fast", "--no-sync"]);
+    let out =
+        support::run_bounded(&mut cmd, None, Duration::from_secs(120)).expect("pg_basebackup hung");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        s.diagnostics()
+    );
+    assert!(target.join("PG_VERSION").exists());
+    assert!(target
+        .join("pg_wal")
+        .read_dir()
+        .is_ok_and(|mut d| d.next().is_some()));
+    assert!(wait_until(Duration::from_secs(10), || walsenders(true) == 0));
+}
