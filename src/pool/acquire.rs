@@ -73,9 +73,7 @@ impl Pool {
                 if st.closed {
                     return Err(PoolError::PoolClosed);
                 }
-                if let Some(mut conn) = pop_idle(&mut st, now, &mut doomed) {
-                    st.active += 1;
-                    conn.lent = super::LentMark::lent_by(self.clone());
+                if let Some(conn) = self.lend_idle(&mut st, now, &mut doomed) {
                     Step::Idle(conn)
                 } else if cfg.pool_size == 0 || st.total < cfg.pool_size {
                     st.total += 1;
@@ -105,6 +103,19 @@ impl Pool {
         }
     }
 
+    /// An idle connection (see `pop_idle`), counted as lent by this pool.
+    fn lend_idle(
+        self: &Arc<Self>,
+        st: &mut PoolState,
+        now: Tick,
+        doomed: &mut Vec<ServerConn>,
+    ) -> Option<ServerConn> {
+        let mut conn = pop_idle(st, now, doomed)?;
+        st.active += 1;
+        conn.lent = super::LentMark::lent_by(self.clone());
+        Some(conn)
+    }
+
     /// A new connection of its own for a replication client, opened with `extra`
     /// startup parameters (`replication` and the client's values), as PgBouncer
     /// does: never an idle one, and closed when released. It takes a place of the
@@ -128,10 +139,7 @@ impl Pool {
                 if cfg.pool_size == 0 || st.total < cfg.pool_size {
                     st.total += 1;
                     Step::Connect
-                } else if let Some(conn) = pop_idle(&mut st, Tick::now(), &mut doomed) {
-                    st.active += 1;
-                    let mut conn = conn;
-                    conn.lent = super::LentMark::lent_by(self.clone());
+                } else if let Some(conn) = self.lend_idle(&mut st, Tick::now(), &mut doomed) {
                     Step::Idle(conn)
                 } else {
                     Step::Wait(line::join(self, &mut st, Tick::now(), &waker))

@@ -233,12 +233,7 @@ fn psql(sluice: &Sluice, host: &str, user: &str, password: &str, sql: &str) -> (
     }
     cmd.args(["-c", sql]);
     let out = support::run_bounded(&mut cmd, None, PSQL_LIMIT).expect("psql hung");
-    let text = if out.status.success() {
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    } else {
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    };
-    (out.status.success(), text)
+    support::outcome(&out)
 }
 
 #[test]

@@ -54,12 +54,7 @@ fn psql_replication(s: &Sluice, db: &str, mode: &str, sql: &str) -> (bool, Strin
     cmd.env("PGPASSWORD", REPL_PASSWORD)
         .args(["-X", "-A", "-t", "-F", "|", "-d", &conninfo, "-c", sql]);
     let out = support::run_bounded(&mut cmd, None, T).expect("psql hung");
-    let text = if out.status.success() {
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    } else {
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    };
-    (out.status.success(), text)
+    support::outcome(&out)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -118,12 +118,7 @@ pub(crate) fn psql_tls(s: &Sluice, db: &str, env: &[(&str, &str)], sql: &str) ->
     }
     cmd.args(["-c", sql]);
     let out = support::run_bounded(&mut cmd, None, T).expect("psql hung");
-    let text = if out.status.success() {
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    } else {
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    };
-    (out.status.success(), text)
+    support::outcome(&out)
 }
 
 /// psql as the md5 user over TCP with `sslmode=require` and no client certificate,

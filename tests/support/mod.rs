@@ -199,6 +199,17 @@ fn pg_bindir_bin(name: &str) -> PathBuf {
     }
 }
 
+/// Whether a command succeeded, and what it said: its standard output (trimmed)
+/// if so, its standard error if not.
+pub fn outcome(out: &std::process::Output) -> (bool, String) {
+    let text = if out.status.success() {
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    } else {
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    (out.status.success(), text)
+}
+
 /// Runs `cmd` to completion with piped stdout/stderr, optionally feeding `stdin`.
 /// Returns `None` (after killing the child) if it runs longer than `timeout`.
 /// Panics only if the program cannot be spawned.
