@@ -185,6 +185,13 @@ pub async fn login(
     let mut user = None;
     let mut database = None;
     let extra = &s.track_extra_parameters;
+    // Settings from `options`, owned here: `tracked` borrows them.
+    let mut from_options = Vec::new();
+    let ignored = |k: &str| {
+        s.ignore_startup_parameters
+            .iter()
+            .any(|i| i.eq_ignore_ascii_case(k))
+    };
     let mut tracked = StartupTracked::default();
     let mut protocol_options = Vec::new();
     let mut replication = None;
@@ -197,14 +204,16 @@ pub async fn login(
                     Replication::parse(v).map_err(|m| ClientError::fatal(PROTOCOL_VIOLATION, m))?;
             }
             k if k.starts_with("_pq_.") => protocol_options.push(k.to_owned()),
+            // Read even when ignore_startup_parameters names it (then only what
+            // cannot be taken is ignored, malformed text included), as PgBouncer.
+            "options" => match super::options::parse(v) {
+                Ok(settings) => from_options = settings,
+                Err(_) if ignored("options") => {}
+                Err(m) => return Err(ClientError::fatal(PROTOCOL_VIOLATION, m)),
+            },
             k => match params::canonical(extra, k) {
                 Some(name) => tracked.set(name, v),
-                None if s
-                    .ignore_startup_parameters
-                    .iter()
-                    .any(|i| i.eq_ignore_ascii_case(k)) => {}
-                // libpq sends an empty `options` only when set; an empty one is harmless.
-                None if k == "options" && v.trim().is_empty() => {}
+                None if ignored(k) => {}
                 None => {
                     return Err(ClientError::fatal(
                         PROTOCOL_VIOLATION,
@@ -212,6 +221,21 @@ pub async fn login(
                     ));
                 }
             },
+        }
+    }
+    // What `options` sets, unless set on its own too (which PostgreSQL applies
+    // after the options).
+    for (k, v) in &from_options {
+        match params::canonical(extra, k) {
+            Some(name) if !tracked.has(name) => tracked.set(name, v),
+            Some(_) => {}
+            None if ignored(k) || ignored("options") => {}
+            None => {
+                return Err(ClientError::fatal(
+                    PROTOCOL_VIOLATION,
+                    format!("unsupported startup parameter in options: {k}"),
+                ));
+            }
         }
     }
     if minor > 0 || !protocol_options.is_empty() {

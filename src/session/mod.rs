@@ -8,6 +8,7 @@ pub mod framer;
 pub mod identity;
 pub mod keeper;
 pub mod login;
+mod options;
 pub mod params;
 pub mod relay;
 mod run;

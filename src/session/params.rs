@@ -54,6 +54,11 @@ pub struct StartupTracked<'a> {
 impl<'a> StartupTracked<'a> {
     /// Notes a tracked parameter's value (`name` in canonical spelling); a repeated
     /// name keeps its place and takes the new value, as in [`ClientParams::set`].
+    /// Whether `name` (canonical) was given.
+    pub fn has(&self, name: &str) -> bool {
+        self.iter().any(|(k, _)| *k == name)
+    }
+
     pub fn set(&mut self, name: &'a str, value: &'a str) {
         let (first, more) = (&mut self.pairs[..self.len], &mut self.more);
         if let Some(p) = first

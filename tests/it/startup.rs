@@ -112,6 +112,64 @@ fn startup_ignored_parameter_is_accepted() {
     );
 }
 
+/// `options` (libpq's, `PGOPTIONS`) as PgBouncer reads it: `-c`/`--` settings of
+/// tracked parameters are taken (and reach the server in transaction pooling too);
+/// any other setting, or another switch, is refused, unless
+/// `ignore_startup_parameters` names `options`.
+#[test]
+fn startup_options_set_tracked_parameters() {
+    let sluice = trust_builder().setting("pool_mode", "transaction").start();
+    let show = |options: &str, sql: &str| {
+        let mut params = trust_params();
+        params.push(("options", options));
+        let mut c = RawConn::tcp(sluice.port());
+        c.login_no_password(&params).unwrap();
+        c.simple_query(sql).unwrap()
+    };
+    let options = "-c timezone=Portugal  -c    datestyle=German,\\ YMD";
+    assert_eq!(
+        show(options, "SHOW timezone"),
+        vec![Some("Portugal".into())]
+    );
+    assert_eq!(
+        show(options, "SHOW DateStyle"),
+        vec![Some("German, YMD".into())]
+    );
+    assert_eq!(
+        show("--TimeZone=Europe/Lisbon", "SHOW timezone"),
+        vec![Some("Europe/Lisbon".into())]
+    );
+    for (options, message) in [
+        ("-c enable_seqscan=off", "unsupported startup parameter in options: enable_seqscan"),
+        (
+            "-d",
+            "unsupported options startup parameter: only '-c config=val' and '--config=val' are allowed",
+        ),
+    ] {
+        let mut params = trust_params();
+        params.push(("options", options));
+        expect_refused(&sluice, &raw::startup_packet(raw::PROTOCOL_3_0, &params), "08P01", message);
+    }
+    assert_serves(&sluice);
+
+    // Named in ignore_startup_parameters: what cannot be taken is ignored.
+    let lenient = trust_builder()
+        .setting("ignore_startup_parameters", "options")
+        .start();
+    let mut params = trust_params();
+    params.push(("options", "-c enable_seqscan=off -c timezone=Portugal"));
+    let mut c = RawConn::tcp(lenient.port());
+    c.login_no_password(&params).unwrap();
+    assert_eq!(
+        c.simple_query("SHOW enable_seqscan").unwrap(),
+        vec![Some("on".into())]
+    );
+    assert_eq!(
+        c.simple_query("SHOW timezone").unwrap(),
+        vec![Some("Portugal".into())]
+    );
+}
+
 #[test]
 fn startup_missing_user_is_refused() {
     let sluice = trust_builder().start();
