@@ -30,6 +30,9 @@ pub(super) async fn acquire_linked(
         // replication connection takes no SET.
         let mut extra = params.values().to_vec();
         extra.push(("replication".to_owned(), kind.param().to_owned()));
+        if let Some(options) = params.startup_options() {
+            extra.push(("options".to_owned(), options.to_owned()));
+        }
         return Box::pin(pool.acquire_dedicated(&extra)).await;
     }
     let mut server = match have {

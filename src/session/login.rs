@@ -195,6 +195,7 @@ pub async fn login(
     let mut tracked = StartupTracked::default();
     let mut protocol_options = Vec::new();
     let mut replication = None;
+    let mut raw_options = None;
     for (k, v) in startup_params.iter() {
         match k {
             "user" => user = Some(v.to_owned()),
@@ -206,11 +207,7 @@ pub async fn login(
             k if k.starts_with("_pq_.") => protocol_options.push(k.to_owned()),
             // Read even when ignore_startup_parameters names it (then only what
             // cannot be taken is ignored, malformed text included), as PgBouncer.
-            "options" => match super::options::parse(v) {
-                Ok(settings) => from_options = settings,
-                Err(_) if ignored("options") => {}
-                Err(m) => return Err(ClientError::fatal(PROTOCOL_VIOLATION, m)),
-            },
+            "options" => raw_options = Some(v),
             k => match params::canonical(extra, k) {
                 Some(name) => tracked.set(name, v),
                 None if ignored(k) => {}
@@ -221,6 +218,15 @@ pub async fn login(
                     ));
                 }
             },
+        }
+    }
+    // A replication client's `options` go to its own server as they are (see
+    // below); anyone else's are read for tracked settings, as PgBouncer does.
+    if let (None, Some(v)) = (replication, raw_options) {
+        match super::options::parse(v) {
+            Ok(settings) => from_options = settings,
+            Err(_) if ignored("options") => {}
+            Err(m) => return Err(ClientError::fatal(PROTOCOL_VIOLATION, m)),
         }
     }
     // What `options` sets, unless set on its own too (which PostgreSQL applies
@@ -338,7 +344,7 @@ pub async fn login(
     let reused = (!s.application_name_add_host)
         .then(|| pool.shared_params.reuse(extra, &tracked))
         .flatten();
-    let params = match reused {
+    let mut params = match reused {
         Some(p) => p,
         None => {
             let mut params = ClientParams::build(extra, &tracked);
@@ -353,6 +359,9 @@ pub async fn login(
             params
         }
     };
+    if let (Some(_), Some(o)) = (replication, raw_options.filter(|o| !o.trim().is_empty())) {
+        params.set_startup_options(o);
+    }
     Ok(LoggedIn {
         user,
         database,

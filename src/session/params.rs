@@ -112,6 +112,8 @@ pub struct ParamSet {
     values: Vec<(String, String)>,
     /// `track_extra_parameters`, in their configured spelling.
     extra: Vec<String>,
+    /// A replication client's `options`, passed to its server as given.
+    options: Option<Box<str>>,
 }
 
 /// The parameter set a pool's newest client got: the next client with the same
@@ -155,6 +157,7 @@ impl ClientParams {
             set: Arc::new(ParamSet {
                 values: Vec::new(),
                 extra: extra.to_vec(),
+                options: None,
             }),
         }
     }
@@ -278,6 +281,17 @@ impl ClientParams {
     /// A match is remembered on the server, so the next check is a pointer compare.
     pub fn differs(&self, server: &mut ServerConn) -> bool {
         !matches(&self.set, server)
+    }
+
+    /// Keeps a replication client's `options` as given: its server is its own, so
+    /// every setting can go to it (CREATE SUBSCRIPTION sends extra_float_digits).
+    pub fn set_startup_options(&mut self, options: &str) {
+        Arc::make_mut(&mut self.set).options = Some(options.into());
+    }
+
+    /// What [`ClientParams::set_startup_options`] kept.
+    pub fn startup_options(&self) -> Option<&str> {
+        self.set.options.as_deref()
     }
 
     /// The client's tracked values, as (name, value).

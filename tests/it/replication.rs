@@ -32,26 +32,40 @@ fn start() -> Sluice {
         .start()
 }
 
-/// Walsenders of the replication role whose application_name is (`true`) or is not
-/// pg_basebackup's, as PostgreSQL counts them (the two tests run side by side).
-fn walsenders(basebackup: bool) -> usize {
-    let op = if basebackup { "=" } else { "<>" };
+/// Walsenders of the replication role with this application_name, as PostgreSQL
+/// counts them (the tests here run side by side).
+fn walsenders(app: &str) -> usize {
     let out = pg().psql(&format!(
         "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender' \
-         AND usename = '{REPL_USER}' AND application_name {op} 'pg_basebackup'"
+         AND usename = '{REPL_USER}' AND application_name = '{app}'"
     ));
     out.trim().parse().unwrap_or(usize::MAX)
 }
 
+/// The raw replication client's application_name.
+const HELD: &str = "sluice_held_replica";
+
 /// psql as the replication role with `replication=<mode>` (in the connection
 /// string: psql has no flag for it), running `sql`.
 fn psql_replication(s: &Sluice, db: &str, mode: &str, sql: &str) -> (bool, String) {
+    psql_replication_with(s, db, mode, "", sql)
+}
+
+/// [`psql_replication`] with `PGOPTIONS`.
+fn psql_replication_with(
+    s: &Sluice,
+    db: &str,
+    mode: &str,
+    options: &str,
+    sql: &str,
+) -> (bool, String) {
     let conninfo = format!(
         "host=127.0.0.1 port={} user={REPL_USER} dbname={db} replication={mode}",
         s.port()
     );
     let mut cmd = std::process::Command::new(pg().bin("psql"));
     cmd.env("PGPASSWORD", REPL_PASSWORD)
+        .env("PGOPTIONS", options)
         .args(["-X", "-A", "-t", "-F", "|", "-d", &conninfo, "-c", sql]);
     let out = support::run_bounded(&mut cmd, None, T).expect("psql hung");
     support::outcome(&out)
@@ -74,6 +88,16 @@ async fn replication_clients_get_servers_of_their_own() {
     let (ok, text) = psql_replication(&s, TEST_DB, "database", "IDENTIFY_SYSTEM");
     assert!(ok, "{text}");
     assert!(text.ends_with(&format!("|{TEST_DB}")), "{text}");
+    // Its `options` go to its own server as given, untracked settings included (a
+    // logical subscriber sends extra_float_digits); a logical walsender runs SQL.
+    let (ok, text) = psql_replication_with(
+        &s,
+        TEST_DB,
+        "database",
+        "-c extra_float_digits=3",
+        "SHOW extra_float_digits",
+    );
+    assert_eq!((ok, text.as_str()), (true, "3"), "{}", s.diagnostics());
 
     // A physical client held open: the console shows it and its server as such.
     let mut raw = RawClient::login(
@@ -81,7 +105,7 @@ async fn replication_clients_get_servers_of_their_own() {
         REPL_USER,
         REPL_PASSWORD,
         "replication",
-        &[("replication", "true")],
+        &[("replication", "true"), ("application_name", HELD)],
     )
     .await
     .expect("replication login");
@@ -89,7 +113,7 @@ async fn replication_clients_get_servers_of_their_own() {
     let msgs = raw.until_ready(T).await;
     assert!(wire::first_error(&msgs).is_none(), "{msgs:?}");
     assert_eq!(wire::first_column(&msgs).len(), 1, "{msgs:?}");
-    assert_eq!(walsenders(false), 1);
+    assert_eq!(walsenders(HELD), 1);
     let admin = crate::admin::console(&s, "admin", "adminpw").await;
     for show in ["SHOW CLIENTS", "SHOW SERVERS"] {
         let rows = within(T, show, admin.simple_query(show)).await.expect(show);
@@ -124,9 +148,9 @@ async fn replication_clients_get_servers_of_their_own() {
     // Leaving closes its server: no walsender is left, none was pooled.
     drop(raw);
     assert!(
-        wait_until(Duration::from_secs(10), || walsenders(false) == 0),
+        wait_until(Duration::from_secs(10), || walsenders(HELD) == 0),
         "walsenders left: {}",
-        walsenders(false)
+        walsenders(HELD)
     );
 
     // A bad value is refused with PostgreSQL's words.
@@ -173,5 +197,23 @@ fn pg_basebackup_copies_the_cluster() {
         .join("pg_wal")
         .read_dir()
         .is_ok_and(|mut d| d.next().is_some()));
-    assert!(wait_until(Duration::from_secs(10), || walsenders(true) == 0));
+    assert!(wait_until(Duration::from_secs(10), || walsenders(
+        "pg_basebackup"
+    ) == 0));
+}
+
+/// A replication stream is one long command: `query_timeout` does not cut it.
+#[test]
+fn query_timeout_spares_replication_clients() {
+    let s = SluiceBuilder::new()
+        .userlist(REPL_USER, REPL_PASSWORD)
+        .setting("query_timeout", "1")
+        .start();
+    let (ok, text) = psql_replication(&s, TEST_DB, "database", "SELECT pg_sleep(2.5)");
+    assert!(ok, "{text}\n{}", s.diagnostics());
+    // A plain client of the same pool is held to it.
+    let mut cmd = support::psql_cmd_pw(s.port(), "127.0.0.1", REPL_USER, TEST_DB, REPL_PASSWORD);
+    cmd.args(["-c", "SELECT pg_sleep(2.5)"]);
+    let (ok, text) = support::outcome(&support::run_bounded(&mut cmd, None, T).expect("psql"));
+    assert!(!ok && text.contains("query_timeout"), "{text}");
 }

@@ -152,6 +152,14 @@ impl Timeouts {
         }
     }
 
+    /// Only `client_idle_timeout`: for a replication client, whose stream is one
+    /// long command.
+    pub fn streaming(self) -> Timeouts {
+        Timeouts {
+            ms: [0, 0, 0, self.ms[3]],
+        }
+    }
+
     /// Whether every timeout is off.
     pub fn none(&self) -> bool {
         self.ms == [0; 4]

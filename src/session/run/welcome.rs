@@ -61,7 +61,14 @@ impl Session {
             PoolMode::Statement => ReleaseAt::StatementEnd,
         };
         // An idle client keeps only the parked part of its relay.
-        let mut kept = Parked::new(cfg.settings.max_packet_size, timeouts(&cfg, &user));
+        let mut limits = timeouts(&cfg, &user);
+        if replication.is_some() {
+            // A stream runs for as long as the replica follows: no query or
+            // transaction limit applies to it (PostgreSQL's statement_timeout does
+            // not either). client_idle_timeout still does, between commands.
+            limits = limits.streaming();
+        }
+        let mut kept = Parked::new(cfg.settings.max_packet_size, limits);
         if cfg.settings.disable_pqexec {
             kept.refuse_simple_query();
         }
