@@ -3,6 +3,8 @@
 //! DNS records carry. The lookup itself is the system resolver's (`getaddrinfo`, on
 //! a blocking thread), so `/etc/hosts` and `nsswitch.conf` apply as for libpq.
 //!
+//! Connections that need a name while it is being looked up share that lookup.
+//!
 //! The cache belongs to one loaded configuration (a reload starts an empty one), and
 //! holds only the names in `[databases]` host entries: the operator's, never a
 //! client's.
@@ -10,7 +12,7 @@
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rustc_hash::FxHashMap;
@@ -38,9 +40,18 @@ pub struct DnsCache {
     max_ttl: Duration,
     nxdomain_ttl: Duration,
     entries: Mutex<FxHashMap<String, Entry>>,
+    /// The lookup under way for a name, which every connection that needs the name
+    /// meanwhile waits for (as PgBouncer's lookups gather their waiters).
+    pending: Mutex<FxHashMap<String, Arc<Lookup>>>,
     /// Lookups under way (SHOW LISTS `dns_queries`).
     in_flight: AtomicU32,
+    /// Lookups made (for tests).
+    made: AtomicU32,
 }
+
+/// A lookup's outcome, once there is one.
+type Lookup = tokio::sync::OnceCell<Found>;
+type Found = Result<Vec<IpAddr>, String>;
 
 /// A name, its addresses (empty after a failure) and the seconds left, for SHOW
 /// DNS_HOSTS.
@@ -52,7 +63,9 @@ impl DnsCache {
             max_ttl,
             nxdomain_ttl,
             entries: Mutex::default(),
+            pending: Mutex::default(),
             in_flight: AtomicU32::new(0),
+            made: AtomicU32::new(0),
         }
     }
 
@@ -67,11 +80,25 @@ impl DnsCache {
         let found = match cached {
             Some(e) => e.found,
             None => {
-                self.in_flight.fetch_add(1, Ordering::Relaxed);
-                // Counted down however the lookup ends (a connect timeout drops it).
-                let _done = InFlight(&self.in_flight);
-                let found = lookup(host).await;
-                self.keep(host, &found);
+                let shared = Arc::clone(self.lock_pending().entry(host.to_owned()).or_default());
+                // One connection looks up; the others wait for its answer. Should it
+                // give up (a connect timeout drops it), the next waiter looks up.
+                let found = shared
+                    .get_or_init(|| async {
+                        self.in_flight.fetch_add(1, Ordering::Relaxed);
+                        self.made.fetch_add(1, Ordering::Relaxed);
+                        let _done = InFlight(&self.in_flight);
+                        lookup(host).await
+                    })
+                    .await
+                    .clone();
+                let mut pending = self.lock_pending();
+                // The first to come back keeps the answer and retires the lookup.
+                if pending.get(host).is_some_and(|p| Arc::ptr_eq(p, &shared)) {
+                    pending.remove(host);
+                    drop(pending);
+                    self.keep(host, &found);
+                }
                 found
             }
         };
@@ -85,7 +112,7 @@ impl DnsCache {
     }
 
     /// Keeps a lookup's outcome for as long as its kind may be kept (not at all for 0).
-    fn keep(&self, host: &str, found: &Result<Vec<IpAddr>, String>) {
+    fn keep(&self, host: &str, found: &Found) {
         let ttl = match found {
             Ok(_) => self.max_ttl,
             Err(_) => self.nxdomain_ttl,
@@ -126,6 +153,11 @@ impl DnsCache {
         )
     }
 
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, FxHashMap<String, Arc<Lookup>>> {
+        // Entries are inserted and removed whole: a poisoned map is still sound.
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, FxHashMap<String, Entry>> {
         // Entries are inserted whole: a poisoned map is still sound.
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
@@ -161,6 +193,29 @@ async fn lookup(host: &str) -> Result<Vec<IpAddr>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn connections_needing_a_name_at_once_share_one_lookup() {
+        // Nothing kept: only the sharing saves lookups here.
+        let cache = Arc::new(DnsCache::new(Duration::ZERO, Duration::ZERO));
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let cache = cache.clone();
+            tasks.push(tokio::spawn(
+                async move { cache.resolve("localhost", 1).await },
+            ));
+        }
+        for t in tasks {
+            assert!(t.await.expect("task").is_ok());
+        }
+        // All 8 start before the first lookup (on a blocking thread) can end.
+        let made = cache.made.load(Ordering::Relaxed);
+        assert_eq!(made, 1, "{made} lookups for 8 connections");
+        assert!(cache.lock_pending().is_empty());
+        // Later, one more.
+        cache.resolve("localhost", 1).await.expect("localhost");
+        assert_eq!(cache.made.load(Ordering::Relaxed), made + 1);
+    }
 
     #[tokio::test]
     async fn names_are_kept_for_their_ttl_and_addresses_never() {
