@@ -12,6 +12,7 @@ use crate::support::{
     self, wait_until, Sluice, SluiceBuilder, TempDir, MD5_PASSWORD, MD5_USER, SCRAM_PASSWORD,
     SCRAM_USER, TEST_DB,
 };
+use crate::tls::Certs;
 
 const T: Duration = Duration::from_secs(30);
 const SUFFIX: &str = "dc=example,dc=net";
@@ -21,15 +22,30 @@ const SUFFIX: &str = "dc=example,dc=net";
 struct Slapd {
     dir: TempDir,
     port: u16,
+    /// With TLS: the port of its `ldaps` listener (its `ldap` one takes StartTLS).
+    ldaps_port: u16,
 }
 
 impl Slapd {
     fn start() -> Slapd {
+        Slapd::launch(None)
+    }
+
+    /// With `certs`' server certificate (for localhost and 127.0.0.1).
+    fn launch(certs: Option<&Certs>) -> Slapd {
         let dir = TempDir::new("sluice-slapd");
         std::fs::create_dir(dir.join("db")).expect("db dir");
         let schema = |s: &str| format!("include /etc/ldap/schema/{s}.schema\n");
+        let tls = certs.map_or(String::new(), |c| {
+            format!(
+                "TLSCACertificateFile {}\nTLSCertificateFile {}\nTLSCertificateKeyFile {}\n",
+                c.path("ca.pem"),
+                c.path("server.pem"),
+                c.path("server.key")
+            )
+        });
         let conf = format!(
-            "{}{}{}{}pidfile {pid}\nmodulepath /usr/lib/ldap\nmoduleload back_mdb\n\
+            "{}{}{}{}{tls}pidfile {pid}\nmodulepath /usr/lib/ldap\nmoduleload back_mdb\n\
              database mdb\nsuffix \"{SUFFIX}\"\nrootdn \"cn=admin,{SUFFIX}\"\nrootpw adminpw\n\
              directory {db}\n",
             schema("core"),
@@ -62,17 +78,25 @@ impl Slapd {
             .arg("-l")
             .arg(&ldif));
         let port = support::free_port();
-        let url = format!("ldap://127.0.0.1:{port}/");
+        let ldaps_port = support::free_port();
+        let mut urls = format!("ldap://127.0.0.1:{port}/");
+        if certs.is_some() {
+            urls.push_str(&format!(" ldaps://127.0.0.1:{ldaps_port}/"));
+        }
         run(Command::new("/usr/sbin/slapd")
             .arg("-f")
             .arg(&conf)
             .arg("-h")
-            .arg(&url));
+            .arg(&urls));
         let up = wait_until(Duration::from_secs(10), || {
             std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
         });
         assert!(up, "slapd did not come up on {port}");
-        Slapd { dir, port }
+        Slapd {
+            dir,
+            port,
+            ldaps_port,
+        }
     }
 }
 
@@ -207,4 +231,52 @@ fn ldap_settings_are_checked_at_load() {
     let want = format!("{}:2", rules.display());
     assert!(out.contains(&want), "{out}");
     assert!(out.contains("needs auth_ldap_options"), "{out}");
+}
+
+/// The directory over TLS: StartTLS (`ldaptls=1`) and `ldaps`, the server's
+/// certificate checked against the CA libldap is given (`LDAPTLS_CACERT`); without
+/// that CA the login is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ldap_over_tls() {
+    let certs = Certs::new();
+    let ldap = Slapd::launch(Some(&certs));
+    let bind = format!("ldapprefix=\"uid=\" ldapsuffix=\",ou=people,{SUFFIX}\"");
+    for (server, checked) in [
+        (
+            format!("ldapserver=127.0.0.1 ldapport={} ldaptls=1", ldap.port),
+            true,
+        ),
+        (
+            format!(
+                "ldapscheme=ldaps ldapserver=127.0.0.1 ldapport={}",
+                ldap.ldaps_port
+            ),
+            true,
+        ),
+        (
+            format!("ldapserver=127.0.0.1 ldapport={} ldaptls=1", ldap.port),
+            false,
+        ),
+    ] {
+        let mut b = SluiceBuilder::new()
+            .setting("auth_type", "ldap")
+            .setting("auth_ldap_options", &format!("{server} {bind}"));
+        b = if checked {
+            b.env("LDAPTLS_CACERT", &certs.path("ca.pem"))
+        } else {
+            // A CA that did not sign the server's certificate.
+            b.env("LDAPTLS_CACERT", &certs.path("other-ca.pem"))
+        };
+        let s = b.start();
+        let want = if checked { "logged in" } else { "28P01" };
+        assert_eq!(
+            outcome(&s, MD5_USER, MD5_PASSWORD).await,
+            want,
+            "{server}\n{}",
+            s.log()
+        );
+        if !checked {
+            assert!(s.log().contains("could not start LDAP TLS session"), "{}", s.log());
+        }
+    }
 }
