@@ -276,7 +276,11 @@ async fn ldap_over_tls() {
             s.log()
         );
         if !checked {
-            assert!(s.log().contains("could not start LDAP TLS session"), "{}", s.log());
+            assert!(
+                s.log().contains("could not start LDAP TLS session"),
+                "{}",
+                s.log()
+            );
         }
     }
 }
