@@ -85,7 +85,7 @@ pub async fn login(
             user: Some(ADMIN_DB.to_owned()),
             ..Default::default()
         };
-        crate::session::login::authenticate(
+        crate::session::authenticate::authenticate(
             &cfg,
             &db,
             stream,

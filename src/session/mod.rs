@@ -2,6 +2,7 @@
 //! until the client leaves; then the server goes back (reset) or is closed.
 
 mod assign;
+pub mod authenticate;
 mod authq;
 pub mod cancel;
 pub mod framer;
