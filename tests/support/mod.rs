@@ -13,6 +13,7 @@
 //! PostgreSQL binary directory.
 #![allow(dead_code, unused_imports)]
 
+pub mod activation;
 pub mod pg;
 pub mod probe;
 pub mod raw;

@@ -201,44 +201,6 @@ impl SluiceBuilder {
         substitute(&text, dir, port)
     }
 
-    /// `sluice`, or with passed sockets a `sh` that sets systemd's variables and
-    /// execs it (the arguments that follow are Sluice's).
-    fn command(&self) -> Command {
-        let bin = env!("CARGO_BIN_EXE_sluice");
-        if self.passed.is_empty() {
-            return Command::new(bin);
-        }
-        let mut cmd = Command::new("/bin/sh");
-        let n = self.passed.len();
-        cmd.arg("-c")
-            .arg(format!("LISTEN_PID=$$ LISTEN_FDS={n} exec \"$0\" \"$@\""))
-            .arg(bin);
-        let mut fds = [0; 8];
-        fds[..n].copy_from_slice(&self.passed);
-        use std::os::unix::process::CommandExt;
-        // SAFETY: between fork and exec the closure makes only async-signal-safe
-        // calls (fcntl, dup2) on descriptors the test keeps open, and allocates
-        // nothing. The copies above 100 close at exec; 3.. stay open across it.
-        unsafe {
-            cmd.pre_exec(move || {
-                let mut high = [0; 8];
-                for i in 0..n {
-                    high[i] = libc::fcntl(fds[i], libc::F_DUPFD_CLOEXEC, 100);
-                    if high[i] < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                for (i, fd) in high.iter().enumerate().take(n) {
-                    if libc::dup2(*fd, 3 + i as i32) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
-        }
-        cmd
-    }
-
     /// Writes the ini into a fresh temp dir and spawns `sluice [args] <ini>`.
     fn spawn(&self) -> Sluice {
         let dir = TempDir::new("sluice");
@@ -267,7 +229,7 @@ impl SluiceBuilder {
         let open =
             |p: &Path| File::create(p).unwrap_or_else(|e| panic!("create {}: {e}", p.display()));
 
-        let mut cmd = self.command();
+        let mut cmd = super::activation::command(env!("CARGO_BIN_EXE_sluice"), &self.passed);
         cmd.args(&self.args)
             .arg(&ini_path)
             .current_dir(dir.path())
