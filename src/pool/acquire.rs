@@ -68,20 +68,7 @@ impl Pool {
         let waker = std::future::poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
         loop {
             let mut doomed = Vec::new();
-            let step = {
-                let mut st = self.lock_state();
-                if st.closed {
-                    return Err(PoolError::PoolClosed);
-                }
-                if let Some(conn) = self.lend_idle(&mut st, now, &mut doomed) {
-                    Step::Idle(conn)
-                } else if cfg.pool_size == 0 || st.total < cfg.pool_size {
-                    st.total += 1;
-                    Step::Connect
-                } else {
-                    Step::Wait(line::join(self, &mut st, now, &waker))
-                }
-            };
+            let step = self.next_step(&cfg, false, now, &waker, &mut doomed)?;
             drop(doomed);
             let slot = match step {
                 // The rare paths (a check query, a new connection) are boxed, so that
@@ -103,17 +90,36 @@ impl Pool {
         }
     }
 
-    /// An idle connection (see `pop_idle`), counted as lent by this pool.
-    fn lend_idle(
+    /// What an acquire does next, decided under the pool's lock: take an idle
+    /// connection (lent), open a new one in a free place, or wait in line. An idle
+    /// connection comes first, unless `fresh_first` (a replication client's own
+    /// connection, for which an idle one is only closed to make room). Stale idle
+    /// connections go to `doomed`, for the caller to drop after the lock.
+    fn next_step(
         self: &Arc<Self>,
-        st: &mut PoolState,
+        cfg: &PoolConfig,
+        fresh_first: bool,
         now: Tick,
+        waker: &Waker,
         doomed: &mut Vec<ServerConn>,
-    ) -> Option<ServerConn> {
-        let mut conn = pop_idle(st, now, doomed)?;
-        st.active += 1;
-        conn.lent = super::LentMark::lent_by(self.clone());
-        Some(conn)
+    ) -> Result<Step, PoolError> {
+        let mut st = self.lock_state();
+        if st.closed {
+            return Err(PoolError::PoolClosed);
+        }
+        let room = cfg.pool_size == 0 || st.total < cfg.pool_size;
+        if !(fresh_first && room) {
+            if let Some(mut conn) = pop_idle(&mut st, now, doomed) {
+                st.active += 1;
+                conn.lent = super::LentMark::lent_by(self.clone());
+                return Ok(Step::Idle(conn));
+            }
+        }
+        if room {
+            st.total += 1;
+            return Ok(Step::Connect);
+        }
+        Ok(Step::Wait(line::join(self, &mut st, now, waker)))
     }
 
     /// A new connection of its own for a replication client, opened with `extra`
@@ -131,20 +137,7 @@ impl Pool {
         let waker = std::future::poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
         loop {
             let mut doomed = Vec::new();
-            let step = {
-                let mut st = self.lock_state();
-                if st.closed {
-                    return Err(PoolError::PoolClosed);
-                }
-                if cfg.pool_size == 0 || st.total < cfg.pool_size {
-                    st.total += 1;
-                    Step::Connect
-                } else if let Some(conn) = self.lend_idle(&mut st, Tick::now(), &mut doomed) {
-                    Step::Idle(conn)
-                } else {
-                    Step::Wait(line::join(self, &mut st, Tick::now(), &waker))
-                }
-            };
+            let step = self.next_step(&cfg, true, Tick::now(), &waker, &mut doomed)?;
             drop(doomed);
             let slot = match step {
                 Step::Connect => SlotToken::counted(self.clone()),
