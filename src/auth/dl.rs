@@ -32,9 +32,27 @@ impl Library {
         Err(format!("{} could not be loaded", tried.join(" or ")))
     }
 
-    /// The address of `symbol`. Turning it into a function pointer is the caller's
-    /// `unsafe`, with that function's C prototype.
-    pub(super) fn sym(&self, symbol: &CStr) -> Result<*mut c_void, String> {
+    /// The function `symbol`, as the function pointer type `F`.
+    ///
+    /// # Safety
+    /// `F` must be an `unsafe extern "C" fn` type whose arguments and result are the
+    /// C prototype of the library's function of that name.
+    pub(super) unsafe fn function<F: Copy>(&self, symbol: &CStr) -> Result<F, String> {
+        let p = self.sym(symbol)?;
+        if std::mem::size_of::<F>() != std::mem::size_of::<*mut c_void>() {
+            return Err(format!(
+                "{} is not a function pointer type",
+                std::any::type_name::<F>()
+            ));
+        }
+        // SAFETY: `F` is a function pointer type of that function's prototype (the
+        // caller's promise) and of a data pointer's size (checked); dlsym hands
+        // functions out as data pointers, which POSIX requires to convert back.
+        Ok(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
+    }
+
+    /// The address of `symbol`.
+    fn sym(&self, symbol: &CStr) -> Result<*mut c_void, String> {
         // SAFETY: `handle` is a live dlopen handle and `symbol` is NUL-terminated.
         let p = unsafe { libc::dlsym(self.handle, symbol.as_ptr()) };
         if p.is_null() {

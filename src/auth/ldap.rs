@@ -97,36 +97,27 @@ fn open() -> Result<Lib, String> {
         c"libldap_r-2.4.so.2",
         c"libldap-2.4.so.2",
     ])?;
-    macro_rules! f {
-        ($name:literal, $ty:ty) => {
-            // SAFETY: the symbol is libldap's function of that name, whose C
-            // prototype (ldap.h, OpenLDAP 2.4 to 2.6) `$ty` spells out; function and
-            // data pointers have the same size where dlsym exists (POSIX).
-            unsafe { std::mem::transmute::<*mut c_void, $ty>(l.sym($name)?) }
-        };
+    // SAFETY (each call): the type is that of libldap's function of that name, its
+    // C prototype in ldap.h (OpenLDAP 2.4 to 2.6).
+    unsafe {
+        Ok(Lib {
+            initialize: l.function(c"ldap_initialize")?,
+            set_option: l.function(c"ldap_set_option")?,
+            start_tls: l.function(c"ldap_start_tls_s")?,
+            bind: l.function(c"ldap_sasl_bind_s")?,
+            search: l.function(c"ldap_search_ext_s")?,
+            count: l.function(c"ldap_count_entries")?,
+            first: l.function(c"ldap_first_entry")?,
+            get_dn: l.function(c"ldap_get_dn")?,
+            memfree: l.function(c"ldap_memfree")?,
+            msgfree: l.function(c"ldap_msgfree")?,
+            unbind: l.function(c"ldap_unbind_ext_s")?,
+            err2string: l.function(c"ldap_err2string")?,
+            dn2domain: l.function(c"ldap_dn2domain").ok(),
+            domain2hosts: l.function(c"ldap_domain2hostlist").ok(),
+            serial: tokio::sync::Semaphore::new(1),
+        })
     }
-    let optional = |name: &CStr| l.sym(name).ok();
-    Ok(Lib {
-        initialize: f!(c"ldap_initialize", InitializeFn),
-        set_option: f!(c"ldap_set_option", SetOptionFn),
-        start_tls: f!(c"ldap_start_tls_s", StartTlsFn),
-        bind: f!(c"ldap_sasl_bind_s", SaslBindFn),
-        search: f!(c"ldap_search_ext_s", SearchFn),
-        count: f!(c"ldap_count_entries", CountFn),
-        first: f!(c"ldap_first_entry", FirstFn),
-        get_dn: f!(c"ldap_get_dn", GetDnFn),
-        memfree: f!(c"ldap_memfree", MemFreeFn),
-        msgfree: f!(c"ldap_msgfree", MsgFreeFn),
-        unbind: f!(c"ldap_unbind_ext_s", UnbindFn),
-        err2string: f!(c"ldap_err2string", Err2StringFn),
-        // SAFETY: as for `f!`, for these two prototypes.
-        dn2domain: optional(c"ldap_dn2domain")
-            .map(|p| unsafe { std::mem::transmute::<*mut c_void, Dn2DomainFn>(p) }),
-        // SAFETY: as above.
-        domain2hosts: optional(c"ldap_domain2hostlist")
-            .map(|p| unsafe { std::mem::transmute::<*mut c_void, Domain2HostsFn>(p) }),
-        serial: tokio::sync::Semaphore::new(1),
-    })
 }
 
 /// Whether libldap can be used here: why not, if not.

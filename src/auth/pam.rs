@@ -88,23 +88,17 @@ fn lib() -> Result<&'static Lib, &'static str> {
 
 fn open() -> Result<Lib, String> {
     let lib = super::dl::Library::open(&[c"libpam.so.0"])?;
-    let sym = |name: &CStr| lib.sym(name);
-    // SAFETY (each transmute): the symbol is libpam's function of that name, whose C
-    // prototype (security/pam_appl.h, Linux-PAM) the target type spells out: same
-    // argument and return types, C calling convention. A pointer to a function and
-    // a data pointer have the same size on the platforms Sluice runs on (POSIX
-    // requires it for dlsym).
+    // SAFETY (each call): the type is that of libpam's function of that name, its C
+    // prototype in security/pam_appl.h (Linux-PAM).
     unsafe {
         Ok(Lib {
-            start: std::mem::transmute::<*mut c_void, StartFn>(sym(c"pam_start")?),
-            start_confdir: sym(c"pam_start_confdir")
-                .ok()
-                .map(|p| std::mem::transmute::<*mut c_void, StartConfdirFn>(p)),
-            end: std::mem::transmute::<*mut c_void, HandleFn>(sym(c"pam_end")?),
-            authenticate: std::mem::transmute::<*mut c_void, HandleFn>(sym(c"pam_authenticate")?),
-            acct_mgmt: std::mem::transmute::<*mut c_void, HandleFn>(sym(c"pam_acct_mgmt")?),
-            set_item: std::mem::transmute::<*mut c_void, SetItemFn>(sym(c"pam_set_item")?),
-            strerror: std::mem::transmute::<*mut c_void, StrerrorFn>(sym(c"pam_strerror")?),
+            start: lib.function(c"pam_start")?,
+            start_confdir: lib.function(c"pam_start_confdir").ok(),
+            end: lib.function(c"pam_end")?,
+            authenticate: lib.function(c"pam_authenticate")?,
+            acct_mgmt: lib.function(c"pam_acct_mgmt")?,
+            set_item: lib.function(c"pam_set_item")?,
+            strerror: lib.function(c"pam_strerror")?,
             serial: tokio::sync::Semaphore::new(1),
         })
     }
