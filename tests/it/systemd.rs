@@ -81,27 +81,20 @@ async fn listens_on_sockets_passed_by_systemd() {
         .start();
 
     // Both passed sockets serve clients.
-    let c = within(
-        T,
-        "tcp",
-        support::connect(&s.config(MD5_USER, MD5_PASSWORD, TEST_DB)),
-    )
-    .await;
-    let one: i32 = c
-        .query_one("SELECT 1::int4", &[])
-        .await
-        .expect("query")
-        .get(0);
-    assert_eq!(one, 1);
     let mut over_unix = s.config(MD5_USER, MD5_PASSWORD, TEST_DB);
     over_unix.host_path(dir.path()).port(port);
-    let c = within(T, "unix", support::connect(&over_unix)).await;
-    let two: i32 = c
-        .query_one("SELECT 2::int4", &[])
-        .await
-        .expect("query")
-        .get(0);
-    assert_eq!(two, 2);
+    for (n, cfg) in [
+        (1, s.config(MD5_USER, MD5_PASSWORD, TEST_DB)),
+        (2, over_unix),
+    ] {
+        let c = within(T, "connect", support::connect(&cfg)).await;
+        let got: i32 = c
+            .query_one("SELECT $1::int4", &[&n])
+            .await
+            .expect("query")
+            .get(0);
+        assert_eq!(got, n);
+    }
 
     let log = s.log();
     for want in [
