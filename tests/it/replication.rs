@@ -217,3 +217,130 @@ fn query_timeout_spares_replication_clients() {
     let (ok, text) = support::outcome(&support::run_bounded(&mut cmd, None, T).expect("psql"));
     assert!(!ok && text.contains("query_timeout"), "{text}");
 }
+
+/// A subscription and the publication it reads, in two databases of the harness's
+/// cluster, dropped when the test ends (passed or not), so that no apply worker goes
+/// on knocking at a Sluice that is gone.
+struct Subscribed {
+    publisher: String,
+    subscriber: String,
+    slot: String,
+}
+
+impl Drop for Subscribed {
+    fn drop(&mut self) {
+        let _ = pg().try_psql(
+            &self.subscriber,
+            "ALTER SUBSCRIPTION sluice_sub DISABLE;\n\
+             ALTER SUBSCRIPTION sluice_sub SET (slot_name = NONE);\n\
+             DROP SUBSCRIPTION sluice_sub;",
+        );
+        // The walsender lets go of the slot once the disabled worker has left.
+        let drop_slot = format!(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+             WHERE slot_name = '{}' AND NOT active",
+            self.slot
+        );
+        wait_until(Duration::from_secs(20), || {
+            pg().try_psql("postgres", &drop_slot)
+                .is_ok_and(|out| out.trim() == "")
+                && pg()
+                    .try_psql(
+                        "postgres",
+                        &format!(
+                            "SELECT 1 FROM pg_replication_slots WHERE slot_name = '{}'",
+                            self.slot
+                        ),
+                    )
+                    .is_ok_and(|out| out.trim().is_empty())
+        });
+        for db in [&self.subscriber, &self.publisher] {
+            let _ = pg().try_psql(
+                "postgres",
+                &format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
+            );
+        }
+    }
+}
+
+/// Logical replication through Sluice, as PgBouncer 1.23 allows it: a subscription
+/// whose connection names Sluice gets the publication's rows, first by its table
+/// copy and then streamed, both on `replication=database` connections (the apply
+/// worker's and the table sync worker's), with the `options` PostgreSQL's
+/// walreceiver sends.
+#[test]
+fn a_subscription_replicates_through_sluice() {
+    let tag = std::process::id();
+    let sub = Subscribed {
+        publisher: format!("sluice_pub_{tag}"),
+        subscriber: format!("sluice_sub_{tag}"),
+        slot: format!("sluice_slot_{tag}"),
+    };
+    pg().psql(&format!("CREATE DATABASE {}", sub.publisher));
+    pg().psql(&format!("CREATE DATABASE {}", sub.subscriber));
+    pg().psql_db(
+        &sub.publisher,
+        &format!(
+            "CREATE TABLE items (id int PRIMARY KEY, name text);\n\
+             INSERT INTO items SELECT g, 'item ' || g FROM generate_series(1, 100) g;\n\
+             GRANT SELECT ON items TO {REPL_USER};\n\
+             CREATE PUBLICATION sluice_pub FOR TABLE items;\n\
+             SELECT pg_create_logical_replication_slot('{}', 'pgoutput');",
+            sub.slot
+        ),
+    );
+    pg().psql_db(
+        &sub.subscriber,
+        "CREATE TABLE items (id int PRIMARY KEY, name text);",
+    );
+    let s = SluiceBuilder::new()
+        .userlist(REPL_USER, REPL_PASSWORD)
+        .setting("pool_mode", "transaction")
+        .database(
+            "published",
+            &format!("host=127.0.0.1 port=@PG_PORT@ dbname={}", sub.publisher),
+        )
+        .start();
+    // The slot exists already: a subscription in the same cluster cannot make its
+    // own (its creation would wait for the transaction that asks for it).
+    pg().psql_db(
+        &sub.subscriber,
+        &format!(
+            "CREATE SUBSCRIPTION sluice_sub CONNECTION 'host=127.0.0.1 port={} \
+             user={REPL_USER} password={REPL_PASSWORD} dbname=published' \
+             PUBLICATION sluice_pub WITH (create_slot = false, slot_name = '{}');",
+            s.port(),
+            sub.slot
+        ),
+    );
+    let rows = |sql: &str| pg().try_psql(&sub.subscriber, sql).unwrap_or_default();
+    let copied = wait_until(Duration::from_secs(60), || {
+        rows("SELECT count(*) FROM items").trim() == "100"
+    });
+    assert!(
+        copied,
+        "the table copy did not arrive\n{}\n{}",
+        s.diagnostics(),
+        pg().log()
+    );
+    pg().psql_db(
+        &sub.publisher,
+        "INSERT INTO items VALUES (101, 'streamed');\n\
+         UPDATE items SET name = 'changed' WHERE id = 1;",
+    );
+    let streamed = wait_until(Duration::from_secs(30), || {
+        rows("SELECT name FROM items WHERE id IN (1, 101) ORDER BY id").trim()
+            == "changed\nstreamed"
+    });
+    assert!(
+        streamed,
+        "the changes were not streamed\n{}",
+        s.diagnostics()
+    );
+    // The apply worker's connection is a replication client of Sluice's.
+    let out = pg().psql(&format!(
+        "SELECT count(*) FROM pg_stat_replication WHERE usename = '{REPL_USER}' \
+         AND application_name = 'sluice_sub'"
+    ));
+    assert_eq!(out.trim(), "1", "{}", s.diagnostics());
+}

@@ -254,6 +254,7 @@ impl PgServer {
              full_page_writes = off\n\
              shared_buffers = 32MB\n\
              password_encryption = 'scram-sha-256'\n\
+             wal_level = logical\n\
              log_line_prefix = '%m [%p] %q%u@%d '\n",
             self.sock_dir.display()
         );
