@@ -344,3 +344,50 @@ fn a_subscription_replicates_through_sluice() {
     ));
     assert_eq!(out.trim(), "1", "{}", s.diagnostics());
 }
+
+/// pg_receivewal through Sluice streams WAL until it passes a given position.
+#[test]
+fn pg_receivewal_streams_to_its_end_position() {
+    let s = start();
+    let dir = TempDir::new("sluice-receivewal");
+    // pg_receivewal starts at the segment holding the server's flush position and
+    // stops at the first WAL past `end`, which is written once it streams.
+    let end = pg()
+        .psql("SELECT pg_current_wal_flush_lsn()")
+        .trim()
+        .to_owned();
+    let mut child = std::process::Command::new(pg().bin("pg_receivewal"))
+        .env("PGPASSWORD", REPL_PASSWORD)
+        .arg("-d")
+        .arg(format!(
+            "host=127.0.0.1 port={} user={REPL_USER} application_name=sluice_receivewal",
+            s.port()
+        ))
+        .arg("-D")
+        .arg(dir.path())
+        .args(["--no-loop", "--no-sync", "-E", &end])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("pg_receivewal");
+    let streaming = wait_until(T, || walsenders("sluice_receivewal") == 1);
+    pg().psql(
+        "CREATE TABLE sluice_wal_mark (); DROP TABLE sluice_wal_mark; SELECT pg_switch_wal();",
+    );
+    let exited = streaming && wait_until(T, || child.try_wait().is_ok_and(|s| s.is_some()));
+    if !exited {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().expect("pg_receivewal's exit");
+    assert!(
+        exited && out.status.success(),
+        "streaming {streaming}, exited {exited}: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        s.diagnostics()
+    );
+    let received = dir
+        .path()
+        .read_dir()
+        .map(|d| d.filter_map(Result::ok).count())
+        .unwrap_or(0);
+    assert!(received > 0, "no WAL was received");
+}
