@@ -17,8 +17,11 @@ const FAKE_PARAMS: &[(&str, &str)] = &[
     ("timezone", "GMT"),
 ];
 
-/// Settings that only take effect at startup: SHOW CONFIG marks them not changeable
-/// and SET refuses them (a reload keeps their running values too).
+/// PgBouncer's no-reload settings: SHOW CONFIG marks them not changeable and SET
+/// refuses them. A reload keeps the running values of those bound to the process
+/// (`lifecycle::keep_restart_only`); `track_extra_parameters` alone applies to the
+/// clients that log in after a reload (configuration.md, "Differences from
+/// PgBouncer").
 const RESTART_ONLY: &[&str] = &[
     "conffile",
     "disable_pqexec",

@@ -1,6 +1,7 @@
 //! SHOW LISTS, STATE, MEM, DNS_HOSTS, DNS_ZONES, PEERS and PEER_POOLS: PgBouncer's
-//! object counts and the views of features Sluice does without (slab caches, its own
-//! DNS cache, peering), answered as a PgBouncer in the same state would.
+//! object counts, the DNS cache and `[peers]`, and the views of what Sluice does
+//! without (slab caches, zone checks, peer pools), answered as a PgBouncer in the same
+//! state would.
 
 use bytes::BytesMut;
 

@@ -362,7 +362,6 @@ fn parse_auth_type(v: &str) -> Result<AuthType, String> {
         "plain" => AuthType::Plain,
         "md5" => AuthType::Md5,
         "scram-sha-256" => AuthType::ScramSha256,
-        // Accepted so the file loads; session code refuses logins it cannot check.
         "cert" => AuthType::Cert,
         "hba" => AuthType::Hba,
         "ldap" => AuthType::Ldap,

@@ -397,7 +397,9 @@ fn keep_restart_only(old: &Settings, new: &mut Settings) -> Vec<&'static str> {
         unix_socket_group,
         user,
         pidfile,
-        metrics_listen
+        metrics_listen,
+        // PgBouncer's no-reload: a pooler that refused simple queries keeps on.
+        disable_pqexec
     );
     ignored
 }
@@ -413,12 +415,18 @@ mod tests {
             listen_port: 7000,
             unix_socket_group: Some("staff".into()),
             default_pool_size: 3,
+            disable_pqexec: true,
             ..Settings::default()
         };
         new.raw.insert("listen_port".into(), "7000".into());
         new.raw.insert("unix_socket_group".into(), "staff".into());
+        new.raw.insert("disable_pqexec".into(), "1".into());
         let ignored = keep_restart_only(&old, &mut new);
-        assert_eq!(ignored, vec!["listen_port", "unix_socket_group"]);
+        assert_eq!(
+            ignored,
+            vec!["listen_port", "unix_socket_group", "disable_pqexec"]
+        );
+        assert!(!new.disable_pqexec);
         assert_eq!(new.listen_port, 6432);
         assert_eq!(new.raw["listen_port"], "6432");
         assert_eq!(new.unix_socket_group, None);
