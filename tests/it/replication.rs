@@ -235,24 +235,17 @@ impl Drop for Subscribed {
              ALTER SUBSCRIPTION sluice_sub SET (slot_name = NONE);\n\
              DROP SUBSCRIPTION sluice_sub;",
         );
-        // The walsender lets go of the slot once the disabled worker has left.
+        // The walsender lets go of the slot once the disabled worker has left; the
+        // count is of what is left after this turn's drop.
         let drop_slot = format!(
             "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
-             WHERE slot_name = '{}' AND NOT active",
+             WHERE slot_name = '{0}' AND NOT active;\n\
+             SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{0}';",
             self.slot
         );
         wait_until(Duration::from_secs(20), || {
             pg().try_psql("postgres", &drop_slot)
-                .is_ok_and(|out| out.trim() == "")
-                && pg()
-                    .try_psql(
-                        "postgres",
-                        &format!(
-                            "SELECT 1 FROM pg_replication_slots WHERE slot_name = '{}'",
-                            self.slot
-                        ),
-                    )
-                    .is_ok_and(|out| out.trim().is_empty())
+                .is_ok_and(|out| out.lines().last().map(str::trim) == Some("0"))
         });
         for db in [&self.subscriber, &self.publisher] {
             let _ = pg().try_psql(
