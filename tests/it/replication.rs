@@ -343,37 +343,33 @@ fn a_subscription_replicates_through_sluice() {
 fn pg_receivewal_streams_to_its_end_position() {
     let s = start();
     let dir = TempDir::new("sluice-receivewal");
-    // pg_receivewal starts at the segment holding the server's flush position and
-    // stops at the first WAL past `end`, which is written once it streams.
-    let end = pg()
-        .psql("SELECT pg_current_wal_flush_lsn()")
-        .trim()
-        .to_owned();
-    let mut child = std::process::Command::new(pg().bin("pg_receivewal"))
-        .env("PGPASSWORD", REPL_PASSWORD)
+    // A slot of its own fixes where pg_receivewal starts: at the slot's position, at
+    // or before `end`, whatever other tests do to the WAL meanwhile (pg_basebackup
+    // switches segments). It stops at the first WAL past `end`, written and flushed
+    // (the segment switch) before it starts.
+    let slot = format!("sluice_receivewal_{}", std::process::id());
+    let end = pg().psql(&format!(
+        "SELECT 1 FROM pg_create_physical_replication_slot('{slot}', true);\n\
+         SELECT pg_current_wal_insert_lsn();\n\
+         CREATE TABLE sluice_wal_mark (); DROP TABLE sluice_wal_mark;\n\
+         SELECT 1 FROM pg_switch_wal();"
+    ));
+    let end = end.lines().nth(1).unwrap_or_default().trim().to_owned();
+    let mut cmd = std::process::Command::new(pg().bin("pg_receivewal"));
+    cmd.env("PGPASSWORD", REPL_PASSWORD)
         .arg("-d")
-        .arg(format!(
-            "host=127.0.0.1 port={} user={REPL_USER} application_name=sluice_receivewal",
-            s.port()
-        ))
+        .arg(format!("host=127.0.0.1 port={} user={REPL_USER}", s.port()))
         .arg("-D")
         .arg(dir.path())
-        .args(["--no-loop", "--no-sync", "-E", &end])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("pg_receivewal");
-    let streaming = wait_until(T, || walsenders("sluice_receivewal") == 1);
-    pg().psql(
-        "CREATE TABLE sluice_wal_mark (); DROP TABLE sluice_wal_mark; SELECT pg_switch_wal();",
-    );
-    let exited = streaming && wait_until(T, || child.try_wait().is_ok_and(|s| s.is_some()));
-    if !exited {
-        let _ = child.kill();
-    }
-    let out = child.wait_with_output().expect("pg_receivewal's exit");
+        .args(["--no-loop", "--no-sync", "-S", &slot, "-E", &end]);
+    let out = support::run_bounded(&mut cmd, None, T);
+    // The walsender may hold the slot a moment after pg_receivewal has left.
+    let drop = format!("SELECT pg_drop_replication_slot('{slot}')");
+    wait_until(T, || pg().try_psql("postgres", &drop).is_ok());
+    let out = out.expect("pg_receivewal hung");
     assert!(
-        exited && out.status.success(),
-        "streaming {streaming}, exited {exited}: {}\n{}",
+        out.status.success(),
+        "end {end}: {}\n{}",
         String::from_utf8_lossy(&out.stderr),
         s.diagnostics()
     );
