@@ -117,7 +117,7 @@ pub async fn login(
 }
 
 /// The parameters a console client sees, as PgBouncer sends them.
-fn welcome(out: &mut BytesMut) {
+fn welcome(out: &mut BytesMut, notice: Option<&str>) {
     let server_version = format!("{}/bouncer", super::PGBOUNCER_VERSION);
     for (k, v) in [
         ("server_version", server_version.as_str()),
@@ -132,6 +132,9 @@ fn welcome(out: &mut BytesMut) {
     }
     // A key nobody can use: the console has nothing to cancel.
     backend::backend_key_data(out, rand::random::<u32>() & 0x7fff_ffff, rand::random());
+    if let Some(text) = notice {
+        backend::notice_response(out, "NOTICE", "00000", text);
+    }
     backend::ready_for_query(out, b'I');
 }
 
@@ -164,7 +167,10 @@ pub async fn serve(
         },
     });
     let mut out = BytesMut::with_capacity(256);
-    welcome(&mut out);
+    welcome(
+        &mut out,
+        app.config().settings.login_notify_message.as_deref(),
+    );
     let reason = match stream.write_all(&out).await {
         Err(e) => format!("client I/O error: {e}"),
         Ok(()) => {

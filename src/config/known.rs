@@ -128,8 +128,8 @@ pub(super) const KNOWN: &[(&str, &str, Kind)] = &[
     ("user", "", Implemented),
     ("verbose", "0", Implemented),
     // Not in a PgBouncer release yet; accepted so configs written for newer builds load.
-    ("pool_idle_timeout", "0", Time),
-    ("login_notify_message", "", Str),
+    ("pool_idle_timeout", "0", Implemented),
+    ("login_notify_message", "", Implemented),
 ];
 
 /// Known names that PgBouncer's Linux SHOW CONFIG does not list, so they are not

@@ -94,6 +94,8 @@ impl Default for Settings {
             transaction_timeout: Duration::ZERO,
             cancel_wait_timeout: Duration::from_secs(10),
             autodb_idle_timeout: Duration::from_secs(3600),
+            pool_idle_timeout: Duration::ZERO,
+            login_notify_message: None,
             suspend_timeout: Duration::from_secs(10),
             ignore_startup_parameters: Vec::new(),
             track_extra_parameters: vec!["IntervalStyle".to_string()],
@@ -215,6 +217,8 @@ fn set_implemented(s: &mut Settings, name: &str, v: &str) -> Result<Option<Strin
         }
         "auth_user" => s.auth_user = opt_str(v),
         "autodb_idle_timeout" => s.autodb_idle_timeout = parse_seconds(v)?,
+        "pool_idle_timeout" => s.pool_idle_timeout = parse_seconds(v)?,
+        "login_notify_message" => s.login_notify_message = opt_str(v).map(Into::into),
         "cancel_wait_timeout" => s.cancel_wait_timeout = parse_seconds(v)?,
         "client_idle_timeout" => s.client_idle_timeout = parse_seconds(v)?,
         "client_login_timeout" => s.client_login_timeout = parse_seconds(v)?,

@@ -220,13 +220,17 @@ fn unimplemented_settings_warn_unless_default() {
     }
     let s = ok("syslog_facility", "LOCAL3");
     assert_eq!(s.syslog_facility, 19);
-    for (k, v) in [
-        ("pool_idle_timeout", "30"),
-        ("login_notify_message", "hi"),
-        ("sbuf_loopcnt", "10"),
-    ] {
+    for (k, v) in [("sbuf_loopcnt", "10"), ("resolv_conf", "/etc/r")] {
         assert_eq!(set(k, v).unwrap().1.len(), 1, "{k} = {v}");
     }
+    // Unreleased in PgBouncer, implemented here: no warning.
+    let (s, w) = set("pool_idle_timeout", "30").unwrap();
+    assert!(w.is_empty(), "{w:?}");
+    assert_eq!(s.pool_idle_timeout, Duration::from_secs(30));
+    let (s, w) = set("login_notify_message", "through Sluice").unwrap();
+    assert!(w.is_empty(), "{w:?}");
+    assert_eq!(s.login_notify_message.as_deref(), Some("through Sluice"));
+    assert_eq!(ok("login_notify_message", "").login_notify_message, None);
 }
 
 #[test]

@@ -191,6 +191,11 @@ pub struct Settings {
     pub transaction_timeout: Duration,
     pub cancel_wait_timeout: Duration,
     pub autodb_idle_timeout: Duration,
+    /// A pool with no client, no server and no waiter this long is freed (PgBouncer
+    /// after 1.25.2); 0: never.
+    pub pool_idle_timeout: Duration,
+    /// Sent to every client as a NOTICE as it logs in (PgBouncer after 1.25.2).
+    pub login_notify_message: Option<std::sync::Arc<str>>,
     pub suspend_timeout: Duration,
     pub ignore_startup_parameters: Vec<String>,
     pub track_extra_parameters: Vec<String>,

@@ -228,6 +228,9 @@ async fn janitor(app: Arc<App>) {
             |db| app.db_clients(db),
             |db| gate.paused_dbs.iter().any(|d| d == db),
         );
+        let idle = app.config().settings.pool_idle_timeout;
+        app.pools
+            .reclaim_idle_pools(idle, crate::clock::Tick::now());
         crate::session::keeper::sweep(&app);
     }
 }

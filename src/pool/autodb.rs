@@ -61,14 +61,14 @@ impl Pools {
 /// Whether a pool has a client holding it (a logged-in session keeps its pool), a
 /// server connection of any kind, or a waiter. `refs`: the references the caller
 /// knows of (the registry's, and its own copy if it made one); any other is a user.
-fn pool_in_use(pool: &Arc<Pool>, refs: usize) -> bool {
+pub(super) fn pool_in_use(pool: &Arc<Pool>, refs: usize) -> bool {
     let c = pool.counts();
     // `total` counts every connection: idle, lent out and connecting.
     Arc::strong_count(pool) > refs || c.total > 0 || c.waiting > 0
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::path::Path;
     use std::time::Duration;
 
@@ -83,12 +83,13 @@ mod tests {
         Config::from_ini_str(&ini, Path::new("test.ini")).expect("config")
     }
 
-    fn pool(pools: &Pools, cfg: &Config, db: &str, user: &str) -> Arc<Pool> {
+    pub(in crate::pool) fn pool(pools: &Pools, cfg: &Config, db: &str, user: &str) -> Arc<Pool> {
         let entry = cfg.database_entry(db).expect("entry");
         pools.get_or_create(db, user, || PoolConfig::new(cfg, &entry, db, user))
     }
 
-    fn names(pools: &Pools) -> Vec<String> {
+    /// The pools' `database/user` names, sorted.
+    pub(in crate::pool) fn names(pools: &Pools) -> Vec<String> {
         let mut v: Vec<String> = pools
             .all()
             .iter()

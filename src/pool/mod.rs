@@ -7,6 +7,7 @@
 mod acquire;
 mod autodb;
 pub mod error;
+mod idle_pools;
 pub mod limits;
 mod line;
 pub mod lookup;

@@ -82,6 +82,8 @@ pub struct Pools {
     user_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
     /// Databases made from `*` with no client or server, since when (pool/autodb.rs).
     auto_unused: Mutex<HashMap<String, crate::clock::Tick>>,
+    /// Pools with no client or server, since when (pool/idle_pools.rs).
+    pools_unused: Mutex<HashMap<PoolKey, crate::clock::Tick>>,
 }
 
 impl Pools {
@@ -92,7 +94,22 @@ impl Pools {
             db_limits: Mutex::new(HashMap::new()),
             user_limits: Mutex::new(HashMap::new()),
             auto_unused: Mutex::new(HashMap::new()),
+            pools_unused: Mutex::new(HashMap::new()),
         }
+    }
+
+    pub(super) fn pools_unused(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<PoolKey, crate::clock::Tick>> {
+        self.pools_unused.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn db_limits(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<ConnLimit>>> {
+        self.db_limits.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn user_limits(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<ConnLimit>>> {
+        self.user_limits.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(super) fn auto_unused(
@@ -130,7 +147,7 @@ impl Pools {
         removed.len()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PoolKey, Arc<Pool>>> {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PoolKey, Arc<Pool>>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 

@@ -331,7 +331,15 @@ async fn open_session(
         log_pooler_errors,
     };
     let (session, greeting) = Session::new(r, who);
-    Some((session, Welcome { greeting, leftover }))
+    let notice = s.login_notify_message.clone();
+    Some((
+        session,
+        Welcome {
+            greeting,
+            leftover,
+            notice,
+        },
+    ))
 }
 
 /// Runs a session in the current task until it ends (then logs why) or sleeps (then

@@ -9,6 +9,7 @@
 mod access;
 mod autodb;
 mod control;
+mod idle_pools;
 mod metrics;
 mod show;
 mod values;

@@ -20,6 +20,8 @@ use crate::stats::conns::ClientInfo;
 pub(in crate::session) struct Welcome {
     pub greeting: BytesMut,
     pub leftover: BytesMut,
+    /// `login_notify_message`, if set.
+    pub notice: Option<Arc<str>>,
 }
 
 /// The registrations a session starts from (its count against the database and user
@@ -97,7 +99,11 @@ impl Session {
 
     /// The welcome (parameters, cancel key, ReadyForQuery), after the login's greeting.
     pub(super) async fn welcome(&mut self, stream: &Stream, w: Welcome) -> Result<(), String> {
-        let Welcome { greeting, leftover } = w;
+        let Welcome {
+            greeting,
+            leftover,
+            notice,
+        } = w;
         let pool = &self.pool;
         // The welcome needs the server's parameters; the first client of a pool waits
         // for a server login to learn them.
@@ -144,6 +150,9 @@ impl Session {
         self.params.settle(&welcome, &pool.shared_params, &mut out);
         drop(welcome);
         backend::backend_key_data(&mut out, self.cancel_key.pid, self.cancel_key.key);
+        if let Some(text) = notice {
+            backend::notice_response(&mut out, "NOTICE", "00000", &text);
+        }
         backend::ready_for_query(&mut out, b'I');
         // Nearly always taken whole by the socket at once; the wait is boxed only if not.
         let sent = match stream.try_write(&out) {
