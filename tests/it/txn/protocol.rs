@@ -8,7 +8,7 @@ use tokio_postgres::types::Type;
 
 use super::common::*;
 use crate::support::probe::within;
-use crate::support::wire::frame;
+use crate::support::wire::{first_column, frame};
 use crate::support::{run_bounded, MD5_PASSWORD, MD5_USER};
 
 /// tokio-postgres pipelines concurrent queries of one client: several
@@ -422,4 +422,58 @@ async fn deallocate_all_in_a_plain_request_clears_the_statements() {
     a.send(&named).await.unwrap();
     let msgs = a.until_ready(STEP).await;
     assert_eq!(tags(&msgs), "12DCZ", "{msgs:?}");
+}
+
+/// A COPY FROM STDIN the server fails while the client is still sending: the
+/// client's late CopyData and CopyDone arrive after the server's ReadyForQuery, when
+/// the server is back in the pool. PostgreSQL drops such messages without an answer,
+/// so a pooler that forwarded them would hold a server waiting for one (PgBouncer's
+/// pool exhaustion before its fix #1471). They must neither hold a server nor reach
+/// another client's.
+#[tokio::test]
+async fn late_copy_messages_after_a_failed_copy_hold_no_server() {
+    let db = fresh_db("txn_latecopy");
+    direct(&db, "CREATE TABLE t (v int); GRANT ALL ON t TO sluice_md5;");
+    let s = txn_sluice(&db)
+        .setting("default_pool_size", "1")
+        .setting("query_wait_timeout", "10")
+        .start();
+    let mut a = raw(&s, &db, &[]).await;
+    a.query("COPY t FROM STDIN").await.unwrap();
+    assert_eq!(a.recv(STEP).await.expect("CopyInResponse").tag, b'G');
+    // A bad row: the server answers with an error and ReadyForQuery at once.
+    a.send(&frame(b'd', b"not-a-number\n")).await.unwrap();
+    let r = a.until_ready(STEP).await;
+    assert!(first_error(&r).is_some(), "{r:?}");
+    assert_eq!(status(&r), b'I');
+    // The rest of the client's stream, sent before it read the error.
+    let mut late = Vec::new();
+    for i in 0..50 {
+        late.extend(frame(b'd', format!("{i}\n").as_bytes()));
+    }
+    late.extend(frame(b'c', b""));
+    a.send(&late).await.unwrap();
+    // Nothing answers them (and the connection stays open).
+    let answer = a.try_recv(Duration::from_millis(500)).await;
+    assert!(
+        answer.is_err(),
+        "an answer to late COPY messages: {answer:?}\n{}",
+        s.log()
+    );
+    // The pool's one server is free for another client, and clean.
+    let b = client(&s, &db).await;
+    assert_eq!(
+        within(
+            Duration::from_secs(20),
+            "b's query",
+            one(&b, "SELECT count(*) FROM t")
+        )
+        .await,
+        "0"
+    );
+    // The first client goes on with its next query and gets its own answer.
+    let r = a.simple("SELECT 41 + 1", STEP).await;
+    assert!(first_error(&r).is_none(), "{r:?}");
+    assert_eq!(first_column(&r), [Some("42".to_string())]);
+    assert_eq!(one(&b, "SELECT 2").await, "2");
 }
