@@ -116,6 +116,10 @@ pub(super) mod tests {
         pools.reclaim_autodbs(&cfg, t0 + Duration::from_secs(3), none, paused);
         // The configured database, the paused one and the one a session holds stay.
         assert_eq!(names(&pools), ["held/u", "kept/u", "named/u"]);
+        assert!(
+            !pools.db_limits().contains_key("auto"),
+            "its counter stayed"
+        );
         // A database with a logged-in client stays too, however long.
         let clients = |db: &str| u32::from(db == "held");
         drop(held);

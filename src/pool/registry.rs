@@ -133,14 +133,16 @@ impl Pools {
                 return 0;
             }
             let keys: Vec<PoolKey> = mine().map(|(k, _)| k.clone()).collect();
-            keys.iter().filter_map(|k| map.remove(k)).collect()
-        };
-        {
-            let mut limits = self.db_limits.lock().unwrap_or_else(|p| p.into_inner());
+            let removed = keys.iter().filter_map(|k| map.remove(k)).collect();
+            // Under the registry's lock, as `get_or_create` takes a counter: a login
+            // meanwhile cannot make a pool holding the counter dropped here, which
+            // would count the database's connections in two counters.
+            let mut limits = self.db_limits();
             if limits.get(database).is_some_and(|l| l.count() == 0) {
                 limits.remove(database);
             }
-        }
+            removed
+        };
         for p in &removed {
             p.close();
         }
