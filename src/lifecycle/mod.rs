@@ -222,15 +222,17 @@ async fn janitor(app: Arc<App>) {
         tick.tick().await;
         app.pools.maintain();
         let gate = app.gate();
+        let cfg = app.config();
+        let now = crate::clock::Tick::now();
         app.pools.reclaim_autodbs(
-            &app.config(),
-            crate::clock::Tick::now(),
+            &cfg,
+            now,
             |db| app.db_clients(db),
             |db| gate.paused_dbs.iter().any(|d| d == db),
         );
-        let idle = app.config().settings.pool_idle_timeout;
         app.pools
-            .reclaim_idle_pools(idle, crate::clock::Tick::now());
+            .reclaim_idle_pools(cfg.settings.pool_idle_timeout, now);
+        drop(cfg);
         crate::session::keeper::sweep(&app);
     }
 }

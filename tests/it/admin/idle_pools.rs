@@ -2,29 +2,18 @@
 //! (its SHOW POOLS row) once it has had no client and no server for that long, and
 //! `login_notify_message` greets every client with a notice as it logs in.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio_postgres::AsyncMessage;
 
 use super::{builder, pooled, psql_ok, select1, ADMIN, ADMIN_PW, T};
 use crate::support::probe::{connect_with_messages, within};
-use crate::support::{run_bounded, Sluice, MD5_PASSWORD, MD5_USER, TEST_DB};
+use crate::support::{run_bounded, wait_until, Sluice, MD5_PASSWORD, MD5_USER, TEST_DB};
 
 /// Whether SHOW POOLS has the pooled user's row.
 fn pool_listed(s: &Sluice) -> bool {
     let o = psql_ok(s, "SHOW POOLS");
     o.cell("user", MD5_USER, "database").as_deref() == Some(TEST_DB)
-}
-
-fn wait_pool_listed(s: &Sluice, want: bool, limit: Duration) -> bool {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        if pool_listed(s) == want {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    pool_listed(s) == want
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -45,7 +34,7 @@ async fn an_unused_pool_is_freed_after_pool_idle_timeout() {
     // Its server closes after server_idle_timeout, then the pool goes after
     // pool_idle_timeout: ~2 s and a janitor tick or two.
     assert!(
-        wait_pool_listed(&s, false, Duration::from_secs(15)),
+        wait_until(Duration::from_secs(15), || !pool_listed(&s)),
         "still listed 15 s after its last client left\n{}",
         s.diagnostics()
     );
