@@ -8,6 +8,7 @@ pub mod logging;
 pub mod os;
 pub mod syslog;
 pub mod systemd;
+mod trim;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -218,6 +219,7 @@ async fn run(
 /// Periodic upkeep, like PgBouncer's janitor.
 async fn janitor(app: Arc<App>) {
     let mut tick = crate::timer::interval(Duration::from_millis(500));
+    let mut trimmer = trim::Trimmer::new();
     loop {
         tick.tick().await;
         app.pools.maintain();
@@ -234,6 +236,13 @@ async fn janitor(app: Arc<App>) {
             .reclaim_idle_pools(cfg.settings.pool_idle_timeout, now);
         drop(cfg);
         crate::session::keeper::sweep(&app);
+        if let Some(t) = trimmer.tick() {
+            tracing::debug!(
+                "free heap memory given back: resident {} kB -> {} kB",
+                t.rss_before >> 10,
+                t.rss_after >> 10
+            );
+        }
     }
 }
 

@@ -21,6 +21,7 @@ mod fast_close;
 mod harness_smoke;
 mod hba;
 mod listeners;
+mod memory;
 mod pooling;
 mod prepared_sql;
 mod relay;

@@ -38,10 +38,11 @@ fn psycopg() {
 
 /// psycopg in pipeline mode with implicit transactions: after a ROLLBACK psycopg
 /// drops its statements with its own `DEALLOCATE ALL`, which in pipeline mode goes
-/// with the extended protocol. Sluice does not see it (it only recognizes the simple
-/// Query form), keeps believing the server has its `SLUICE_<n>` statements, and the
-/// next execution fails with "prepared statement SLUICE_n does not exist" (at the
-/// first iteration). Same bug as `pgjdbc_deallocate_all`.
+/// with the extended protocol. A pooler that recognizes it only in a simple Query
+/// (as Sluice did until 4db8d31) keeps believing the server has its `SLUICE_<n>`
+/// statements, and the next execution fails with "prepared statement SLUICE_n does
+/// not exist" (at the first iteration). Sluice reads the command's CommandComplete
+/// tag instead, whatever the protocol. The same case as `pgjdbc_deallocate_all`.
 #[test]
 fn psycopg_pipeline_rollback() {
     let Some(python) = venv_python("psycopg") else {
@@ -179,11 +180,11 @@ fn pgjdbc() {
 }
 
 /// pgjdbc with its DEALLOCATE ALL / DISCARD ALL step. pgjdbc sends them with the
-/// extended protocol (Parse/Bind/Execute of the unnamed statement); Sluice only
-/// recognizes them in a simple Query, so it keeps believing that server has its
-/// `SLUICE_<n>` statements, and later Binds there fail with "prepared statement
-/// SLUICE_<n> does not exist" (for every client, until the server connection
-/// closes). Minimal repro: `tokio_postgres::extended_deallocate_all_*`.
+/// extended protocol (Parse/Bind/Execute of the unnamed statement). A pooler that
+/// recognizes them only in a simple Query (Sluice until 4db8d31) keeps believing
+/// that server has its `SLUICE_<n>` statements, and later Binds there fail with
+/// "prepared statement SLUICE_<n> does not exist" (for every client, until the
+/// server connection closes). Smallest case: `tokio_postgres::extended_deallocate_all_*`.
 #[test]
 fn pgjdbc_deallocate_all() {
     let Some(cmd) = pgjdbc_cmd() else {

@@ -253,13 +253,13 @@ async fn futures_join_all<F: std::future::Future>(futs: impl Iterator<Item = F>)
     out.into_iter().map(Option::unwrap).collect()
 }
 
-/// Minimal repro of the bug the pgjdbc run exposes: `DEALLOCATE ALL` sent with the
-/// extended protocol (as pgjdbc, tokio-postgres and psycopg's pipeline mode send
-/// every statement) drops the server's `SLUICE_<n>` statements, but Sluice only
-/// recognizes the command in a simple Query, so it keeps believing that server
-/// has them and binds there without re-preparing. PgBouncer (1.22+) reads the
-/// `DEALLOCATE ALL` / `DISCARD ALL` CommandComplete tag instead, whatever the
-/// protocol, and forgets that server's statements.
+/// The smallest case of what the pgjdbc run found (fixed in 4db8d31): `DEALLOCATE
+/// ALL` sent with the extended protocol (as pgjdbc, tokio-postgres and psycopg's
+/// pipeline mode send every statement) drops the server's `SLUICE_<n>` statements.
+/// A pooler that recognizes the command only in a simple Query keeps believing that
+/// server has them and binds there without re-preparing. Sluice, like PgBouncer
+/// (1.22+), reads the `DEALLOCATE ALL` / `DISCARD ALL` CommandComplete tag instead,
+/// whatever the protocol, and forgets that server's statements.
 #[tokio::test]
 async fn extended_deallocate_all_keeps_statements_working() {
     let db = driver_db("drv_dealloc");
