@@ -82,11 +82,14 @@ mod heap {
         pages.checked_mul(usize::try_from(page).ok()?)
     }
 
-    /// Bytes glibc holds free in its arenas.
+    /// Bytes glibc holds free in its arenas. `mallinfo`, not `mallinfo2`: the latter
+    /// came with glibc 2.33, and Sluice still builds on older systems (RHEL 8's 2.28).
+    /// Its `int` fields wrap past 2 GiB; read as unsigned they hold up to 4 GiB, more
+    /// than a pooler's heap.
     pub fn free_bytes() -> Option<usize> {
-        // SAFETY: mallinfo2 only reads the allocator's counters, under its own locks.
-        let info = unsafe { libc::mallinfo2() };
-        Some(info.fordblks)
+        // SAFETY: mallinfo only reads the allocator's counters, under its own locks.
+        let info = unsafe { libc::mallinfo() };
+        usize::try_from(info.fordblks as u32).ok()
     }
 
     pub fn trim() {
