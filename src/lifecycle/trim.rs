@@ -7,25 +7,30 @@
 //! Measured by hand: 7.8 MB after one burst of 300 `pgbench -S` clients, 17.6 MB
 //! after 24 such bursts, of which 2.1 MB in use; `malloc_trim` took it to 7.9 MB.
 //!
-//! The janitor looks every [`CHECK_TICKS`] ticks. A trim is made when glibc holds
-//! [`FREE_MIN`] or more free and, after the first trim, only once the resident size
-//! grew by [`GROWTH`] since the last one: a pooler whose size holds steady is not
-//! trimmed again and again (a trim walks the free blocks under the arena's lock,
-//! and the pages it gives back fault in again when used).
+//! The janitor looks every [`CHECK_TICKS`] ticks at the resident size less what
+//! the allocator has in use: the resident memory nobody uses (the binary, the
+//! stacks, and the heap's free pages still mapped). It trims when glibc holds
+//! [`FREE_MIN`] or more free and that figure grew by [`GROWTH`] over its low mark
+//! (its value after the last trim, or the lowest since). So a burst's memory goes
+//! back once its clients are done, and a pooler whose size holds steady is not
+//! trimmed again and again: a trim walks the free blocks under the arena's lock,
+//! and the pages it gives back fault in again when used. The first look trims on
+//! free memory alone, as it may come just after a burst.
 
 /// Janitor ticks (500 ms each) between two looks: 5 s.
 pub const CHECK_TICKS: u32 = 10;
-/// Growth of the resident size since the last trim that makes a trim worth trying.
+/// Growth of the unused resident memory over its low mark that makes a trim
+/// worth trying.
 const GROWTH: usize = 2 << 20;
 /// Free bytes in the heap below which a trim is not worth making.
 const FREE_MIN: usize = 2 << 20;
 
-/// The janitor's record of the resident size, owned by the janitor.
+/// The janitor's record of unused resident memory, owned by the janitor.
 #[derive(Debug, Default)]
 pub struct Trimmer {
-    /// The resident size after the last trim, or the lowest seen since; None
-    /// before the first trim.
-    baseline: Option<usize>,
+    /// Resident bytes not in use after the last trim, or the fewest seen since;
+    /// None before the first look.
+    low: Option<usize>,
     ticks: u32,
 }
 
@@ -50,13 +55,15 @@ impl Trimmer {
         }
         self.ticks = 0;
         let rss = heap::resident()?;
-        if !worth_trimming(rss, self.baseline, heap::free_bytes()?) {
-            self.baseline = self.baseline.map(|b| b.min(rss));
+        let usage = heap::usage()?;
+        let unused = rss.saturating_sub(usage.in_use);
+        if !worth_trimming(unused, self.low, usage.free) {
+            self.low = Some(self.low.map_or(unused, |l| l.min(unused)));
             return None;
         }
         heap::trim();
         let after = heap::resident().unwrap_or(rss);
-        self.baseline = Some(after);
+        self.low = Some(after.saturating_sub(usage.in_use));
         Some(Trimmed {
             rss_before: rss,
             rss_after: after,
@@ -65,10 +72,17 @@ impl Trimmer {
 }
 
 /// Whether a trim is worth making: the allocator holds `free` bytes it does not
-/// use, at least [`FREE_MIN`], and the resident size `rss` grew by [`GROWTH`] over
-/// `baseline` (the size after the last trim, or the lowest since), if there was one.
-pub fn worth_trimming(rss: usize, baseline: Option<usize>, free: usize) -> bool {
-    free >= FREE_MIN && baseline.is_none_or(|b| rss >= b.saturating_add(GROWTH))
+/// use, at least [`FREE_MIN`], and the resident bytes not in use, `unused`, grew by
+/// [`GROWTH`] over their `low` mark, if there is one yet.
+pub fn worth_trimming(unused: usize, low: Option<usize>, free: usize) -> bool {
+    free >= FREE_MIN && low.is_none_or(|l| unused >= l.saturating_add(GROWTH))
+}
+
+/// The allocator's bytes: in use (in its arenas and mapped on their own), and free.
+#[derive(Debug, Clone, Copy)]
+struct Usage {
+    in_use: usize,
+    free: usize,
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -82,14 +96,18 @@ mod heap {
         pages.checked_mul(usize::try_from(page).ok()?)
     }
 
-    /// Bytes glibc holds free in its arenas. `mallinfo`, not `mallinfo2`: the latter
-    /// came with glibc 2.33, and Sluice still builds on older systems (RHEL 8's 2.28).
-    /// Its `int` fields wrap past 2 GiB; read as unsigned they hold up to 4 GiB, more
-    /// than a pooler's heap.
-    pub fn free_bytes() -> Option<usize> {
+    /// What glibc has in use and free. `mallinfo`, not `mallinfo2`: the latter came
+    /// with glibc 2.33, and Sluice still builds on older systems (RHEL 8's 2.28). Its
+    /// `int` fields wrap past 2 GiB; read as unsigned they hold up to 4 GiB, more than
+    /// a pooler's heap.
+    pub fn usage() -> Option<super::Usage> {
         // SAFETY: mallinfo only reads the allocator's counters, under its own locks.
         let info = unsafe { libc::mallinfo() };
-        usize::try_from(info.fordblks as u32).ok()
+        let bytes = |v: libc::c_int| usize::try_from(v as u32).ok();
+        Some(super::Usage {
+            in_use: bytes(info.uordblks)?.checked_add(bytes(info.hblkhd)?)?,
+            free: bytes(info.fordblks)?,
+        })
     }
 
     pub fn trim() {
@@ -107,7 +125,7 @@ mod heap {
     pub fn resident() -> Option<usize> {
         None
     }
-    pub fn free_bytes() -> Option<usize> {
+    pub fn usage() -> Option<super::Usage> {
         None
     }
     pub fn trim() {}
@@ -120,15 +138,16 @@ mod tests {
     const MB: usize = 1 << 20;
 
     #[test]
-    fn trims_free_memory_once_until_the_size_grows_again() {
-        // Never trimmed: free memory is enough.
+    fn trims_free_memory_when_the_unused_part_grew() {
+        // The first look: free memory is enough.
         assert!(worth_trimming(10 * MB, None, 2 * MB));
         assert!(!worth_trimming(10 * MB, None, MB));
-        // Grown by 2 MB since the last trim, with 2 MB free: trim again.
+        // Unused memory 2 MB over its low mark, with 2 MB free: trim.
         assert!(worth_trimming(10 * MB, Some(8 * MB), 2 * MB));
-        // Grown, but the memory is in use.
+        // Grown, but too little of the heap is free.
         assert!(!worth_trimming(10 * MB, Some(8 * MB), MB));
-        // Free memory, but no growth since the last trim: a steady size is left.
+        // Free memory, but the unused part has not grown since the last trim (the
+        // free pages were given back then): left alone.
         assert!(!worth_trimming(10 * MB - 1, Some(8 * MB), 6 * MB));
         assert!(!worth_trimming(7 * MB, Some(8 * MB), 6 * MB));
     }
