@@ -14,7 +14,8 @@ use tokio::task::JoinHandle;
 
 use crate::app::{App, Shutdown};
 use crate::net::{
-    listener::TcpListener, Acceptor, Listeners, Origin, PeerAddr, StdStream, Stream, TcpTuning,
+    listener::TcpListener, Accepting, Acceptor, Listeners, Origin, PeerAddr, StdStream, Stream,
+    TcpTuning,
 };
 
 /// One accept task per listener; TCP listeners close when a shutdown begins, the UNIX
@@ -66,15 +67,16 @@ async fn accept_tcp(app: Arc<App>, l: Arc<TcpListener>) {
         .local_addr()
         .ok()
         .filter(|a| !a.ip().is_unspecified());
+    let listener = socket2::SockRef::from(l.get_ref());
+    let mut options = Accepting::new(&listener, &TcpTuning::from_settings(&app.config().settings));
     let mut acceptor = Acceptor::new(&l);
     loop {
         match acceptor.accept().await {
             Ok(((s, peer), alone)) => {
-                let _ = s.set_nodelay(true);
                 // PgBouncer's TCP options cover client sockets too: a vanished client
                 // must not hold its slot and server forever.
                 let tuning = TcpTuning::from_settings(&app.config().settings);
-                if let Err(e) = tuning.apply(socket2::SockRef::from(&s)) {
+                if let Err(e) = options.ready(&listener, socket2::SockRef::from(&s), &tuning) {
                     tracing::warn!("cannot set TCP options on a client socket: {e}");
                 }
                 let origin = Origin {

@@ -10,4 +10,4 @@ pub mod tune;
 
 pub use listener::{bind_listeners, Acceptor, Listeners};
 pub use stream::{Origin, PeerAddr, Socket, StdStream, Stream};
-pub use tune::TcpTuning;
+pub use tune::{Accepting, TcpTuning};

@@ -39,10 +39,21 @@ impl TcpTuning {
         }
     }
 
-    /// Sets the options on `sock`. As in PgBouncer, the keepalive timings apply only
-    /// with `tcp_keepalive` on.
+    /// Sets the options on a new `sock`. As in PgBouncer, the keepalive timings apply
+    /// only with `tcp_keepalive` on.
     pub fn apply(&self, sock: SockRef<'_>) -> io::Result<()> {
-        if self.keepalive {
+        // A new socket starts without keepalive.
+        self.apply_over(sock, Some(false))
+    }
+
+    /// Sets the options on `sock`, whose `SO_KEEPALIVE` is `keepalive` if known
+    /// (handed down by its listener); None sets it either way.
+    fn apply_over(&self, sock: SockRef<'_>, keepalive: Option<bool>) -> io::Result<()> {
+        if !self.keepalive {
+            if keepalive != Some(false) {
+                sock.set_keepalive(false)?;
+            }
+        } else {
             let mut ka = TcpKeepalive::new();
             let mut timed = false;
             if self.keepidle > 0 {
@@ -59,7 +70,7 @@ impl TcpTuning {
             }
             if timed {
                 sock.set_tcp_keepalive(&ka)?;
-            } else {
+            } else if keepalive != Some(true) {
                 sock.set_keepalive(true)?;
             }
         }
@@ -72,6 +83,66 @@ impl TcpTuning {
             sock.set_recv_buffer_size(n)?;
         }
         Ok(())
+    }
+}
+
+/// What a TCP listener hands down to the sockets it accepts. Linux copies a
+/// listening socket's options to each socket it accepts, so `TCP_NODELAY` and
+/// `SO_KEEPALIVE`, set once on the listener, cost a new connection no system call
+/// (two of the ~17 a `pgbench -C` connection made; docs/performance.md,
+/// thirty-ninth round). The keepalive timings, `TCP_USER_TIMEOUT` and the buffer
+/// sizes are still set on each socket: a reload that sets one of them back to 0 (the
+/// system's value) could not undo it on the listener.
+#[derive(Debug, Default)]
+pub struct Accepting {
+    /// `TCP_NODELAY` is on on the listener.
+    nodelay: bool,
+    /// The listener's `SO_KEEPALIVE`; None if it is not handed down.
+    keepalive: Option<bool>,
+    /// Sockets still to come that were accepted before the listener's keepalive last
+    /// changed: the acceptor looks one connection ahead.
+    stale: u8,
+}
+
+impl Accepting {
+    /// Sets `TCP_NODELAY`, and `SO_KEEPALIVE` as `tuning` says, on `listener`.
+    pub fn new(listener: &SockRef<'_>, tuning: &TcpTuning) -> Accepting {
+        if !cfg!(target_os = "linux") {
+            return Accepting::default();
+        }
+        Accepting {
+            nodelay: listener.set_nodelay(true).is_ok(),
+            keepalive: listener
+                .set_keepalive(tuning.keepalive)
+                .is_ok()
+                .then_some(tuning.keepalive),
+            stale: 0,
+        }
+    }
+
+    /// Sets on `sock`, just accepted from `listener`, what `tuning` asks and the
+    /// listener did not hand down. A reload's change of `tcp_keepalive` goes to the
+    /// listener too, for the sockets it accepts from then on.
+    pub fn ready(
+        &mut self,
+        listener: &SockRef<'_>,
+        sock: SockRef<'_>,
+        tuning: &TcpTuning,
+    ) -> io::Result<()> {
+        if !self.nodelay {
+            sock.set_nodelay(true)?;
+        }
+        let inherited = self.keepalive.filter(|_| self.stale == 0);
+        self.stale = self.stale.saturating_sub(1);
+        if self.keepalive.is_some_and(|k| k != tuning.keepalive) {
+            self.keepalive = listener
+                .set_keepalive(tuning.keepalive)
+                .is_ok()
+                .then_some(tuning.keepalive);
+            // The socket accepted ahead of the next call came before the change.
+            self.stale = 1;
+        }
+        tuning.apply_over(sock, inherited)
     }
 }
 
@@ -134,6 +205,76 @@ mod tests {
         // Linux doubles the value it is given, for its own bookkeeping.
         assert!(sock.recv_buffer_size().unwrap() >= 65536);
         assert!(sock.send_buffer_size().unwrap() >= 65536);
+    }
+
+    /// A listener with its options, and a way to accept from it.
+    fn listener(tuning: &TcpTuning) -> (TcpListener, Accepting) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = Accepting::new(&SockRef::from(&l), tuning);
+        (l, a)
+    }
+
+    fn accept(l: &TcpListener) -> (TcpStream, TcpStream) {
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        (c, s)
+    }
+
+    #[test]
+    fn accepted_sockets_get_nodelay_and_keepalive_from_their_listener() {
+        let on = TcpTuning {
+            keepalive: true,
+            ..TcpTuning::default()
+        };
+        let (l, mut a) = listener(&on);
+        let (_c, s) = accept(&l);
+        a.ready(&SockRef::from(&l), SockRef::from(&s), &on).unwrap();
+        let sock = SockRef::from(&s);
+        assert!(sock.nodelay().unwrap());
+        assert!(sock.keepalive().unwrap());
+        if cfg!(target_os = "linux") {
+            assert_eq!(a.keepalive, Some(true));
+            assert!(a.nodelay);
+        }
+    }
+
+    #[test]
+    fn a_reload_of_tcp_keepalive_reaches_the_listener_and_the_socket_accepted_ahead() {
+        let on = TcpTuning {
+            keepalive: true,
+            ..TcpTuning::default()
+        };
+        let off = TcpTuning::default();
+        let (l, mut a) = listener(&on);
+        // Two sockets accepted before the reload (one of them looked ahead to).
+        let (_c1, s1) = accept(&l);
+        let (_c2, s2) = accept(&l);
+        a.ready(&SockRef::from(&l), SockRef::from(&s1), &off)
+            .unwrap();
+        a.ready(&SockRef::from(&l), SockRef::from(&s2), &off)
+            .unwrap();
+        // One after it, inheriting the listener's new state.
+        let (_c3, s3) = accept(&l);
+        a.ready(&SockRef::from(&l), SockRef::from(&s3), &off)
+            .unwrap();
+        for s in [&s1, &s2, &s3] {
+            assert!(!SockRef::from(s).keepalive().unwrap());
+            assert!(SockRef::from(s).nodelay().unwrap());
+        }
+        assert!(!SockRef::from(&l).keepalive().unwrap());
+        // And back on.
+        let (_c4, s4) = accept(&l);
+        let (_c5, s5) = accept(&l);
+        a.ready(&SockRef::from(&l), SockRef::from(&s4), &on)
+            .unwrap();
+        a.ready(&SockRef::from(&l), SockRef::from(&s5), &on)
+            .unwrap();
+        let (_c6, s6) = accept(&l);
+        a.ready(&SockRef::from(&l), SockRef::from(&s6), &on)
+            .unwrap();
+        for s in [&s4, &s5, &s6] {
+            assert!(SockRef::from(s).keepalive().unwrap());
+        }
     }
 
     #[test]

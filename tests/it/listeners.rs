@@ -435,6 +435,11 @@ fn server_side_timers(port: u16) -> Vec<String> {
 
 async fn keepalive_timers(setting: &str) -> Vec<String> {
     let s = md5_sluice().setting("tcp_keepalive", setting).start();
+    client_keepalive_timers(&s).await
+}
+
+/// The timers of Sluice's side of one new client connection (closed after).
+async fn client_keepalive_timers(s: &support::Sluice) -> Vec<String> {
     let c = support::connect(&cfg_at("127.0.0.1", s.port())).await;
     select(&c, 1).await;
     // Right after a reply the retransmit timer (01) runs until the client's delayed
@@ -443,6 +448,11 @@ async fn keepalive_timers(setting: &str) -> Vec<String> {
     wait_until(Duration::from_secs(3), || {
         timers = server_side_timers(s.port());
         !timers.is_empty() && timers.iter().all(|t| t != "01")
+    });
+    drop(c);
+    // Gone from the table before the next client comes.
+    wait_until(Duration::from_secs(3), || {
+        server_side_timers(s.port()).is_empty()
     });
     timers
 }
@@ -457,6 +467,37 @@ async fn tcp_keepalive_applies_to_client_sockets() {
     assert_eq!(on, vec!["02"], "expected one keepalive-timed socket");
     let off = keepalive_timers("0").await;
     assert_eq!(off, vec!["00"], "tcp_keepalive = 0 still set a timer");
+}
+
+/// Client sockets take `SO_KEEPALIVE` from their listener (set once there), so a
+/// reload of `tcp_keepalive` must reach the listener.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_keepalive_follows_a_reload() {
+    if !std::path::Path::new("/proc/net/tcp").exists() {
+        eprintln!("no /proc/net/tcp; skipping");
+        return;
+    }
+    let mut s = md5_sluice().setting("tcp_keepalive", "1").start();
+    assert_eq!(client_keepalive_timers(&s).await, vec!["02"]);
+    s.reload_replacing("tcp_keepalive = 1", "tcp_keepalive = 0");
+    // The first client after the reload, and the ones after it.
+    for _ in 0..3 {
+        assert_eq!(
+            client_keepalive_timers(&s).await,
+            vec!["00"],
+            "{}",
+            s.diagnostics()
+        );
+    }
+    s.reload_replacing("tcp_keepalive = 0", "tcp_keepalive = 1");
+    for _ in 0..3 {
+        assert_eq!(
+            client_keepalive_timers(&s).await,
+            vec!["02"],
+            "{}",
+            s.diagnostics()
+        );
+    }
 }
 
 /// A group other than the process's own, so that the chown is observable.
