@@ -130,7 +130,8 @@ impl Accepting {
         tuning: &TcpTuning,
     ) -> io::Result<()> {
         if !self.nodelay {
-            sock.set_nodelay(true)?;
+            // Ignored, as it always was: the client still works, with Nagle on.
+            let _ = sock.set_nodelay(true);
         }
         let inherited = self.keepalive.filter(|_| self.stale == 0);
         self.stale = self.stale.saturating_sub(1);
