@@ -76,7 +76,8 @@ async fn accept_tcp(app: Arc<App>, l: Arc<TcpListener>) {
                 // PgBouncer's TCP options cover client sockets too: a vanished client
                 // must not hold its slot and server forever.
                 let tuning = TcpTuning::from_settings(&app.config().settings);
-                if let Err(e) = options.ready(&listener, socket2::SockRef::from(&s), &tuning) {
+                if let Err(e) = options.ready(&listener, socket2::SockRef::from(&s), &tuning, alone)
+                {
                     tracing::warn!("cannot set TCP options on a client socket: {e}");
                 }
                 let origin = Origin {

@@ -99,9 +99,12 @@ pub struct Accepting {
     nodelay: bool,
     /// The listener's `SO_KEEPALIVE`; None if it is not handed down.
     keepalive: Option<bool>,
-    /// Sockets still to come that were accepted before the listener's keepalive last
-    /// changed: the acceptor looks one connection ahead.
-    stale: u8,
+    /// The accept queue was seen empty since the listener's options last changed, so
+    /// every socket accepted from now on was made with them. Until then a socket may
+    /// have waited in the queue from before (connections made while Sluice started,
+    /// or a socket activation's backlog; the one the acceptor looked ahead to at a
+    /// reload), and gets its options on its own.
+    settled: bool,
 }
 
 impl Accepting {
@@ -116,33 +119,35 @@ impl Accepting {
                 .set_keepalive(tuning.keepalive)
                 .is_ok()
                 .then_some(tuning.keepalive),
-            stale: 0,
+            settled: false,
         }
     }
 
     /// Sets on `sock`, just accepted from `listener`, what `tuning` asks and the
-    /// listener did not hand down. A reload's change of `tcp_keepalive` goes to the
-    /// listener too, for the sockets it accepts from then on.
+    /// listener did not hand down; `alone`: the accept queue was empty after it (see
+    /// `Acceptor::accept`). A reload's change of `tcp_keepalive` goes to the listener
+    /// too, for the sockets it accepts from then on.
     pub fn ready(
         &mut self,
         listener: &SockRef<'_>,
         sock: SockRef<'_>,
         tuning: &TcpTuning,
+        alone: bool,
     ) -> io::Result<()> {
-        if !self.nodelay {
+        if !(self.nodelay && self.settled) {
             // Ignored, as it always was: the client still works, with Nagle on.
             let _ = sock.set_nodelay(true);
         }
-        let inherited = self.keepalive.filter(|_| self.stale == 0);
-        self.stale = self.stale.saturating_sub(1);
-        if self.keepalive.is_some_and(|k| k != tuning.keepalive) {
+        let inherited = self.keepalive.filter(|_| self.settled);
+        let changed = self.keepalive.is_some_and(|k| k != tuning.keepalive);
+        if changed {
             self.keepalive = listener
                 .set_keepalive(tuning.keepalive)
                 .is_ok()
                 .then_some(tuning.keepalive);
-            // The socket accepted ahead of the next call came before the change.
-            self.stale = 1;
         }
+        // With the queue empty now, the next socket is made after any change above.
+        self.settled = (self.settled && !changed) || alone;
         tuning.apply_over(sock, inherited)
     }
 }
@@ -153,10 +158,7 @@ mod tests {
     use std::net::{TcpListener, TcpStream};
 
     fn pair() -> (TcpStream, TcpStream) {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (s, _) = l.accept().unwrap();
-        (c, s)
+        accept(&TcpListener::bind("127.0.0.1:0").unwrap())
     }
 
     #[test]
@@ -227,16 +229,24 @@ mod tests {
             keepalive: true,
             ..TcpTuning::default()
         };
-        let (l, mut a) = listener(&on);
-        let (_c, s) = accept(&l);
-        a.ready(&SockRef::from(&l), SockRef::from(&s), &on).unwrap();
-        let sock = SockRef::from(&s);
-        assert!(sock.nodelay().unwrap());
-        assert!(sock.keepalive().unwrap());
-        if cfg!(target_os = "linux") {
-            assert_eq!(a.keepalive, Some(true));
-            assert!(a.nodelay);
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        // Made before the listener had its options, as while Sluice starts.
+        let early = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let mut a = Accepting::new(&SockRef::from(&l), &on);
+        let (s0, _) = l.accept().unwrap();
+        a.ready(&SockRef::from(&l), SockRef::from(&s0), &on, true)
+            .unwrap();
+        let (_c, s1) = accept(&l);
+        a.ready(&SockRef::from(&l), SockRef::from(&s1), &on, true)
+            .unwrap();
+        for s in [&s0, &s1] {
+            assert!(SockRef::from(s).nodelay().unwrap());
+            assert!(SockRef::from(s).keepalive().unwrap());
         }
+        if cfg!(target_os = "linux") {
+            assert!(a.settled && a.nodelay && a.keepalive == Some(true));
+        }
+        drop(early);
     }
 
     #[test]
@@ -247,34 +257,27 @@ mod tests {
         };
         let off = TcpTuning::default();
         let (l, mut a) = listener(&on);
-        // Two sockets accepted before the reload (one of them looked ahead to).
-        let (_c1, s1) = accept(&l);
-        let (_c2, s2) = accept(&l);
-        a.ready(&SockRef::from(&l), SockRef::from(&s1), &off)
+        let (_c0, s0) = accept(&l);
+        a.ready(&SockRef::from(&l), SockRef::from(&s0), &on, true)
             .unwrap();
-        a.ready(&SockRef::from(&l), SockRef::from(&s2), &off)
-            .unwrap();
-        // One after it, inheriting the listener's new state.
-        let (_c3, s3) = accept(&l);
-        a.ready(&SockRef::from(&l), SockRef::from(&s3), &off)
-            .unwrap();
-        for s in [&s1, &s2, &s3] {
-            assert!(!SockRef::from(s).keepalive().unwrap());
-            assert!(SockRef::from(s).nodelay().unwrap());
-        }
-        assert!(!SockRef::from(&l).keepalive().unwrap());
-        // And back on.
-        let (_c4, s4) = accept(&l);
-        let (_c5, s5) = accept(&l);
-        a.ready(&SockRef::from(&l), SockRef::from(&s4), &on)
-            .unwrap();
-        a.ready(&SockRef::from(&l), SockRef::from(&s5), &on)
-            .unwrap();
-        let (_c6, s6) = accept(&l);
-        a.ready(&SockRef::from(&l), SockRef::from(&s6), &on)
-            .unwrap();
-        for s in [&s4, &s5, &s6] {
-            assert!(SockRef::from(s).keepalive().unwrap());
+        for tuning in [off, on] {
+            // Two sockets accepted before the reload (the second looked ahead to, so
+            // the first was not alone), and one after it, inheriting the listener's
+            // new state.
+            let (_c1, s1) = accept(&l);
+            let (_c2, s2) = accept(&l);
+            a.ready(&SockRef::from(&l), SockRef::from(&s1), &tuning, false)
+                .unwrap();
+            a.ready(&SockRef::from(&l), SockRef::from(&s2), &tuning, true)
+                .unwrap();
+            let (_c3, s3) = accept(&l);
+            a.ready(&SockRef::from(&l), SockRef::from(&s3), &tuning, true)
+                .unwrap();
+            for s in [&s1, &s2, &s3] {
+                assert_eq!(SockRef::from(s).keepalive().unwrap(), tuning.keepalive);
+                assert!(SockRef::from(s).nodelay().unwrap());
+            }
+            assert_eq!(SockRef::from(&l).keepalive().unwrap(), tuning.keepalive);
         }
     }
 

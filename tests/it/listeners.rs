@@ -479,24 +479,20 @@ async fn tcp_keepalive_follows_a_reload() {
     }
     let mut s = md5_sluice().setting("tcp_keepalive", "1").start();
     assert_eq!(client_keepalive_timers(&s).await, vec!["02"]);
-    s.reload_replacing("tcp_keepalive = 1", "tcp_keepalive = 0");
-    // The first client after the reload, and the ones after it.
-    for _ in 0..3 {
-        assert_eq!(
-            client_keepalive_timers(&s).await,
-            vec!["00"],
-            "{}",
-            s.diagnostics()
+    for (from, to, timer) in [("1", "0", "00"), ("0", "1", "02")] {
+        s.reload_replacing(
+            &format!("tcp_keepalive = {from}"),
+            &format!("tcp_keepalive = {to}"),
         );
-    }
-    s.reload_replacing("tcp_keepalive = 0", "tcp_keepalive = 1");
-    for _ in 0..3 {
-        assert_eq!(
-            client_keepalive_timers(&s).await,
-            vec!["02"],
-            "{}",
-            s.diagnostics()
-        );
+        // The first client after the reload, and the ones after it.
+        for _ in 0..3 {
+            assert_eq!(
+                client_keepalive_timers(&s).await,
+                vec![timer],
+                "{}",
+                s.diagnostics()
+            );
+        }
     }
 }
 
