@@ -122,7 +122,7 @@ fn pools(app: &App, t: &mut Text) {
         (
             "server_being_canceled_connections",
             "Server connections being canceled",
-            |_| 0.0,
+            |r| f64::from(r.sv_being_canceled),
         ),
         (
             "server_idle_connections",

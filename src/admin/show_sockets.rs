@@ -230,6 +230,26 @@ fn server_views(app: &App) -> Vec<ServerView> {
                 });
             }
         }
+        // Given back while cancels were on their way to it: no client, not idle yet.
+        for (ident, since) in pool.being_canceled() {
+            views.push(ServerView {
+                id: ident.id,
+                user: row.user.clone(),
+                database: row.database.clone(),
+                state: "being_canceled",
+                addr: ident.addr.clone(),
+                local_addr: ident.local_addr,
+                created: ident.created,
+                request_time: wall(since),
+                close_needed: ident.generation != generation,
+                link: None,
+                backend_pid: ident.backend_pid,
+                application_name: String::new(),
+                prepared: ident.prepared(),
+                tls: ident.tls,
+                replication: "none",
+            });
+        }
         let now = Tick::now();
         for s in pool.idle_servers() {
             let used = cfg.server_check_query.is_some()

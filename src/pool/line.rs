@@ -308,21 +308,16 @@ fn leave(st: &mut PoolState, id: u64) -> Option<Waiter> {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
     use std::sync::Arc;
     use std::task::{Poll, Waker};
     use std::time::Duration;
 
     use super::*;
-    use crate::config::Config;
     use crate::pool::slot::SlotToken;
-    use crate::pool::{Checkout, PoolConfig};
+    use crate::pool::Checkout;
 
     fn pool() -> Arc<Pool> {
-        let ini = "[databases]\ndb = host=127.0.0.1 port=1\n[pgbouncer]\ndefault_pool_size = 1\n";
-        let cfg = Config::from_ini_str(ini, Path::new("test.ini")).expect("config");
-        let entry = cfg.database_entry("db").expect("db entry");
-        Arc::new(Pool::for_tests(PoolConfig::new(&cfg, &entry, "db", "u")))
+        Pool::one_slot_for_tests()
     }
 
     fn queue(p: &Arc<Pool>) -> Ticket {

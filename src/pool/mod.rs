@@ -6,6 +6,7 @@
 
 mod acquire;
 mod autodb;
+mod canceled;
 pub mod error;
 mod idle_pools;
 pub mod limits;
@@ -27,6 +28,7 @@ use arc_swap::ArcSwap;
 use std::time::{Duration, Instant};
 
 pub use acquire::{Checkout, Ticket};
+pub use canceled::CancelAim;
 pub use error::PoolError;
 pub use line::Request;
 pub use registry::{PoolKey, Pools};
@@ -73,8 +75,11 @@ pub(crate) struct PoolState {
     next_waiter: u64,
     /// Connections counted against `pool_size`: idle + lent out + connecting.
     total: u32,
-    /// Connections currently lent to clients.
+    /// Connections currently lent to clients (those held for cancels included).
     active: u32,
+    /// Connections given back while cancel requests were on their way to them, held
+    /// off the pool until those are done (`canceled.rs`).
+    being_canceled: Vec<Arc<ServerIdent>>,
     /// The last login failure, to fail fast until `server_login_retry` passes.
     last_login_error: Option<(Instant, PoolError)>,
     /// Bumped to retire existing connections (reload with a new target, RECONNECT).
@@ -103,6 +108,11 @@ impl LentMark {
     /// Stops the mark from counting down on drop; returns whether it was armed.
     fn disarm(&mut self) -> bool {
         self.0.take().is_some()
+    }
+
+    /// The pool that lent the connection, if it is lent.
+    pub(crate) fn pool(&self) -> Option<Arc<Pool>> {
+        self.0.clone()
     }
 
     /// Whether the connection is counted as lent by `pool`.
@@ -141,6 +151,8 @@ pub struct PoolCounts {
     pub idle: u32,
     pub active: u32,
     pub waiting: u32,
+    /// Lent connections held for cancels (counted in `active` too).
+    pub being_canceled: u32,
 }
 
 /// One pool of server connections for a (database, user) pair.
@@ -194,6 +206,16 @@ impl Pool {
             next_host: Default::default(),
             host_failures: Default::default(),
         }
+    }
+
+    /// A pool of one connection to a server nobody listens on, for unit tests.
+    #[cfg(test)]
+    pub(crate) fn one_slot_for_tests() -> Arc<Pool> {
+        let ini = "[databases]\ndb = host=127.0.0.1 port=1\n[pgbouncer]\ndefault_pool_size = 1\n";
+        let cfg = crate::config::Config::from_ini_str(ini, std::path::Path::new("test.ini"))
+            .expect("config");
+        let entry = cfg.database_entry("db").expect("db entry");
+        Arc::new(Pool::for_tests(PoolConfig::new(&cfg, &entry, "db", "u")))
     }
 
     /// A pool of (`db`, `u`) counted against no shared limits, for unit tests.
@@ -259,6 +281,7 @@ impl Pool {
             idle: st.idle.len() as u32,
             active: st.active,
             waiting: st.waiters.len() as u32,
+            being_canceled: st.being_canceled.len() as u32,
         }
     }
 
@@ -316,6 +339,12 @@ impl Pool {
     /// connection went straight to a waiting client.
     pub fn release_at(&self, mut conn: ServerConn, clean: bool, now: Tick) -> bool {
         conn.last_used = now;
+        if clean && conn.ident.cancels_pending() {
+            match self.hold(conn) {
+                Ok(()) => return false,
+                Err(c) => conn = c,
+            }
+        }
         let mut st = self.lock_state();
         let lifetime = st.reuse.lifetime;
         let reusable = clean

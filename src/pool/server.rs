@@ -88,6 +88,9 @@ pub struct ServerIdent {
     /// The pool generation it was made in; older ones are closed on release (reload,
     /// RECONNECT).
     pub generation: u64,
+    /// Cancel requests on their way to the backend (`canceled.rs`); read at each
+    /// release, next to `generation`.
+    pub(crate) cancels: AtomicU32,
     /// The local end of the socket (SHOW SERVERS `local_addr`/`local_port`).
     pub local_addr: Option<std::net::SocketAddr>,
     /// The address a TCP connection reached: its cancel goes there, not to whatever
@@ -98,6 +101,8 @@ pub struct ServerIdent {
     /// Prepared statements it held when last linked (SHOW SERVERS); written only by
     /// the client that links it.
     prepared: AtomicU32,
+    /// The connection, while held off the pool for those cancels.
+    pub(crate) held: std::sync::Mutex<Option<ServerConn>>,
 }
 
 impl ServerIdent {
@@ -109,10 +114,12 @@ impl ServerIdent {
             addr,
             created: Tick::now(),
             generation,
+            cancels: AtomicU32::new(0),
             local_addr: None,
             peer_addr: None,
             tls: Default::default(),
             prepared: AtomicU32::new(0),
+            held: std::sync::Mutex::new(None),
         }
     }
 
@@ -359,6 +366,27 @@ pub(crate) async fn connect(
         conn.run_internal(q, limit).await?;
     }
     Ok(conn)
+}
+
+/// A connection over `stream` that never logged in to anything, for unit tests of
+/// what the pool does with connections.
+#[cfg(test)]
+pub(crate) fn conn_for_tests(stream: Stream, slot: SlotToken, generation: u64) -> ServerConn {
+    let addr = ServerAddr::for_host("127.0.0.1", 1);
+    ServerConn(Box::new(ServerState {
+        stream,
+        ident: Arc::new(ServerIdent::new(1, (1, 1), addr, generation)),
+        params: ServerParams {
+            values: Vec::new(),
+            matched: None,
+        },
+        last_used: Tick::now(),
+        close_needed: false,
+        lent: super::LentMark::default(),
+        _slot: slot,
+        limit_tokens: None,
+        prepared: Default::default(),
+    }))
 }
 
 struct LoginState<'a> {

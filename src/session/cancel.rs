@@ -119,7 +119,9 @@ impl CancelRegistry {
         match self.route(pid, key) {
             Route::Local { pid, key } => {
                 let client = self.lock().get(&(pid, key)).cloned();
-                let Some(server) = client.and_then(|c| c.linked()) else {
+                // Held off the pool until the cancel is done, so that it cannot cancel
+                // the query of a client the server went to meanwhile.
+                let Some(server) = client.and_then(|c| c.aim_cancel()) else {
                     return false;
                 };
                 let (spid, skey) = (server.backend_pid, server.backend_key);

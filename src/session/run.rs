@@ -473,6 +473,9 @@ impl Session {
                     self.info.set_prepared(n);
                 }
                 let last_activity = relay.last_activity();
+                // Before the server goes back: a cancel request that found it linked
+                // is then counted in time to hold it (pool/canceled.rs).
+                self.info.unlink();
                 if self.reset_always {
                     // The reset is a round trip: the client's answer goes first.
                     if let Err(e) = self.pay_client(stream, false).await {
@@ -484,7 +487,6 @@ impl Session {
                         Box::pin(finish_server(&self.pool, s, true, PoolMode::Session)).await;
                     }
                 }
-                self.info.unlink();
                 let handed_on = match self.server.take() {
                     Some(s) => self.pool.release_at(s, true, last_activity),
                     None => false,

@@ -252,6 +252,15 @@ impl ClientInfo {
         lock(&self.link).clone()
     }
 
+    /// The linked server, if any, counted as the target of a cancel request until the
+    /// result is dropped: under the link lock, so that the unlink before the server
+    /// goes back sees the count (pool/canceled.rs).
+    pub fn aim_cancel(&self) -> Option<crate::pool::CancelAim> {
+        let link = lock(&self.link);
+        link.as_ref()
+            .map(|s| crate::pool::CancelAim::new(s.clone()))
+    }
+
     /// How long ago the client connected.
     pub fn age(&self) -> std::time::Duration {
         self.connected_at.elapsed()

@@ -8,6 +8,7 @@ pub(crate) mod common;
 mod dirty;
 mod limits;
 mod load;
+mod mixed;
 mod params;
 mod protocol;
 mod reset;
