@@ -258,6 +258,9 @@ async fn a_random_mix_of_requests_reaches_each_client_whole_and_only_its_own() {
     );
     let s = txn_sluice(&db)
         .setting("default_pool_size", &POOL.to_string())
+        // Each client has a raw twin, and may have a vanishing one and a cancel
+        // request connected at once.
+        .setting("max_client_conn", "1000")
         .start();
     let mut tasks = Vec::new();
     for id in 0..CLIENTS {
