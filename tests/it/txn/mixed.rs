@@ -1,8 +1,9 @@
 //! Many clients, a small pool, and every kind of request at once: a seeded random
 //! mix of simple and extended queries, pipelines, prepared statements, transactions
 //! committed and rolled back, errors, cancels, COPY, large answers and requests,
-//! and clients that vanish mid-query. Each answer carries its client's id and step,
-//! so an answer lost, cut short or handed to the wrong client fails the test.
+//! session parameters of each client's own, and clients that vanish mid-query. Each
+//! answer carries its client's id and step, so an answer lost, cut short or handed
+//! to the wrong client fails the test, as does another client's time zone.
 //!
 //! The hand-over paths (a request written by the client releasing the server, an
 //! answer's tail owed after the server went back) are only exercised when clients
@@ -21,7 +22,12 @@ const CLIENTS: u64 = 24;
 const STEPS: u64 = 40;
 const POOL: u32 = 3;
 /// How many kinds of step [`Mixer::step`] knows.
-const OPS: u64 = 15;
+const OPS: u64 = 16;
+
+/// A time zone of its own for each client (up to 12 kinds).
+fn zone(id: u64) -> String {
+    format!("Etc/GMT-{}", id % 12)
+}
 
 /// xorshift64*: a fixed sequence per seed, so a failure can be replayed.
 struct Rng(u64);
@@ -235,6 +241,11 @@ impl Mixer {
                     [format!("q{tag}")]
                 );
             }
+            // Its own session parameters, whichever server it gets.
+            14 => {
+                let got = rows(&self.c, "SHOW TimeZone; SHOW application_name").await;
+                assert_eq!(got, [zone(id), format!("mix{id}")], "{ctx}");
+            }
             // A client that sends a query and vanishes before its answer.
             _ => {
                 let mut gone = RawClient::login(self.port, MD5_USER, MD5_PASSWORD, &self.db, &[])
@@ -265,6 +276,13 @@ async fn a_random_mix_of_requests_reaches_each_client_whole_and_only_its_own() {
     let mut tasks = Vec::new();
     for id in 0..CLIENTS {
         let c = client(&s, &db).await;
+        // Tracked parameters, set as a session would: each client must keep its own.
+        c.batch_execute(&format!(
+            "SET TimeZone = '{}'; SET application_name = 'mix{id}'",
+            zone(id)
+        ))
+        .await
+        .expect("SET");
         let doubled = c.prepare("SELECT $1::int8 * 2").await.expect("prepare");
         let raw = RawClient::login(s.port(), MD5_USER, MD5_PASSWORD, &db, &[])
             .await
