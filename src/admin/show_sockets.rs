@@ -12,11 +12,11 @@ use std::time::SystemTime;
 use bytes::BytesMut;
 
 use super::rows::{Cell, Table, Ty};
-use super::show_pools::pool_rows;
+use super::show_pools::{pool_rows, PoolRow};
 use crate::app::App;
 use crate::clock::Tick;
 use crate::net::PeerAddr;
-use crate::pool::ServerAddr;
+use crate::pool::{ServerAddr, ServerIdent};
 use crate::stats::conns::{ClientInfo, ClientState, CompactAddr};
 
 const COLUMNS: [(&str, Ty); 21] = [
@@ -202,7 +202,9 @@ fn server_views(app: &App) -> Vec<ServerView> {
     let mut views = Vec::new();
     let clients = app.client_reg.all();
     for row in pool_rows(app) {
-        let Some(pool) = row.pool else { continue };
+        let Some(pool) = row.pool.as_ref() else {
+            continue;
+        };
         let cfg = pool.config();
         let generation = pool.generation();
         for c in clients.iter().filter(|c| {
@@ -232,49 +234,56 @@ fn server_views(app: &App) -> Vec<ServerView> {
         }
         // Given back while cancels were on their way to it: no client, not idle yet.
         for (ident, since) in pool.being_canceled() {
-            views.push(ServerView {
-                id: ident.id,
-                user: row.user.clone(),
-                database: row.database.clone(),
-                state: "being_canceled",
-                addr: ident.addr.clone(),
-                local_addr: ident.local_addr,
-                created: ident.created,
-                request_time: wall(since),
-                close_needed: ident.generation != generation,
-                link: None,
-                backend_pid: ident.backend_pid,
-                application_name: String::new(),
-                prepared: ident.prepared(),
-                tls: ident.tls,
-                replication: "none",
-            });
+            let prepared = ident.prepared();
+            let state = "being_canceled";
+            views.push(unlinked_view(
+                &row, &ident, state, since, prepared, generation,
+            ));
         }
         let now = Tick::now();
         for s in pool.idle_servers() {
             let used = cfg.server_check_query.is_some()
                 && now.reached(s.last_used, cfg.server_check_delay);
-            let (ident, last_used) = (&s.ident, s.last_used);
-            views.push(ServerView {
-                id: ident.id,
-                user: row.user.clone(),
-                database: row.database.clone(),
-                state: if used { "used" } else { "idle" },
-                addr: ident.addr.clone(),
-                local_addr: ident.local_addr,
-                created: ident.created,
-                request_time: wall(last_used),
-                close_needed: ident.generation != generation,
-                link: None,
-                backend_pid: ident.backend_pid,
-                application_name: String::new(),
-                prepared: s.prepared,
-                tls: ident.tls,
-                replication: "none",
-            });
+            let state = if used { "used" } else { "idle" };
+            views.push(unlinked_view(
+                &row,
+                &s.ident,
+                state,
+                s.last_used,
+                s.prepared,
+                generation,
+            ));
         }
     }
     views
+}
+
+/// A server no client holds (idle, or held for cancels), in `row`'s pool.
+fn unlinked_view(
+    row: &PoolRow,
+    ident: &ServerIdent,
+    state: &'static str,
+    since: Tick,
+    prepared: u32,
+    generation: u64,
+) -> ServerView {
+    ServerView {
+        id: ident.id,
+        user: row.user.clone(),
+        database: row.database.clone(),
+        state,
+        addr: ident.addr.clone(),
+        local_addr: ident.local_addr,
+        created: ident.created,
+        request_time: wall(since),
+        close_needed: ident.generation != generation,
+        link: None,
+        backend_pid: ident.backend_pid,
+        application_name: String::new(),
+        prepared,
+        tls: ident.tls,
+        replication: "none",
+    }
 }
 
 /// SHOW CLIENTS.

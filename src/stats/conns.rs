@@ -14,11 +14,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::SystemTime;
 
-use rustc_hash::FxHashMap;
-
 use crate::clock::Tick;
 use crate::net::PeerAddr;
 use crate::pool::ServerIdent;
+
+pub use super::clients::{ClientRegistry, Registered};
 
 /// Where a client stands, as SHOW CLIENTS words it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -416,83 +416,9 @@ impl Drop for Killed<'_> {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Plain data behind these locks; a panic elsewhere cannot leave it inconsistent.
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Every registered client, by id.
-#[derive(Debug, Default)]
-pub struct ClientRegistry {
-    // Fx: the ids are ours (sequential), nothing a peer picks.
-    map: Mutex<FxHashMap<u64, Arc<ClientInfo>>>,
-}
-
-/// Keeps a client registered until dropped.
-#[derive(Debug)]
-pub struct Registered {
-    registry: Arc<ClientRegistry>,
-    pub info: Arc<ClientInfo>,
-}
-
-impl Drop for Registered {
-    fn drop(&mut self) {
-        self.registry.remove(self.info.meta.id);
-    }
-}
-
-impl std::ops::Deref for Registered {
-    type Target = ClientInfo;
-    fn deref(&self) -> &ClientInfo {
-        &self.info
-    }
-}
-
-impl ClientRegistry {
-    /// Registers a client for as long as the returned guard lives.
-    pub fn register(self: &Arc<Self>, meta: ClientMeta) -> Registered {
-        let info = Arc::new(ClientInfo::new(meta));
-        self.add(&info);
-        Registered {
-            registry: self.clone(),
-            info,
-        }
-    }
-
-    /// Registers a client until [`ClientRegistry::remove`] (its owner's drop).
-    pub fn add(&self, info: &Arc<ClientInfo>) {
-        lock(&self.map).insert(info.meta.id, info.clone());
-    }
-
-    pub fn remove(&self, id: u64) {
-        lock(&self.map).remove(&id);
-    }
-
-    /// Calls `f` on every registered client, in no order, under the registry's lock.
-    pub fn for_each(&self, mut f: impl FnMut(&ClientInfo)) {
-        for c in lock(&self.map).values() {
-            f(c);
-        }
-    }
-
-    /// Every registered client, ordered by id.
-    pub fn all(&self) -> Vec<Arc<ClientInfo>> {
-        let mut v: Vec<_> = lock(&self.map).values().cloned().collect();
-        v.sort_by_key(|c| c.meta.id);
-        v
-    }
-
-    pub fn get(&self, id: u64) -> Option<Arc<ClientInfo>> {
-        lock(&self.map).get(&id).cloned()
-    }
-
-    pub fn len(&self) -> usize {
-        lock(&self.map).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// A client of user `u` on database `d`, over the UNIX socket, for unit tests.

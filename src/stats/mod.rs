@@ -6,6 +6,7 @@
 //! path touches no shared cache line; latencies go straight into the pool's
 //! histograms, once per query.
 
+mod clients;
 pub mod conns;
 pub mod histogram;
 
