@@ -14,6 +14,7 @@ use std::time::Duration;
 use tokio_postgres::{Client, Statement};
 
 use super::common::*;
+use crate::admin::{psql_ok, ADMIN, ADMIN_PW};
 use crate::support::probe::within;
 use crate::support::wire::{query_msg, TAG_ERROR};
 use crate::support::{MD5_PASSWORD, MD5_USER};
@@ -268,6 +269,7 @@ async fn a_random_mix_of_requests_reaches_each_client_whole_and_only_its_own() {
         "CREATE TABLE mix (client int, step int); GRANT ALL ON mix TO sluice_md5;",
     );
     let s = txn_sluice(&db)
+        .userlist(ADMIN, ADMIN_PW)
         .setting("default_pool_size", &POOL.to_string())
         // Each client has a raw twin, and may have a vanishing one and a cancel
         // request connected at once.
@@ -321,4 +323,17 @@ async fn a_random_mix_of_requests_reaches_each_client_whole_and_only_its_own() {
             "client {id}'s committed rows"
         );
     }
+    // Every server held for a cancel came back once its cancels were done: the
+    // console shows none held and none lent, with the clients all idle.
+    let mut pools = psql_ok(&s, "SHOW POOLS");
+    for _ in 0..50 {
+        let held = pools.cell("database", &db, "sv_being_canceled");
+        let lent = pools.cell("database", &db, "sv_active");
+        if held.as_deref() == Some("0") && lent.as_deref() == Some("0") {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        pools = psql_ok(&s, "SHOW POOLS");
+    }
+    panic!("servers still held or lent: {:?}", pools.rows);
 }
