@@ -57,6 +57,7 @@ fn requests() {
             tracker: &mut tracker,
             max_prepared: 2,
             server_parses: &mut parses,
+            aborted: false,
         };
         let mut rest = BytesMut::from(input);
         let mut out = BytesMut::new();

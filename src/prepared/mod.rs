@@ -14,6 +14,7 @@
 //! are swallowed, and ParseComplete for Parses it did not need to send is synthesized,
 //! each in its place in the stream.
 
+mod inject;
 pub mod responses;
 pub mod rewrite;
 pub mod sql;
@@ -166,6 +167,12 @@ impl ClientStatements {
         self.names.get(name)
     }
 
+    /// Whether `name` is taken, by either kind of statement (PostgreSQL has one
+    /// namespace for both).
+    pub fn holds(&self, name: &str) -> bool {
+        self.names.contains_key(name) || self.sql.contains_key(name)
+    }
+
     /// Binds `name` to a statement; false when the client already holds too many.
     pub fn insert(&mut self, name: String, stmt: Arc<Statement>) -> bool {
         if self.len() >= MAX_CLIENT_STATEMENTS && !self.names.contains_key(&name) {
@@ -228,6 +235,15 @@ pub struct ServerStatements {
     tick: u64,
 }
 
+/// A statement taken out of a server's cache to make room: closed on the server,
+/// unless that Close is skipped after an error, when it goes back in the cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Evicted {
+    pub id: u64,
+    pub server_name: String,
+    tick: u64,
+}
+
 impl ServerStatements {
     /// Whether the server has `stmt`; marks it used.
     pub fn touch(&mut self, stmt: &Statement) -> bool {
@@ -241,23 +257,32 @@ impl ServerStatements {
         }
     }
 
-    /// Records that `stmt` is being prepared. Returns the server name of a statement
-    /// to close first when the cache is at `max`.
-    pub fn insert(&mut self, stmt: &Statement, max: usize) -> Option<String> {
+    /// Takes out the least recently used statement if the cache is at `max` (0: no
+    /// limit), before an insert. (A portal built on it stays open: PostgreSQL keeps
+    /// a portal whose statement is closed.)
+    pub fn evict_for_one_more(&mut self, max: usize) -> Option<Evicted> {
+        if max == 0 || self.entries.len() < max {
+            return None;
+        }
+        let (&id, _) = self.entries.iter().min_by_key(|(_, e)| e.1)?;
+        let (server_name, tick) = self.entries.remove(&id)?;
+        Some(Evicted {
+            id,
+            server_name,
+            tick,
+        })
+    }
+
+    /// Puts back a statement whose eviction never reached the server.
+    pub fn reinstate(&mut self, e: Evicted) {
+        self.entries.entry(e.id).or_insert((e.server_name, e.tick));
+    }
+
+    /// Records that `stmt` is being prepared (after [`Self::evict_for_one_more`]).
+    pub fn insert(&mut self, stmt: &Statement) {
         self.tick += 1;
-        let evicted = if max > 0 && self.entries.len() >= max {
-            let oldest = self
-                .entries
-                .iter()
-                .min_by_key(|(_, e)| e.1)
-                .map(|(id, _)| *id);
-            oldest.and_then(|id| self.entries.remove(&id)).map(|e| e.0)
-        } else {
-            None
-        };
         self.entries
             .insert(stmt.id, (stmt.server_name.clone(), self.tick));
-        evicted
     }
 
     /// Forgets a statement whose Parse did not happen (error or skipped).
@@ -301,11 +326,33 @@ mod tests {
             .map(|i| r.intern(Bytes::from(format!("q{i}\0\0\0"))))
             .collect();
         let mut c = ServerStatements::default();
-        assert_eq!(c.insert(&s[0], 2), None);
-        assert_eq!(c.insert(&s[1], 2), None);
+        let add = |c: &mut ServerStatements, st: &Statement| {
+            let out = c.evict_for_one_more(2).map(|e| e.server_name);
+            c.insert(st);
+            out
+        };
+        assert_eq!(add(&mut c, &s[0]), None);
+        assert_eq!(add(&mut c, &s[1]), None);
         assert!(c.touch(&s[0]));
-        assert_eq!(c.insert(&s[2], 2), Some(s[1].server_name.clone()));
+        assert_eq!(add(&mut c, &s[2]), Some(s[1].server_name.clone()));
         assert!(!c.touch(&s[1]));
+        assert_eq!(c.len(), 2);
+    }
+
+    #[test]
+    fn an_eviction_undone_puts_the_statement_back() {
+        let r = Registry::default();
+        let s: Vec<_> = (0..2)
+            .map(|i| r.intern(Bytes::from(format!("q{i}\0\0\0"))))
+            .collect();
+        let mut c = ServerStatements::default();
+        c.insert(&s[0]);
+        let e = c.evict_for_one_more(1).expect("an eviction");
+        assert_eq!(e.server_name, s[0].server_name);
+        c.insert(&s[1]);
+        assert!(!c.touch(&s[0]));
+        c.reinstate(e);
+        assert!(c.touch(&s[0]));
         assert_eq!(c.len(), 2);
     }
 

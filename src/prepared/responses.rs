@@ -15,8 +15,10 @@ pub enum Kind {
     Describe,
     Execute,
     Close,
-    /// Sync, simple Query and FunctionCall: answered up to ReadyForQuery.
+    /// Simple Query and FunctionCall: answered up to ReadyForQuery.
     UntilReady,
+    /// Sync: answered by ReadyForQuery, and the end of the skip after an error.
+    Sync,
 }
 
 impl Kind {
@@ -28,7 +30,7 @@ impl Kind {
             Kind::Describe => tag == b'T' || tag == b'n',
             Kind::Execute => matches!(tag, b'C' | b'I' | b's'),
             Kind::Close => tag == b'3',
-            Kind::UntilReady => tag == b'Z',
+            Kind::UntilReady | Kind::Sync => tag == b'Z',
         }
     }
 }
@@ -42,9 +44,17 @@ pub enum Undo {
     ForgetClientAndServer(String, u64),
     /// The same for an SQL-level PREPARE.
     ForgetSqlClientAndServer(String, u64),
+    /// An SQL-level PREPARE of a statement the server keeps for other clients.
+    ForgetSqlClient(String),
     /// A Bind or Describe of this statement: if it fails because DDL changed the
     /// statement's result type, the statement is replaced (see `process_chunk`).
     Stale(std::sync::Arc<super::Statement>),
+    /// The client's Parse of a statement the server had: the name was never bound.
+    ForgetClient(String),
+    /// The client's Close of a statement: the name stays bound.
+    Restore(String, std::sync::Arc<super::Statement>),
+    /// Sluice's Close of a statement evicted from the server: it is still there.
+    Reinstate(super::Evicted),
 }
 
 /// One request awaiting its answer.
@@ -54,8 +64,14 @@ pub enum Expect {
     Forward { kind: Kind, undo: Option<Undo> },
     /// Sluice's own request: its completion message is dropped.
     Swallow { kind: Kind, undo: Option<Undo> },
-    /// Sluice answers in the server's stead: these bytes go out in this place.
-    Synthesize(&'static [u8]),
+    /// Sluice answers in the server's stead: these bytes go out in this place
+    /// (unless an error before them makes the server skip to the Sync, as it would
+    /// have skipped the request: then the undo runs).
+    Synthesize(&'static [u8], Option<Undo>),
+    /// A request Sluice refuses as PostgreSQL would (a statement name in use): the
+    /// server gets a request bound to fail, so that it skips to the Sync and aborts
+    /// a transaction as PostgreSQL would, and its error is replaced by this one.
+    Refuse(Box<[u8]>),
     /// A client's SQL-level PREPARE: undone if it fails.
     Query { failed: bool, undo: Option<Undo> },
     /// Sluice's own simple query (an injected PREPARE or DEALLOCATE): everything up
@@ -76,7 +92,10 @@ enum Edit {
 /// The queue and the state that spans chunks.
 #[derive(Debug, Default)]
 pub struct ResponseTracker {
-    queue: VecDeque<Expect>,
+    pub(super) queue: VecDeque<Expect>,
+    /// The server skips to the next Sync after an error, and no Sync was owed when
+    /// the error came: requests rewritten until the client's Sync get no answer.
+    pub(super) skipping: bool,
     /// Header bytes held back at the end of the last chunk (never forwarded, since
     /// the message might have to be dropped).
     held: Vec<u8>,
@@ -152,7 +171,7 @@ impl ResponseTracker {
                 matches!(
                     e,
                     Expect::Forward {
-                        kind: Kind::UntilReady,
+                        kind: Kind::UntilReady | Kind::Sync,
                         undo: None
                     }
                 )
@@ -197,10 +216,7 @@ impl ResponseTracker {
         if !at_boundary || !self.held.is_empty() || self.flush_after_current {
             return;
         }
-        while let Some(Expect::Synthesize(b)) = self.queue.front() {
-            out.extend_from_slice(b);
-            self.queue.pop_front();
-        }
+        self.drain_synthesized(out);
     }
 
     /// Prepares the replay of the failed batch if nothing the client sent after it is
@@ -211,7 +227,7 @@ impl ResponseTracker {
             && matches!(
                 self.queue.front(),
                 Some(Expect::Forward {
-                    kind: Kind::UntilReady,
+                    kind: Kind::Sync,
                     ..
                 })
             );
@@ -233,7 +249,7 @@ impl ResponseTracker {
 
     /// Pops leading synthesized answers into `out`.
     fn drain_synthesized(&mut self, out: &mut Vec<u8>) {
-        while let Some(Expect::Synthesize(b)) = self.queue.front() {
+        while let Some(Expect::Synthesize(b, _)) = self.queue.front() {
             out.extend_from_slice(b);
             self.queue.pop_front();
         }
@@ -251,8 +267,55 @@ impl ResponseTracker {
                 client.sql_remove(&name);
                 server.forget(id);
             }
+            Some(Undo::ForgetClient(name)) => client.remove(&name),
+            Some(Undo::ForgetSqlClient(name)) => client.sql_remove(&name),
+            Some(Undo::Restore(name, stmt)) => {
+                client.insert(name, stmt);
+            }
+            Some(Undo::Reinstate(e)) => server.reinstate(e),
             Some(Undo::Stale(_)) => {}
             None => {}
+        }
+    }
+
+    /// After an error the server skips everything up to the next Sync: those
+    /// requests get no answer (synthesized ones neither), and what Sluice noted for
+    /// them is undone.
+    fn skip_to_sync(&mut self, client: &mut ClientStatements, server: &mut ServerStatements) {
+        let sync = self.queue.iter().position(|e| {
+            matches!(
+                e,
+                Expect::Forward {
+                    kind: Kind::Sync,
+                    ..
+                }
+            )
+        });
+        // The client's Sync still to come: what comes before it is skipped too.
+        self.skipping = sync.is_none();
+        // Undone last first: a Close then a Parse of one name leave it as it was.
+        let skipped: Vec<Expect> = self
+            .queue
+            .drain(..sync.unwrap_or(self.queue.len()))
+            .collect();
+        for e in skipped.into_iter().rev() {
+            Self::undo_skipped(e, client, server);
+        }
+    }
+
+    /// Undoes what was noted for a request the server skips.
+    pub(super) fn undo_skipped(
+        e: Expect,
+        client: &mut ClientStatements,
+        server: &mut ServerStatements,
+    ) {
+        match e {
+            Expect::Forward { undo, .. }
+            | Expect::Swallow { undo, .. }
+            | Expect::Synthesize(_, undo)
+            | Expect::Query { undo, .. }
+            | Expect::SwallowQuery { undo, .. } => Self::undo(undo, client, server),
+            Expect::Refuse(_) => {}
         }
     }
 
@@ -333,8 +396,18 @@ impl ResponseTracker {
                     }
                 }
             }
+            Some(Expect::Refuse(_)) if tag == b'E' => {
+                // The request sent in the client's stead failed as meant: its error
+                // gives way to the client's own, and the server skips to the Sync.
+                completes = true;
+                drop_it = true;
+                if let Some(Expect::Refuse(error)) = self.queue.pop_front() {
+                    edits.push(Edit::Insert(start, error.into_vec()));
+                }
+                self.skip_to_sync(client, server);
+            }
             Some(Expect::Forward { kind, .. } | Expect::Swallow { kind, .. })
-                if tag == b'E' && *kind != Kind::UntilReady =>
+                if tag == b'E' && !matches!(kind, Kind::UntilReady | Kind::Sync) =>
             {
                 // The server skips everything up to the next Sync after an error:
                 // those requests get no answer, and synthesized ones must not either.
@@ -357,22 +430,7 @@ impl ResponseTracker {
                         edits.push(Edit::Delete(start, end));
                     }
                 }
-                while let Some(front) = self.queue.front() {
-                    if matches!(
-                        front,
-                        Expect::Forward {
-                            kind: Kind::UntilReady,
-                            ..
-                        }
-                    ) {
-                        break;
-                    }
-                    if let Some(Expect::Forward { undo, .. } | Expect::Swallow { undo, .. }) =
-                        self.queue.pop_front()
-                    {
-                        Self::undo(undo, client, server)
-                    }
-                }
+                self.skip_to_sync(client, server);
             }
             Some(_) if tag == b'Z' => {
                 // Out of step (should not happen): realign on the next Sync.
@@ -380,7 +438,7 @@ impl ResponseTracker {
                     if matches!(
                         e,
                         Expect::Forward {
-                            kind: Kind::UntilReady,
+                            kind: Kind::UntilReady | Kind::Sync,
                             ..
                         }
                     ) {

@@ -52,7 +52,7 @@ fn swallows_injected_parse_and_synthesizes_at_every_split() {
     // injected Parse, Execute, Sync.
     let queue = || {
         vec![
-            Expect::Synthesize(PARSE_COMPLETE),
+            Expect::Synthesize(PARSE_COMPLETE, None),
             fwd(Kind::Bind),
             fwd(Kind::Execute),
             fwd(Kind::UntilReady),
@@ -94,7 +94,7 @@ fn synthesized_answer_waits_for_earlier_answers() {
     let queue = vec![
         fwd(Kind::Bind),
         fwd(Kind::Execute),
-        Expect::Synthesize(PARSE_COMPLETE),
+        Expect::Synthesize(PARSE_COMPLETE, None),
         fwd(Kind::UntilReady),
     ];
     let mut server = msg(b'2', b"");
@@ -124,7 +124,8 @@ fn queue_clone(q: &[Expect]) -> Vec<Expect> {
                 kind: *kind,
                 undo: undo.clone(),
             },
-            Expect::Synthesize(b) => Expect::Synthesize(b),
+            Expect::Synthesize(b, u) => Expect::Synthesize(b, u.clone()),
+            Expect::Refuse(e) => Expect::Refuse(e.clone()),
             Expect::Query { .. } | Expect::SwallowQuery { .. } => unreachable!("not in tests"),
         })
         .collect()
@@ -136,7 +137,7 @@ fn discard_all_confirmed_by_the_server_clears_both_caches() {
     let stmt = r.intern(bytes::Bytes::from_static(b"select 1\0\0\0"));
     let (mut c, mut s) = (ClientStatements::default(), ServerStatements::default());
     c.insert("a".into(), stmt.clone());
-    s.insert(&stmt, 10);
+    s.insert(&stmt);
     let mut t = ResponseTracker::default();
     t.push(fwd(Kind::Execute));
     t.push(fwd(Kind::UntilReady));
@@ -157,7 +158,7 @@ fn discard_all_confirmed_by_the_server_clears_both_caches() {
     stream.extend(msg(b'Z', b"I"));
     for cut in [0, 3, 9, stream.len()] {
         c.insert("a".into(), stmt.clone());
-        s.insert(&stmt, 10);
+        s.insert(&stmt);
         let mut t = ResponseTracker::default();
         t.push(fwd(Kind::Execute));
         t.push(fwd(Kind::UntilReady));
@@ -187,7 +188,7 @@ fn error_skips_to_sync_and_drops_synthesized() {
             undo: Some(Undo::ForgetOnServer(7)),
         },
         fwd(Kind::Bind),
-        Expect::Synthesize(PARSE_COMPLETE),
+        Expect::Synthesize(PARSE_COMPLETE, None),
         fwd(Kind::Execute),
         fwd(Kind::UntilReady),
     ];
@@ -219,7 +220,7 @@ fn simple_query_answers_then_a_synthesized_one_at_every_split() {
             .unwrap();
             out.extend_from_slice(&chunk);
             if i == 0 {
-                t.push(Expect::Synthesize(PARSE_COMPLETE));
+                t.push(Expect::Synthesize(PARSE_COMPLETE, None));
                 t.take_ready_synthesized(f.at_boundary(), &mut out);
             }
         }

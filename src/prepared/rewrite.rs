@@ -8,6 +8,9 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
+use super::inject::{
+    ensure_prepared, expect, fwd, make_room, probe, put_close, put_query, refuse_duplicate,
+};
 use super::responses::{Expect, Kind, ResponseTracker, Undo, PARSE_COMPLETE};
 use super::{ClientStatements, Registry, ServerStatements};
 use crate::protocol::header::*;
@@ -23,6 +26,8 @@ pub struct Ctx<'a> {
     pub max_prepared: usize,
     /// Parses sent to the server, for SHOW STATS.
     pub server_parses: &'a mut u64,
+    /// The server's transaction had failed at its last ReadyForQuery.
+    pub aborted: bool,
 }
 
 /// Why rewriting stopped.
@@ -32,8 +37,6 @@ pub enum RewriteError {
     Protocol(#[from] ProtocolError),
     #[error("too many prepared statements (at most {0} per client)")]
     TooManyStatements(usize),
-    #[error("prepared statement already exists")]
-    DuplicateStatement,
 }
 
 /// Streaming state between reads.
@@ -179,7 +182,8 @@ impl Rewriter {
             }
             let entry = match tag {
                 TAG_EXECUTE => Some(fwd(Kind::Execute)),
-                TAG_SYNC | TAG_FUNCTION_CALL => Some(fwd(Kind::UntilReady)),
+                TAG_SYNC => Some(fwd(Kind::Sync)),
+                TAG_FUNCTION_CALL => Some(fwd(Kind::UntilReady)),
                 TAG_QUERY if whole && !super::sql::may_match(&input[HEADER_LEN..=len]) => {
                     // Most queries: passed on as they are (`handle_query` would too).
                     Some(fwd(Kind::UntilReady))
@@ -193,7 +197,7 @@ impl Rewriter {
                 _ => None,
             };
             if let Some(e) = entry {
-                ctx.tracker.push(e);
+                expect(ctx, e);
             }
             let take = (len + 1).min(input.len());
             pass(input, take, out);
@@ -256,10 +260,6 @@ pub fn pass(input: &mut BytesMut, n: usize, out: &mut BytesMut) {
     input.advance(n);
 }
 
-fn fwd(kind: Kind) -> Expect {
-    Expect::Forward { kind, undo: None }
-}
-
 /// Handles a whole simple Query: DISCARD ALL / DEALLOCATE ALL, SQL-level PREPARE,
 /// EXECUTE and DEALLOCATE get their special treatment; anything else passes.
 fn handle_query(msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> Result<(), RewriteError> {
@@ -272,88 +272,96 @@ fn handle_query(msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> Result<(),
     // either protocol, clears the statements (a failed one keeps them).
     let Some(cmd) = text.and_then(super::sql::parse) else {
         out.extend_from_slice(&msg);
-        ctx.tracker.push(fwd(Kind::UntilReady));
+        expect(ctx, fwd(Kind::UntilReady));
         return Ok(());
     };
     use super::sql::SqlCommand;
     match cmd {
         SqlCommand::Prepare { name, rest } => {
+            if ctx.client.holds(&name) {
+                refuse_duplicate(&name, None, out, ctx);
+                return Ok(());
+            }
             let stmt = ctx.registry.intern_sql(rest);
             if !ctx.client.sql_insert(name.clone(), stmt.clone()) {
                 return Err(RewriteError::TooManyStatements(
                     super::MAX_CLIENT_STATEMENTS,
                 ));
             }
-            if ctx.server.touch(&stmt) {
+            let undo = if ctx.server.touch(&stmt) && ctx.aborted {
+                // The failed transaction refuses this PREPARE (and would refuse a
+                // DEALLOCATE too): another client's copy stays.
+                Undo::ForgetSqlClient(name)
+            } else if ctx.server.touch(&stmt) {
                 // Another client's copy is there: drop it so this PREPARE is answered
                 // by the server itself, as PostgreSQL would answer it.
                 put_query(out, &["DEALLOCATE ", &stmt.server_name]);
-                ctx.tracker.push(Expect::SwallowQuery {
-                    failed: false,
-                    undo: None,
-                });
-            } else if let Some(evicted) = ctx.server.insert(&stmt, ctx.max_prepared) {
-                put_deallocate(out, &evicted);
-                ctx.tracker.push(Expect::SwallowQuery {
-                    failed: false,
-                    undo: None,
-                });
-            }
+                expect(
+                    ctx,
+                    Expect::SwallowQuery {
+                        failed: false,
+                        undo: None,
+                    },
+                );
+                Undo::ForgetSqlClientAndServer(name, stmt.id)
+            } else {
+                make_room(out, ctx);
+                ctx.server.insert(&stmt);
+                Undo::ForgetSqlClientAndServer(name, stmt.id)
+            };
             stmt.parse_message(out);
             *ctx.server_parses += 1;
-            ctx.tracker.push(Expect::Query {
-                failed: false,
-                undo: Some(Undo::ForgetSqlClientAndServer(name, stmt.id)),
-            });
+            expect(
+                ctx,
+                Expect::Query {
+                    failed: false,
+                    undo: Some(undo),
+                },
+            );
         }
         SqlCommand::Execute { name, rest } => match ctx.client.sql_get(&name).cloned() {
             None => {
                 out.extend_from_slice(&msg);
-                ctx.tracker.push(fwd(Kind::UntilReady));
+                expect(ctx, fwd(Kind::UntilReady));
             }
             Some(stmt) => {
-                ensure_prepared(&stmt, out, ctx);
+                if !ctx.aborted {
+                    // (A failed transaction refuses the EXECUTE, and would refuse
+                    // a PREPARE before it with a second error.)
+                    ensure_prepared(&stmt, out, ctx);
+                }
                 put_query(out, &["EXECUTE ", &stmt.server_name, " ", rest]);
-                ctx.tracker.push(fwd(Kind::UntilReady));
+                expect(ctx, fwd(Kind::UntilReady));
             }
         },
         SqlCommand::Deallocate { name } => match ctx.client.sql_get(&name).cloned() {
+            // A failed transaction refuses it (25P02) and the name stays.
+            _ if ctx.aborted => {
+                out.extend_from_slice(&msg);
+                expect(ctx, fwd(Kind::UntilReady));
+            }
             None => {
                 out.extend_from_slice(&msg);
-                ctx.tracker.push(fwd(Kind::UntilReady));
+                expect(ctx, fwd(Kind::UntilReady));
             }
             Some(_) => {
                 // The server keeps its copy for other clients; the client still gets
                 // a real DEALLOCATE answer, from a throwaway statement.
                 ctx.client.sql_remove(&name);
                 put_query(out, &["PREPARE sluice_deallocate AS SELECT 1"]);
-                ctx.tracker.push(Expect::SwallowQuery {
-                    failed: false,
-                    undo: None,
-                });
+                expect(
+                    ctx,
+                    Expect::SwallowQuery {
+                        failed: false,
+                        undo: None,
+                    },
+                );
                 put_query(out, &["DEALLOCATE sluice_deallocate"]);
-                ctx.tracker.push(fwd(Kind::UntilReady));
+                expect(ctx, fwd(Kind::UntilReady));
             }
         },
     }
     Ok(())
-}
-
-/// A simple Query made of `parts`.
-fn put_query(out: &mut BytesMut, parts: &[&str]) {
-    let len: usize = parts.iter().map(|p| p.len()).sum();
-    out.put_u8(TAG_QUERY);
-    out.put_u32((4 + len + 1) as u32);
-    for p in parts {
-        out.extend_from_slice(p.as_bytes());
-    }
-    out.put_u8(0);
-}
-
-/// Removes an evicted statement from the server with a simple query (either kind:
-/// both share one namespace on the server).
-fn put_deallocate(out: &mut BytesMut, server_name: &str) {
-    put_query(out, &["DEALLOCATE \"", server_name, "\""]);
 }
 
 /// The statement name in a whole Parse, Bind or Describe-statement (non-empty).
@@ -404,65 +412,20 @@ fn name_of(b: &[u8]) -> Result<&str, ProtocolError> {
     std::str::from_utf8(b).map_err(|_| ProtocolError::Malformed("statement name is not UTF-8"))
 }
 
-/// Makes sure the server has `stmt`, injecting a Parse (and a Close for an evicted
-/// statement) whose answers are swallowed.
-fn ensure_prepared(stmt: &super::Statement, out: &mut BytesMut, ctx: &mut Ctx<'_>) {
-    if ctx.server.touch(stmt) {
-        return;
-    }
-    if let Some(evicted) = ctx.server.insert(stmt, ctx.max_prepared) {
-        if stmt.sql {
-            put_deallocate(out, &evicted);
-            ctx.tracker.push(Expect::SwallowQuery {
-                failed: false,
-                undo: None,
-            });
-        } else {
-            put_close(out, b'S', evicted.as_bytes());
-            ctx.tracker.push(Expect::Swallow {
-                kind: Kind::Close,
-                undo: None,
-            });
-        }
-    }
-    stmt.parse_message(out);
-    *ctx.server_parses += 1;
-    let undo = Some(Undo::ForgetOnServer(stmt.id));
-    ctx.tracker.push(if stmt.sql {
-        Expect::SwallowQuery {
-            failed: false,
-            undo,
-        }
-    } else {
-        Expect::Swallow {
-            kind: Kind::Parse,
-            undo,
-        }
-    });
-}
-
-fn put_close(out: &mut BytesMut, kind: u8, name: &[u8]) {
-    out.put_u8(TAG_CLOSE);
-    out.put_u32((4 + 1 + name.len() + 1) as u32);
-    out.put_u8(kind);
-    out.extend_from_slice(name);
-    out.put_u8(0);
-}
-
 /// Rewrites one whole Parse.
 fn handle_parse(msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> Result<(), RewriteError> {
     let mut body = msg.slice(HEADER_LEN..);
     let name = take_cstr(&mut body)?;
     if name.is_empty() {
         out.extend_from_slice(&msg);
-        ctx.tracker.push(fwd(Kind::Parse));
+        expect(ctx, fwd(Kind::Parse));
         return Ok(());
     }
     let name = name_of(&name)?.to_owned();
-    if ctx.client.get(&name).is_some() {
-        // PostgreSQL refuses this (42P05) and the session would go on out of
-        // step with what Sluice tracks; PgBouncer disconnects such a client too.
-        return Err(RewriteError::DuplicateStatement);
+    if ctx.client.holds(&name) {
+        // PostgreSQL's answer (PgBouncer disconnects the client instead).
+        refuse_duplicate(&name, Some(&body), out, ctx);
+        return Ok(());
     }
     let stmt = ctx.registry.intern(body);
     if !ctx.client.insert(name.clone(), stmt.clone()) {
@@ -471,23 +434,39 @@ fn handle_parse(msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> Result<(),
         ));
     }
     if ctx.server.touch(&stmt) {
+        if ctx.aborted {
+            // In a failed transaction PostgreSQL refuses a Parse, but of COMMIT or
+            // ROLLBACK: the server answers one of the same text under a throwaway
+            // name, closed again at once (skipped with the rest if it failed).
+            probe(
+                &stmt.body,
+                Expect::Forward {
+                    kind: Kind::Parse,
+                    undo: Some(Undo::ForgetClient(name)),
+                },
+                out,
+                ctx,
+            );
+            return Ok(());
+        }
         // The server has it already: answer ParseComplete ourselves.
-        ctx.tracker.push(Expect::Synthesize(PARSE_COMPLETE));
+        expect(
+            ctx,
+            Expect::Synthesize(PARSE_COMPLETE, Some(Undo::ForgetClient(name))),
+        );
         return Ok(());
     }
-    if let Some(evicted) = ctx.server.insert(&stmt, ctx.max_prepared) {
-        put_close(out, b'S', evicted.as_bytes());
-        ctx.tracker.push(Expect::Swallow {
-            kind: Kind::Close,
-            undo: None,
-        });
-    }
+    make_room(out, ctx);
+    ctx.server.insert(&stmt);
     stmt.parse_message(out);
     *ctx.server_parses += 1;
-    ctx.tracker.push(Expect::Forward {
-        kind: Kind::Parse,
-        undo: Some(Undo::ForgetClientAndServer(name, stmt.id)),
-    });
+    expect(
+        ctx,
+        Expect::Forward {
+            kind: Kind::Parse,
+            undo: Some(Undo::ForgetClientAndServer(name, stmt.id)),
+        },
+    );
     Ok(())
 }
 
@@ -523,10 +502,13 @@ fn handle_named(
                 out.extend_from_slice(rest);
             }
         }
-        ctx.tracker.push(Expect::Forward {
-            kind: Kind::Bind,
-            undo,
-        });
+        expect(
+            ctx,
+            Expect::Forward {
+                kind: Kind::Bind,
+                undo,
+            },
+        );
         return Ok(());
     }
     let Some((&kind, rest)) = body.split_first() else {
@@ -557,14 +539,23 @@ fn handle_named(
             out.extend_from_slice(stmt.server_name.as_bytes());
             out.put_u8(0);
         }
-        Some(_) => {
+        Some(stmt) => {
             // The server keeps its copy for other clients; closing a name it
-            // does not have still answers CloseComplete.
+            // does not have still answers CloseComplete. Skipped after an error,
+            // the Close leaves the client's name bound.
             ctx.client.remove(name);
             put_close(out, b'S', b"sluice_closed");
+            expect(
+                ctx,
+                Expect::Forward {
+                    kind: entry,
+                    undo: Some(Undo::Restore(name.to_owned(), stmt)),
+                },
+            );
+            return Ok(());
         }
     }
-    ctx.tracker.push(Expect::Forward { kind: entry, undo });
+    expect(ctx, Expect::Forward { kind: entry, undo });
     Ok(())
 }
 

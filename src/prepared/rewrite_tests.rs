@@ -38,6 +38,7 @@ impl World {
             tracker: &mut self.tracker,
             max_prepared: 2,
             server_parses: &mut self.parses,
+            aborted: false,
         };
         Rewriter::default()
             .process(&mut input, &mut out, 1 << 20, &mut ctx, |_| {})
@@ -88,21 +89,20 @@ fn unknown_names_pass_through_and_discard_all_waits_for_the_server() {
 }
 
 #[test]
-fn a_second_parse_of_a_live_name_is_refused() {
+fn a_second_parse_of_a_live_name_is_refused_as_postgres_refuses_it() {
     let mut w = World::new();
     w.feed(&msg(b'P', b"S_1\0select 1\0\0\0"));
-    let mut input = BytesMut::from(&msg(b'P', b"S_1\0select 2\0\0\0")[..]);
-    let mut out = BytesMut::new();
-    let mut ctx = Ctx {
-        registry: &w.registry,
-        client: &mut w.client,
-        server: &mut w.server,
-        tracker: &mut w.tracker,
-        max_prepared: 2,
-        server_parses: &mut w.parses,
-    };
-    let r = Rewriter::default().process(&mut input, &mut out, 1 << 20, &mut ctx, |_| {});
-    assert_eq!(r, Err(RewriteError::DuplicateStatement));
+    let out = w.feed(&msg(b'P', b"S_1\0select 2\0\0\0"));
+    // The server parses the text under a throwaway name (a syntax error, or a
+    // failed transaction, is PostgreSQL's first answer), closes it, then gets a
+    // Describe bound to fail; the client's name is kept.
+    let mut want = msg(b'P', b"sluice_throwaway\0select 2\0\0\0");
+    want.extend(msg(b'C', b"Ssluice_throwaway\0"));
+    want.extend(msg(b'D', b"X\0"));
+    assert_eq!(out, want);
+    assert_eq!(w.client.len(), 1);
+    assert!(matches!(w.tracker.queue.back(), Some(Expect::Refuse(e))
+        if e.windows(5).any(|f| f == b"42P05")));
     // After Close the name is free again.
     w.feed(&msg(b'C', b"SS_1\0"));
     w.feed(&msg(b'P', b"S_1\0select 2\0\0\0"));
@@ -133,6 +133,7 @@ fn streams_big_messages_and_waits_for_whole_parses() {
         tracker: &mut w.tracker,
         max_prepared: 2,
         server_parses: &mut w.parses,
+        aborted: false,
     };
     rw.process(&mut input, &mut out, 1 << 20, &mut ctx, |_| {})
         .unwrap();

@@ -5,6 +5,7 @@
 mod bad;
 mod basic;
 pub(crate) mod common;
+mod differential;
 mod dirty;
 mod limits;
 mod load;

@@ -237,6 +237,7 @@ impl Relay {
             tracker: &mut p.tracker,
             max_prepared: kept.max,
             server_parses: &mut self.stats.counts.server_parses,
+            aborted: self.status == b'E',
         };
         Rewriter::for_replay()
             .process(&mut bytes, &mut self.c2s, self.max_packet, &mut ctx, |_| {})
@@ -370,6 +371,7 @@ impl Relay {
             tracker: &mut p.tracker,
             max_prepared: kept.max,
             server_parses: &mut self.stats.counts.server_parses,
+            aborted: self.status == b'E',
         };
         let (pending, unsynced, terminated) =
             (&mut self.pending, &mut self.unsynced, &mut self.terminated);
@@ -399,11 +401,6 @@ impl Relay {
         match r {
             Ok(()) => {}
             Err(RewriteError::Protocol(e)) => return Err(Outcome::ClientProtocol(e)),
-            Err(RewriteError::DuplicateStatement) => {
-                return Err(Outcome::ClientProtocol(ProtocolError::Malformed(
-                    "prepared statement already exists",
-                )))
-            }
             Err(RewriteError::TooManyStatements(_)) => {
                 return Err(Outcome::ClientProtocol(ProtocolError::Malformed(
                     "too many prepared statements for one client",

@@ -30,21 +30,6 @@ fn zone(id: u64) -> String {
     format!("Etc/GMT-{}", id % 12)
 }
 
-/// xorshift64*: a fixed sequence per seed, so a failure can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
-    }
-}
-
 /// One client of the mix, with what it has committed so far.
 struct Mixer {
     id: u64,

@@ -1,0 +1,166 @@
+//! What the rewriter sends a server besides the client's own requests, and the
+//! answers it queues for them: Parses a server lacks, Closes of statements evicted
+//! from its cache, and the requests bound to fail that stand in for a refusal.
+
+use bytes::{BufMut, BytesMut};
+
+use super::responses::{Expect, Kind, ResponseTracker, Undo};
+use super::rewrite::Ctx;
+use crate::protocol::header::*;
+
+/// The server name of a statement prepared only to see whether PostgreSQL takes it.
+pub(super) const THROWAWAY: &str = "sluice_throwaway";
+
+/// Queues the answer a request is owed. After an error the server skips to the
+/// next Sync: a request rewritten before the client's Sync then gets no answer, so
+/// nothing is queued for it and what was noted for it is undone.
+pub(super) fn expect(ctx: &mut Ctx<'_>, e: Expect) {
+    if ctx.tracker.skipping {
+        if !matches!(
+            e,
+            Expect::Forward {
+                kind: Kind::Sync,
+                ..
+            }
+        ) {
+            ResponseTracker::undo_skipped(e, ctx.client, ctx.server);
+            return;
+        }
+        ctx.tracker.skipping = false;
+    }
+    ctx.tracker.push(e);
+}
+
+pub(super) fn fwd(kind: Kind) -> Expect {
+    Expect::Forward { kind, undo: None }
+}
+
+/// A simple Query made of `parts`.
+pub(super) fn put_query(out: &mut BytesMut, parts: &[&str]) {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    out.put_u8(TAG_QUERY);
+    out.put_u32((4 + len + 1) as u32);
+    for p in parts {
+        out.extend_from_slice(p.as_bytes());
+    }
+    out.put_u8(0);
+}
+
+/// Makes room in the server's cache for one more statement: each statement evicted
+/// is closed there (a Close, which a failed transaction allows, for either kind:
+/// they share one namespace). A Close skipped after an error leaves its statement
+/// in the cache.
+pub(super) fn make_room(out: &mut BytesMut, ctx: &mut Ctx<'_>) {
+    if ctx.tracker.skipping {
+        // The server skips what follows, and an eviction would only be undone.
+        return;
+    }
+    while let Some(evicted) = ctx.server.evict_for_one_more(ctx.max_prepared) {
+        put_close(out, b'S', evicted.server_name.as_bytes());
+        expect(
+            ctx,
+            Expect::Swallow {
+                kind: Kind::Close,
+                undo: Some(Undo::Reinstate(evicted)),
+            },
+        );
+    }
+}
+
+/// Refuses a statement name the client holds as PostgreSQL does (42P05), where
+/// PostgreSQL would: the server gets a request bound to fail in its place, so that
+/// an error before it, a transaction it aborts and the skip to the Sync after it
+/// all happen as they would have (see [`Expect::Refuse`]). For a Parse, `text` (its
+/// body after the name), PostgreSQL first parses the text and refuses it in a
+/// failed transaction: the server does that with a throwaway name, closed again.
+pub(super) fn refuse_duplicate(
+    name: &str,
+    text: Option<&[u8]>,
+    out: &mut BytesMut,
+    ctx: &mut Ctx<'_>,
+) {
+    let mut error = BytesMut::new();
+    crate::protocol::backend::error_response(
+        &mut error,
+        "ERROR",
+        "42P05",
+        &format!("prepared statement \"{name}\" already exists"),
+    );
+    let Some(text) = text else {
+        // A simple query: a syntax error, whatever the transaction's state.
+        expect(ctx, Expect::Refuse(error.to_vec().into_boxed_slice()));
+        put_query(out, &["SLUICE REFUSED"]);
+        expect(ctx, fwd(Kind::UntilReady));
+        return;
+    };
+    // The Parse's error, if any, is the client's answer (the rest is skipped).
+    probe(
+        text,
+        Expect::Swallow {
+            kind: Kind::Parse,
+            undo: None,
+        },
+        out,
+        ctx,
+    );
+    // A Describe of no kind PostgreSQL knows: an error, whatever is prepared.
+    expect(ctx, Expect::Refuse(error.to_vec().into_boxed_slice()));
+    out.put_u8(TAG_DESCRIBE);
+    out.put_u32(4 + 2);
+    out.extend_from_slice(b"X\0");
+}
+
+/// Makes sure the server has `stmt`, injecting a Parse (and a Close for an evicted
+/// statement) whose answers are swallowed.
+pub(super) fn ensure_prepared(stmt: &super::Statement, out: &mut BytesMut, ctx: &mut Ctx<'_>) {
+    if ctx.server.touch(stmt) {
+        return;
+    }
+    make_room(out, ctx);
+    ctx.server.insert(stmt);
+    stmt.parse_message(out);
+    *ctx.server_parses += 1;
+    let undo = Some(Undo::ForgetOnServer(stmt.id));
+    expect(
+        ctx,
+        if stmt.sql {
+            Expect::SwallowQuery {
+                failed: false,
+                undo,
+            }
+        } else {
+            Expect::Swallow {
+                kind: Kind::Parse,
+                undo,
+            }
+        },
+    );
+}
+
+pub(super) fn put_close(out: &mut BytesMut, kind: u8, name: &[u8]) {
+    out.put_u8(TAG_CLOSE);
+    out.put_u32((4 + 1 + name.len() + 1) as u32);
+    out.put_u8(kind);
+    out.extend_from_slice(name);
+    out.put_u8(0);
+}
+
+/// Has the server parse `text` (a Parse body after the name) as [`THROWAWAY`], its
+/// answer queued as `answer`, and close it again at once (skipped with the rest if
+/// the Parse failed).
+pub(super) fn probe(text: &[u8], answer: Expect, out: &mut BytesMut, ctx: &mut Ctx<'_>) {
+    out.put_u8(TAG_PARSE);
+    out.put_u32((4 + THROWAWAY.len() + 1 + text.len()) as u32);
+    out.extend_from_slice(THROWAWAY.as_bytes());
+    out.put_u8(0);
+    out.extend_from_slice(text);
+    expect(ctx, answer);
+    put_close(out, b'S', THROWAWAY.as_bytes());
+    expect(
+        ctx,
+        Expect::Swallow {
+            kind: Kind::Close,
+            undo: None,
+        },
+    );
+}

@@ -1,0 +1,545 @@
+//! Through Sluice in transaction mode, an extended-protocol conversation is answered
+//! exactly as PostgreSQL answers it on a direct connection. Each client replays one
+//! seeded random conversation twice, on a direct connection and through Sluice, and
+//! the two answer streams must match message for message: named and unnamed
+//! statements, portals, Describe, Close, Flush, Execute with a row limit, errors in
+//! the middle of a pipeline, transactions, and SQL-level PREPARE/EXECUTE/DEALLOCATE.
+//!
+//! Many clients share a pool of two servers that each keep fewer statements than a
+//! client names, so statements move between servers and are evicted under the
+//! clients' feet. What cannot match by design is never generated: the unnamed
+//! statement and portals outlive a Sync on a direct connection but not across
+//! servers, so they are only reused within a batch or a transaction (and one a
+//! client did not make may be another client's on a server).
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use super::common::*;
+use crate::support::probe::within;
+use crate::support::wire::{frame, query_msg};
+use crate::support::{pg, MD5_PASSWORD, MD5_USER};
+
+const CLIENTS: u64 = 8;
+const BATCHES: u64 = 120;
+const POOL: u32 = 2;
+/// Below the five statement names a client uses, so servers evict statements.
+const CACHE: u32 = 3;
+/// How long a read after a Flush waits for what the direct connection answered.
+const FLUSH_WAIT: Duration = Duration::from_secs(5);
+
+/// What a Parse may carry: query text, the parameters a Bind must give, the
+/// parameter types the Parse declares.
+const SQL: &[(&str, usize, &[u32])] = &[
+    ("SELECT $1::int4 + 1", 1, &[]),
+    ("SELECT $1::text || 'x'", 1, &[]),
+    ("SELECT g FROM generate_series(1, $1::int4) g", 1, &[]),
+    // 22012 when bound to 0.
+    ("SELECT 10 / $1::int4", 1, &[]),
+    // 42601 at Parse.
+    ("SELEC $1", 1, &[]),
+    ("SELECT $1::int4, $2::text", 2, &[]),
+    ("SELECT 1 AS one", 0, &[]),
+    // EmptyQueryResponse, and NoData to a Describe.
+    ("", 0, &[]),
+    ("SELECT $1::int4 WHERE false", 1, &[]),
+    ("SELECT $1 + 1", 1, &[23]),
+    ("BEGIN", 0, &[]),
+    ("COMMIT", 0, &[]),
+];
+
+fn cstr(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(s.as_bytes());
+    out.push(0);
+}
+
+fn parse(name: &str, sql: usize) -> Vec<u8> {
+    let (text, _, types) = SQL[sql];
+    let mut b = Vec::new();
+    cstr(&mut b, name);
+    cstr(&mut b, text);
+    b.extend_from_slice(&(types.len() as u16).to_be_bytes());
+    for t in types {
+        b.extend_from_slice(&t.to_be_bytes());
+    }
+    frame(b'P', &b)
+}
+
+fn bind(portal: &str, stmt: &str, params: &[String]) -> Vec<u8> {
+    let mut b = Vec::new();
+    cstr(&mut b, portal);
+    cstr(&mut b, stmt);
+    b.extend_from_slice(&0u16.to_be_bytes());
+    b.extend_from_slice(&(params.len() as u16).to_be_bytes());
+    for p in params {
+        b.extend_from_slice(&(p.len() as i32).to_be_bytes());
+        b.extend_from_slice(p.as_bytes());
+    }
+    b.extend_from_slice(&0u16.to_be_bytes());
+    frame(b'B', &b)
+}
+
+fn named(tag: u8, kind: u8, name: &str) -> Vec<u8> {
+    let mut b = vec![kind];
+    cstr(&mut b, name);
+    frame(tag, &b)
+}
+
+fn execute(portal: &str, max_rows: u32) -> Vec<u8> {
+    let mut b = Vec::new();
+    cstr(&mut b, portal);
+    b.extend_from_slice(&max_rows.to_be_bytes());
+    frame(b'E', &b)
+}
+
+/// One round trip's worth of messages: parts that end in a Flush (each read back
+/// before the next is sent), then a last part ending in Sync (or a simple Query).
+#[derive(Default)]
+struct Batch {
+    /// Bytes of each part, and how many messages in it expect an answer.
+    parts: Vec<(Vec<u8>, usize)>,
+    /// What was sent, for the failure message.
+    desc: Vec<String>,
+}
+
+impl Batch {
+    fn push(&mut self, msg: Vec<u8>, what: String) {
+        if self.parts.is_empty() {
+            self.parts.push((Vec::new(), 0));
+        }
+        let last = self.parts.len() - 1;
+        self.parts[last].0.extend(msg);
+        self.parts[last].1 += 1;
+        self.desc.push(what);
+    }
+
+    fn flush(&mut self) {
+        if let Some((bytes, n)) = self.parts.last_mut() {
+            if *n > 0 {
+                bytes.extend(frame(b'H', &[]));
+                self.parts.push((Vec::new(), 0));
+                self.desc.push("Flush".into());
+            }
+        }
+    }
+
+    fn sync(&mut self) {
+        if self.parts.is_empty() {
+            self.parts.push((Vec::new(), 0));
+        }
+        let last = self.parts.len() - 1;
+        self.parts[last].0.extend(frame(b'S', &[]));
+        self.desc.push("Sync".into());
+    }
+}
+
+/// The message that ends the answer to one extended-protocol message.
+fn ends_answer(tag: u8) -> bool {
+    matches!(tag, b'1' | b'2' | b'3' | b'T' | b'n' | b'C' | b'I' | b's')
+}
+
+/// Sends `batch` and reads its answer. After each Flush it reads until every
+/// message of the part is answered or an error skips the rest; with `counts` (the
+/// direct connection's answer sizes) it reads exactly that many instead, so a
+/// difference shows as a difference rather than a hang. Returns the answer, as
+/// text, and the size of each part's answer.
+async fn converse(c: &mut RawClient, batch: &Batch, counts: Option<&[usize]>) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut failed = false;
+    let last = batch.parts.len() - 1;
+    for (i, (bytes, n)) in batch.parts.iter().enumerate() {
+        c.send(bytes).await.expect("send a batch");
+        let before = out.len();
+        loop {
+            let done = if i == last {
+                out.last().is_some_and(|m: &String| m.starts_with('Z'))
+            } else if let Some(counts) = counts {
+                out.len() - before >= counts[i]
+            } else {
+                failed
+                    || out[before..]
+                        .iter()
+                        .filter(|m| ends_answer(m.as_bytes()[0]))
+                        .count()
+                        >= *n
+            };
+            if done {
+                break;
+            }
+            match c.try_recv(FLUSH_WAIT).await {
+                Ok(Some(m)) => {
+                    failed |= m.tag == b'E';
+                    out.push(show(&m));
+                }
+                Ok(None) => {
+                    out.push("<closed>".into());
+                    return out;
+                }
+                Err(()) => {
+                    out.push("<nothing more>".into());
+                    return out;
+                }
+            }
+        }
+        out.push(format!("-- part {i}: {}", out.len() - before));
+    }
+    out
+}
+
+/// A message as text: errors and notices by severity, code and message (the
+/// source file and line fields are the server's business). A Bind's count of
+/// parameters names the statement as the server knows it, which through Sluice is
+/// Sluice's own name (as through PgBouncer): that name is left out.
+fn show(m: &RawMsg) -> String {
+    match m.tag {
+        b'E' | b'N' => {
+            let mut text = m.field(b'M').unwrap_or_default();
+            if let Some(at) = text.find("but prepared statement \"") {
+                let name_end = text[at + 24..]
+                    .find('"')
+                    .map_or(text.len(), |e| at + 24 + e);
+                text.replace_range(at + 23..=name_end.min(text.len() - 1), "<name>");
+            }
+            format!(
+                "{} {} {}: {}",
+                m.tag as char,
+                m.field(b'S').unwrap_or_default(),
+                m.field(b'C').unwrap_or_default(),
+                text
+            )
+        }
+        _ => format!(
+            "{} {}",
+            m.tag as char,
+            String::from_utf8_lossy(&m.body).escape_debug()
+        ),
+    }
+}
+
+/// The sizes of a conversation's parts, from its `-- part i: n` lines.
+fn part_sizes(answer: &[String]) -> Vec<usize> {
+    answer
+        .iter()
+        .filter_map(|l| l.strip_prefix("-- part "))
+        .filter_map(|l| l.split(": ").nth(1)?.parse().ok())
+        .collect()
+}
+
+/// What one client believes exists, to make most requests meaningful. It may be
+/// wrong after an error (a skipped Parse); the direct connection is the judge.
+struct Model {
+    rng: Rng,
+    statements: HashMap<String, usize>,
+    unnamed: Option<usize>,
+    portals: HashMap<String, usize>,
+    sql_level: HashSet<u64>,
+    in_tx: bool,
+    /// The transaction failed. Two answers differ then, by design, and are not
+    /// asked for: a Bind with the wrong number of parameters of a statement the
+    /// server lacks fails at the Parse Sluice sends first (25P02, where PostgreSQL
+    /// checks the count first), so no Bind is sent; and a PREPARE of a name in use
+    /// gets 42P05 (PostgreSQL: 25P02), so no PREPARE is sent.
+    aborted: bool,
+}
+
+impl Model {
+    fn pick<'a>(&mut self, from: &'a [&'a str]) -> &'a str {
+        from[self.rng.below(from.len() as u64) as usize]
+    }
+
+    fn params(&mut self, sql: usize) -> Vec<String> {
+        let mut n = SQL[sql].1;
+        if self.rng.below(20) == 0 && !self.aborted {
+            n += 1;
+        }
+        (0..n).map(|_| self.rng.below(5).to_string()).collect()
+    }
+
+    /// Parse under a name; a name in use is mostly closed first, as drivers do.
+    fn parse(&mut self, b: &mut Batch) -> (String, usize) {
+        let name = if self.rng.below(10) < 3 {
+            String::new()
+        } else {
+            format!("s{}", self.rng.below(5))
+        };
+        if self.statements.contains_key(&name) && self.rng.below(8) != 0 {
+            b.push(named(b'C', b'S', &name), format!("Close S {name}"));
+            self.statements.remove(&name);
+        }
+        let sql = self.rng.below(SQL.len() as u64) as usize;
+        b.push(
+            parse(&name, sql),
+            format!("Parse {name:?} {:?}", SQL[sql].0),
+        );
+        if name.is_empty() {
+            self.unnamed = Some(sql);
+        } else {
+            self.statements.insert(name.clone(), sql);
+        }
+        (name, sql)
+    }
+
+    /// A statement believed to exist (or, now and then, one that does not).
+    fn existing(&mut self) -> Option<(String, usize)> {
+        let mut all: Vec<(String, usize)> = self
+            .statements
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        all.sort();
+        if let Some(u) = self.unnamed {
+            all.push((String::new(), u));
+        }
+        if all.is_empty() || self.rng.below(20) == 0 {
+            return (self.rng.below(4) == 0).then(|| ("s9".to_owned(), 0));
+        }
+        Some(all[self.rng.below(all.len() as u64) as usize].clone())
+    }
+
+    /// A statement name believed to exist, or one that does not. Never the unnamed
+    /// statement unless this batch or transaction made it: on a server another
+    /// client's may be there (as through PgBouncer).
+    fn existing_or_unknown(&mut self) -> String {
+        self.existing().map_or_else(|| "s9".to_owned(), |(n, _)| n)
+    }
+
+    fn bind_execute(&mut self, b: &mut Batch, stmt: &str, sql: usize) {
+        let portal = self.pick(&["", "", "p0", "p1"]).to_owned();
+        let params = self.params(sql);
+        b.push(
+            bind(&portal, stmt, &params),
+            format!("Bind {portal:?} {stmt:?} {params:?}"),
+        );
+        self.portals.insert(portal.clone(), sql);
+        if self.rng.below(3) == 0 {
+            b.push(named(b'D', b'P', &portal), format!("Describe P {portal:?}"));
+        }
+        let max = [0, 0, 1, 2][self.rng.below(4) as usize];
+        b.push(execute(&portal, max), format!("Execute {portal:?} {max}"));
+    }
+
+    /// One to four units of work, with Flushes between some, then Sync.
+    fn extended(&mut self) -> Batch {
+        let mut b = Batch::default();
+        for _ in 0..=self.rng.below(4) {
+            match self.rng.below(12) {
+                0..=3 => {
+                    let (name, sql) = self.parse(&mut b);
+                    self.bind_execute(&mut b, &name, sql);
+                }
+                // (No Bind in a failed transaction: see `aborted`.)
+                0..=6 if self.aborted => drop(self.parse(&mut b)),
+                4..=6 => match self.existing() {
+                    Some((name, sql)) => self.bind_execute(&mut b, &name, sql),
+                    None => drop(self.parse(&mut b)),
+                },
+                7 => drop(self.parse(&mut b)),
+                8 => {
+                    let name = self.existing_or_unknown();
+                    b.push(named(b'D', b'S', &name), format!("Describe S {name:?}"));
+                }
+                9 => {
+                    if self.rng.below(2) == 0 {
+                        let name = self.existing_or_unknown();
+                        b.push(named(b'C', b'S', &name), format!("Close S {name:?}"));
+                        self.statements.remove(&name);
+                    } else {
+                        let portal = self.pick(&["", "p0", "p1"]).to_owned();
+                        b.push(named(b'C', b'P', &portal), format!("Close P {portal:?}"));
+                        self.portals.remove(&portal);
+                    }
+                }
+                // Execute a portal again: the rest of a suspended one.
+                _ => {
+                    let mut open: Vec<String> = self.portals.keys().cloned().collect();
+                    open.sort();
+                    let portal = if open.is_empty() {
+                        "p9".to_owned()
+                    } else {
+                        open[self.rng.below(open.len() as u64) as usize].clone()
+                    };
+                    b.push(execute(&portal, 1), format!("Execute {portal:?} 1"));
+                }
+            }
+            if self.rng.below(4) == 0 {
+                b.flush();
+            }
+        }
+        b.sync();
+        b
+    }
+
+    /// A simple Query, mostly of SQL-level prepared statements.
+    fn simple(&mut self, tag: &str) -> Batch {
+        let k = self.rng.below(3);
+        let v = self.rng.below(5);
+        let sql = match self.rng.below(12) {
+            0 => format!("SELECT '{tag}'"),
+            1 => "BEGIN".to_owned(),
+            2 => "COMMIT".to_owned(),
+            3 => "ROLLBACK".to_owned(),
+            4 => format!("SELECT '{tag}'; SELECT 1/0; SELECT 2"),
+            5 | 6 if !self.aborted => {
+                self.sql_level.insert(k);
+                format!("PREPARE q{k} AS SELECT $1::int4 * {}", k + 2)
+            }
+            7 | 8 => {
+                // Mostly one that was prepared.
+                let mut have: Vec<u64> = self.sql_level.iter().copied().collect();
+                have.sort_unstable();
+                let k = match have.len() {
+                    0 => k,
+                    n if self.rng.below(5) != 0 => have[self.rng.below(n as u64) as usize],
+                    _ => k,
+                };
+                format!("EXECUTE q{k}({v})")
+            }
+            9 => {
+                self.sql_level.remove(&k);
+                format!("DEALLOCATE q{k}")
+            }
+            10 => {
+                self.sql_level.clear();
+                "DEALLOCATE ALL".to_owned()
+            }
+            _ => format!("SELECT {v} + 1 AS n"),
+        };
+        let mut b = Batch::default();
+        b.push(query_msg(&sql), format!("Query {sql:?}"));
+        if sql == "DEALLOCATE ALL" {
+            self.statements.clear();
+        }
+        self.unnamed = None;
+        b
+    }
+
+    /// What a batch leaves behind, known from the direct connection's answer.
+    fn after(&mut self, answer: &[String]) {
+        let status = answer.iter().rev().find(|m| m.starts_with('Z'));
+        self.in_tx = status.is_some_and(|z| !z.ends_with('I'));
+        self.aborted = status.is_some_and(|z| z.ends_with('E'));
+        if !self.in_tx {
+            // Gone with the transaction on a direct connection too (portals), or
+            // not carried from server to server (the unnamed statement).
+            self.unnamed = None;
+            self.portals.clear();
+        }
+    }
+}
+
+async fn run_client(id: u64, port: u16, db: String) {
+    let mut direct = RawClient::login(pg().port(), MD5_USER, MD5_PASSWORD, &db, &[])
+        .await
+        .expect("direct login");
+    let mut pooled = RawClient::login(port, MD5_USER, MD5_PASSWORD, &db, &[])
+        .await
+        .expect("login through Sluice");
+    let mut m = Model {
+        rng: Rng::new(id + 101),
+        statements: HashMap::new(),
+        unnamed: None,
+        portals: HashMap::new(),
+        sql_level: HashSet::new(),
+        in_tx: false,
+        aborted: false,
+    };
+    let mut history: Vec<String> = Vec::new();
+    for n in 0..=BATCHES {
+        let batch = if n == BATCHES {
+            // End every client's transaction, so the servers go back.
+            let mut b = Batch::default();
+            b.push(query_msg("ROLLBACK"), "Query ROLLBACK".into());
+            b
+        } else if m.rng.below(5) == 0 {
+            m.simple(&format!("c{id}b{n}"))
+        } else {
+            m.extended()
+        };
+        let want = converse(&mut direct, &batch, None).await;
+        let sizes = part_sizes(&want);
+        let got = converse(&mut pooled, &batch, Some(&sizes)).await;
+        history.push(format!(
+            "{}\n      => {}",
+            batch.desc.join(", "),
+            want.join(" ")
+        ));
+        assert_eq!(
+            got,
+            want,
+            "client {id} batch {n}: through Sluice (left) and direct (right) differ\n\
+             the batches so far, last first:\n  {}",
+            history
+                .iter()
+                .rev()
+                .take(12)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("\n  ")
+        );
+        m.after(&want);
+    }
+}
+
+#[tokio::test]
+async fn an_extended_protocol_conversation_is_answered_as_postgres_answers_it() {
+    let db = fresh_db("txn_diff");
+    let s = txn_sluice(&db)
+        .setting("default_pool_size", &POOL.to_string())
+        .setting("max_prepared_statements", &CACHE.to_string())
+        .start();
+    let tasks: Vec<_> = (0..CLIENTS)
+        .map(|id| tokio::spawn(run_client(id, s.port(), db.clone())))
+        .collect();
+    for t in tasks {
+        within(Duration::from_secs(120), "a differential client", t)
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", s.diagnostics()));
+    }
+}
+
+/// A portal stays open while its transaction needs it, however many statements
+/// come after it and evict its statement from the server (PostgreSQL keeps a
+/// portal whose statement is closed, whatever its protocol documentation says).
+#[tokio::test]
+async fn a_portal_outlives_the_eviction_of_its_statement() {
+    let db = fresh_db("txn_portal");
+    let s = txn_sluice(&db)
+        .setting("default_pool_size", "1")
+        .setting("max_prepared_statements", "2")
+        .start();
+    let mut c = raw(&s, &db, &[]).await;
+    let send = |batch: Vec<Vec<u8>>| batch.concat();
+    let answer = c.simple("BEGIN", STEP).await;
+    assert_eq!(status(&answer), b'T');
+    let mut req = send(vec![
+        parse("s0", 2),
+        bind("p0", "s0", &["5".into()]),
+        execute("p0", 1),
+    ]);
+    req.extend(frame(b'S', &[]));
+    c.send(&req).await.expect("send");
+    assert_eq!(col(&c.until_ready(STEP).await), ["1"]);
+    // Three more statements, each used: the cache of two would evict s0's.
+    for (k, sql) in [(1, 0), (2, 1), (3, 8)] {
+        let name = format!("s{k}");
+        let mut req = send(vec![
+            parse(&name, sql),
+            bind("", &name, &["7".into()]),
+            execute("", 0),
+        ]);
+        req.extend(frame(b'S', &[]));
+        c.send(&req).await.expect("send");
+        let answer = c.until_ready(STEP).await;
+        assert!(first_error(&answer).is_none(), "{answer:?}");
+    }
+    let mut req = execute("p0", 2);
+    req.extend(frame(b'S', &[]));
+    c.send(&req).await.expect("send");
+    let answer = c.until_ready(STEP).await;
+    assert!(
+        first_error(&answer).is_none(),
+        "the portal went: {answer:?}"
+    );
+    assert_eq!(col(&answer), ["2", "3"]);
+    assert_eq!(status(&c.simple("ROLLBACK", STEP).await), b'I');
+}
