@@ -18,6 +18,7 @@ mod inject;
 pub mod responses;
 pub mod rewrite;
 pub mod sql;
+mod undo;
 
 #[cfg(test)]
 mod hostile_tests;

@@ -35,27 +35,7 @@ impl Kind {
     }
 }
 
-/// Bookkeeping to undo when a request is skipped after an error.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Undo {
-    /// The server never prepared this statement.
-    ForgetOnServer(u64),
-    /// The client's statement was never created either (its own Parse failed).
-    ForgetClientAndServer(String, u64),
-    /// The same for an SQL-level PREPARE.
-    ForgetSqlClientAndServer(String, u64),
-    /// An SQL-level PREPARE of a statement the server keeps for other clients.
-    ForgetSqlClient(String),
-    /// A Bind or Describe of this statement: if it fails because DDL changed the
-    /// statement's result type, the statement is replaced (see `process_chunk`).
-    Stale(std::sync::Arc<super::Statement>),
-    /// The client's Parse of a statement the server had: the name was never bound.
-    ForgetClient(String),
-    /// The client's Close of a statement: the name stays bound.
-    Restore(String, std::sync::Arc<super::Statement>),
-    /// Sluice's Close of a statement evicted from the server: it is still there.
-    Reinstate(super::Evicted),
-}
+pub use super::undo::Undo;
 
 /// One request awaiting its answer.
 #[derive(Debug)]
@@ -257,24 +237,8 @@ impl ResponseTracker {
 
     /// Runs undo actions for a skipped entry.
     fn undo(u: Option<Undo>, client: &mut ClientStatements, server: &mut ServerStatements) {
-        match u {
-            Some(Undo::ForgetOnServer(id)) => server.forget(id),
-            Some(Undo::ForgetClientAndServer(name, id)) => {
-                client.remove(&name);
-                server.forget(id);
-            }
-            Some(Undo::ForgetSqlClientAndServer(name, id)) => {
-                client.sql_remove(&name);
-                server.forget(id);
-            }
-            Some(Undo::ForgetClient(name)) => client.remove(&name),
-            Some(Undo::ForgetSqlClient(name)) => client.sql_remove(&name),
-            Some(Undo::Restore(name, stmt)) => {
-                client.insert(name, stmt);
-            }
-            Some(Undo::Reinstate(e)) => server.reinstate(e),
-            Some(Undo::Stale(_)) => {}
-            None => {}
+        if let Some(u) = u {
+            u.run(client, server);
         }
     }
 
