@@ -14,6 +14,7 @@
 //! are swallowed, and ParseComplete for Parses it did not need to send is synthesized,
 //! each in its place in the stream.
 
+mod copy;
 mod inject;
 pub mod responses;
 pub mod rewrite;

@@ -103,6 +103,11 @@ pub struct ResponseTracker {
     skip_param_desc: bool,
     /// What `skip_param_desc` becomes if the failed batch is replayed.
     skip_param_desc_on_retry: bool,
+    /// The server is in COPY FROM STDIN (copy.rs); set by the relay too.
+    pub in_copy: bool,
+    /// Set by the relay before each chunk: the Syncs the server ignores if a COPY
+    /// ends now, with CommandComplete and with an error (`relay::copy`).
+    pub copy_ignores: (u32, u32),
 }
 
 /// A recorded batch and the statement its Bind names.
@@ -141,7 +146,8 @@ impl ResponseTracker {
     /// to its ReadyForQuery (simple queries, lone Syncs). Then only ReadyForQuery
     /// changes the tracker's state, and other messages need not be looked at.
     fn is_plain(&self) -> bool {
-        self.held.is_empty()
+        !self.in_copy
+            && self.held.is_empty()
             && self.drop_left == 0
             && !self.flush_after_current
             && self.suspect.is_none()
@@ -245,7 +251,11 @@ impl ResponseTracker {
     /// After an error the server skips everything up to the next Sync: those
     /// requests get no answer (synthesized ones neither), and what Sluice noted for
     /// them is undone.
-    fn skip_to_sync(&mut self, client: &mut ClientStatements, server: &mut ServerStatements) {
+    pub(super) fn skip_to_sync(
+        &mut self,
+        client: &mut ClientStatements,
+        server: &mut ServerStatements,
+    ) {
         let sync = self.queue.iter().position(|e| {
             matches!(
                 e,
@@ -412,6 +422,9 @@ impl ResponseTracker {
                 completes = true;
             }
             _ => {}
+        }
+        if self.in_copy || tag == b'G' {
+            self.follow_copy(tag, client, server);
         }
         if drop_it {
             let end = start + header_here + len;

@@ -7,6 +7,7 @@ pub const HEADER_LEN: usize = 5;
 pub const TAG_READY_FOR_QUERY: u8 = b'Z';
 pub const TAG_PARAMETER_STATUS: u8 = b'S';
 pub const TAG_ERROR_RESPONSE: u8 = b'E';
+pub const TAG_COMMAND_COMPLETE: u8 = b'C';
 pub const TAG_AUTHENTICATION: u8 = b'R';
 pub const TAG_BACKEND_KEY_DATA: u8 = b'K';
 pub const TAG_NOTICE_RESPONSE: u8 = b'N';

@@ -5,6 +5,7 @@
 mod bad;
 mod basic;
 pub(crate) mod common;
+mod copy;
 mod differential;
 mod dirty;
 mod limits;

@@ -10,6 +10,8 @@ use std::io;
 
 use bytes::{Buf, BytesMut};
 
+mod copy;
+mod count;
 mod parked;
 mod prepared;
 mod spare;
@@ -30,6 +32,8 @@ use crate::protocol::backend::parse_parameter_status;
 use crate::protocol::header::*;
 use crate::protocol::ProtocolError;
 use crate::stats::{PoolStats, StatsDelta};
+use copy::CopyWatch;
+use count::count_client_tag;
 use wake::{next_wake, Wake, Want};
 
 /// The notice of a client queued past `query_wait_notify` (PgBouncer's text).
@@ -101,6 +105,11 @@ pub struct Relay {
     max_packet: u32,
     /// The status byte of the last ReadyForQuery.
     status: u8,
+    /// The client's Syncs around a COPY, which the server may ignore (copy.rs).
+    copy: CopyWatch,
+    /// A COPY by Execute failed: the server skips to the client's next Sync, and is
+    /// not idle before a ReadyForQuery whatever `pending` says.
+    await_ready: bool,
     /// Extended-protocol messages sent since the last Sync.
     unsynced: bool,
     /// The client sent Terminate; nothing more is read from it.
@@ -152,6 +161,8 @@ impl Relay {
             && !self.unsynced
             && self.status == b'I'
             && !self.desync
+            && !self.await_ready
+            && !self.copy.in_copy()
             && self.c2s.is_empty()
             && self.client_framer.at_boundary()
             && self.server_framer.at_boundary()
@@ -347,9 +358,10 @@ impl Relay {
         let mut cut = None;
         let (pending, unsynced, terminated) =
             (&mut self.pending, &mut self.unsynced, &mut self.terminated);
-        let (parses, binds) = (
+        let (parses, binds, copy) = (
             &mut self.stats.counts.client_parses,
             &mut self.stats.counts.binds,
+            &mut self.copy,
         );
         let (mut desync, mut refused) = (false, false);
         let no_simple_query = self.no_simple_query;
@@ -361,7 +373,7 @@ impl Relay {
                         return Body::Skip;
                     }
                     refused |= no_simple_query && tag == TAG_QUERY;
-                    if count_client_tag(tag, pending, unsynced, parses, binds) {
+                    if count_client_tag(tag, pending, unsynced, (parses, binds), copy) {
                         *terminated = true;
                         match at {
                             Some(at) => cut = Some(start + at),
@@ -406,16 +418,35 @@ impl Relay {
         let (pending, status, saw_ready) =
             (&mut self.pending, &mut self.status, &mut self.saw_ready);
         let (readies, xacts_done) = (&mut self.readies, &mut self.xacts_done);
+        // What the end of a COPY in this chunk would mean, for the response tracker
+        // (which sees that end before `on_event` does).
+        let copy_ignores = (self.copy.ignores(), self.copy.in_copy());
+        let (copy, await_ready) = (&mut self.copy, &mut self.await_ready);
         *saw_ready = false;
         *readies = 0;
         *xacts_done = 0;
         let mut bad_param = false;
         // One deref of the boxed connection, so its fields borrow apart.
         let server = &mut **server;
-        let server_params = &mut server.params;
+        let (server_params, close_needed) = (&mut server.params, &mut server.close_needed);
         let on_event = |e: Event<'_>| match e {
             Event::Start { tag, .. } => match tag {
                 TAG_READY_FOR_QUERY | TAG_PARAMETER_STATUS => Body::Capture,
+                TAG_COPY_IN_RESPONSE => {
+                    copy.server_copy_in();
+                    Body::Skip
+                }
+                TAG_COMMAND_COMPLETE | TAG_ERROR_RESPONSE if copy.in_copy() => {
+                    let end = copy.server_copy_end(tag == TAG_COMMAND_COMPLETE);
+                    *pending = pending.saturating_sub(end.ignored);
+                    if end.failed_execute {
+                        *await_ready = true;
+                        // One ReadyForQuery more than counted may still come (copy.rs):
+                        // the server is not handed to another client after this.
+                        *close_needed = true;
+                    }
+                    Body::Skip
+                }
                 _ => Body::Skip,
             },
             Event::Complete {
@@ -423,6 +454,7 @@ impl Relay {
                 body,
             } => {
                 *pending = pending.saturating_sub(1);
+                *await_ready = false;
                 *status = body.first().copied().unwrap_or(b'I');
                 *saw_ready = true;
                 *readies += 1;
@@ -454,6 +486,8 @@ impl Relay {
                 .feed(&self.s2c[start..], u32::MAX, on_event),
             Some(p) => {
                 debug_assert_eq!(start, 0, "server reads happen only with s2c drained");
+                let t = p.tracker_mut();
+                (t.copy_ignores, t.in_copy) = copy_ignores;
                 // A replay must not overtake client bytes already on their way.
                 p.tracker_mut().can_retry = self.c2s.is_empty();
                 p.process_server_chunk(
@@ -508,36 +542,6 @@ impl Relay {
         self.s2c.clear();
         r
     }
-}
-
-/// Counts one client message: what the server will owe for it and the parse/bind
-/// statistics. Returns true for Terminate.
-pub(super) fn count_client_tag(
-    tag: u8,
-    pending: &mut u32,
-    unsynced: &mut bool,
-    parses: &mut u64,
-    binds: &mut u64,
-) -> bool {
-    match tag {
-        TAG_QUERY | TAG_FUNCTION_CALL => *pending += 1,
-        TAG_SYNC => {
-            *pending += 1;
-            *unsynced = false;
-        }
-        TAG_PARSE => {
-            *parses += 1;
-            *unsynced = true;
-        }
-        TAG_BIND => {
-            *binds += 1;
-            *unsynced = true;
-        }
-        TAG_EXECUTE | TAG_DESCRIBE | TAG_CLOSE | TAG_FLUSH => *unsynced = true,
-        TAG_TERMINATE => return true,
-        _ => {}
-    }
-    false
 }
 
 enum ServerRead {

@@ -321,6 +321,8 @@ impl Relay {
             pending,
             unsynced,
             status,
+            copy,
+            await_ready,
             terminated,
             desync,
             max_packet: _,
@@ -345,6 +347,8 @@ impl Relay {
         *pending = 0;
         *unsynced = false;
         *status = b'I';
+        *copy = Default::default();
+        *await_ready = false;
         *terminated = false;
         *desync = false;
         *saw_ready = false;

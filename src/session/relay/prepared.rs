@@ -375,9 +375,10 @@ impl Relay {
         };
         let (pending, unsynced, terminated) =
             (&mut self.pending, &mut self.unsynced, &mut self.terminated);
-        let (parses, binds) = (
+        let (parses, binds, copy) = (
             &mut self.stats.counts.client_parses,
             &mut self.stats.counts.binds,
+            &mut self.copy,
         );
         let (no_simple_query, mut refused) = (self.no_simple_query, false);
         let r = p.rewriter.process(
@@ -388,7 +389,8 @@ impl Relay {
             |tag| {
                 refused |= no_simple_query && tag == crate::protocol::header::TAG_QUERY;
                 if !*terminated {
-                    *terminated = count_client_tag(tag, pending, unsynced, parses, binds);
+                    *terminated =
+                        count_client_tag(tag, pending, unsynced, (&mut *parses, &mut *binds), copy);
                 }
             },
         );
