@@ -88,7 +88,13 @@ pub(super) fn refuse_duplicate(
     );
     let Some(text) = text else {
         // A simple query: a syntax error, whatever the transaction's state.
-        expect(ctx, Expect::Refuse(error.to_vec().into_boxed_slice()));
+        expect(
+            ctx,
+            Expect::Refuse {
+                error: error.to_vec().into_boxed_slice(),
+                extended: false,
+            },
+        );
         put_query(out, &["SLUICE REFUSED"]);
         expect(ctx, fwd(Kind::UntilReady));
         return;
@@ -104,37 +110,94 @@ pub(super) fn refuse_duplicate(
         ctx,
     );
     // A Describe of no kind PostgreSQL knows: an error, whatever is prepared.
-    expect(ctx, Expect::Refuse(error.to_vec().into_boxed_slice()));
+    expect(
+        ctx,
+        Expect::Refuse {
+            error: error.to_vec().into_boxed_slice(),
+            extended: true,
+        },
+    );
     out.put_u8(TAG_DESCRIBE);
     out.put_u32(4 + 2);
     out.extend_from_slice(b"X\0");
 }
 
 /// Makes sure the server has `stmt`, injecting a Parse (and a Close for an evicted
-/// statement) whose answers are swallowed.
-pub(super) fn ensure_prepared(stmt: &super::Statement, out: &mut BytesMut, ctx: &mut Ctx<'_>) {
+/// statement) whose answers are swallowed. An SQL-level statement is prepared with
+/// its `PREPARE`: as a simple Query before a simple Query (`in_batch` false), or, in
+/// an extended-protocol batch, run as a throwaway statement and portal, since a
+/// simple Query there would end the batch's implicit transaction and its portals.
+pub(super) fn ensure_prepared(
+    stmt: &super::Statement,
+    in_batch: bool,
+    out: &mut BytesMut,
+    ctx: &mut Ctx<'_>,
+) {
     if ctx.server.touch(stmt) {
         return;
     }
     make_room(out, ctx);
     ctx.server.insert(stmt);
-    stmt.parse_message(out);
     *ctx.server_parses += 1;
     let undo = Some(Undo::ForgetOnServer(stmt.id));
-    expect(
-        ctx,
-        if stmt.sql {
-            Expect::SwallowQuery {
-                failed: false,
-                undo,
-            }
-        } else {
+    if !stmt.sql {
+        stmt.parse_message(out);
+        expect(
+            ctx,
             Expect::Swallow {
                 kind: Kind::Parse,
                 undo,
-            }
-        },
-    );
+            },
+        );
+        return;
+    }
+    if !in_batch {
+        stmt.parse_message(out);
+        expect(
+            ctx,
+            Expect::SwallowQuery {
+                failed: false,
+                undo,
+            },
+        );
+        return;
+    }
+    let prepare = stmt.prepare_text();
+    let name = THROWAWAY.as_bytes();
+    out.put_u8(TAG_PARSE);
+    out.put_u32((4 + name.len() + 1 + prepare.len() + 1 + 2) as u32);
+    out.extend_from_slice(name);
+    out.put_u8(0);
+    out.extend_from_slice(prepare.as_bytes());
+    out.put_u8(0);
+    out.put_u16(0);
+    // Bind: the throwaway portal, no parameters, no result formats.
+    out.put_u8(TAG_BIND);
+    out.put_u32((4 + 2 * (name.len() + 1) + 6) as u32);
+    for _ in 0..2 {
+        out.extend_from_slice(name);
+        out.put_u8(0);
+    }
+    out.put_u16(0);
+    out.put_u16(0);
+    out.put_u16(0);
+    out.put_u8(TAG_EXECUTE);
+    out.put_u32((4 + name.len() + 1 + 4) as u32);
+    out.extend_from_slice(name);
+    out.put_u8(0);
+    out.put_u32(0);
+    put_close(out, b'P', name);
+    put_close(out, b'S', name);
+    // Undone if any part fails or is skipped: the PREPARE is the Execute.
+    for (kind, undo) in [
+        (Kind::Parse, None),
+        (Kind::Bind, None),
+        (Kind::Execute, undo),
+        (Kind::Close, None),
+        (Kind::Close, None),
+    ] {
+        expect(ctx, Expect::Swallow { kind, undo });
+    }
 }
 
 pub(super) fn put_close(out: &mut BytesMut, kind: u8, name: &[u8]) {

@@ -70,13 +70,10 @@ impl Statement {
     pub fn parse_message(&self, out: &mut bytes::BytesMut) {
         use bytes::BufMut;
         if self.sql {
+            let text = self.prepare_text();
             out.put_u8(b'Q');
-            let text = &self.body[SQL_KEY.len()..];
-            out.put_u32((4 + 8 + self.server_name.len() + 1 + text.len() + 1) as u32);
-            out.extend_from_slice(b"PREPARE ");
-            out.extend_from_slice(self.server_name.as_bytes());
-            out.put_u8(b' ');
-            out.extend_from_slice(text);
+            out.put_u32((4 + text.len() + 1) as u32);
+            out.extend_from_slice(text.as_bytes());
             out.put_u8(0);
             return;
         }
@@ -85,6 +82,18 @@ impl Statement {
         out.extend_from_slice(self.server_name.as_bytes());
         out.put_u8(0);
         out.extend_from_slice(&self.body);
+    }
+}
+
+impl Statement {
+    /// `PREPARE <server name> <text>` for an SQL-level statement.
+    pub fn prepare_text(&self) -> String {
+        let text = self.body.get(SQL_KEY.len()..).unwrap_or_default();
+        format!(
+            "PREPARE {} {}",
+            self.server_name,
+            String::from_utf8_lossy(text)
+        )
     }
 }
 
@@ -156,12 +165,12 @@ impl Registry {
     }
 }
 
-/// One client's statement names.
+/// One client's statement names: protocol-level (Parse) and SQL-level (PREPARE, the
+/// name folded as an SQL identifier) in one namespace, as in PostgreSQL, so that
+/// EXECUTE runs a Parsed statement and Bind binds a PREPAREd one.
 #[derive(Debug, Default)]
 pub struct ClientStatements {
     names: HashMap<String, Arc<Statement>>,
-    /// SQL-level names (PREPARE), folded as SQL identifiers.
-    sql: HashMap<String, Arc<Statement>>,
 }
 
 impl ClientStatements {
@@ -169,10 +178,9 @@ impl ClientStatements {
         self.names.get(name)
     }
 
-    /// Whether `name` is taken, by either kind of statement (PostgreSQL has one
-    /// namespace for both).
+    /// Whether `name` is taken.
     pub fn holds(&self, name: &str) -> bool {
-        self.names.contains_key(name) || self.sql.contains_key(name)
+        self.names.contains_key(name)
     }
 
     /// Binds `name` to a statement; false when the client already holds too many.
@@ -190,41 +198,23 @@ impl ClientStatements {
 
     /// Points every name bound to statement `old` at `new`.
     pub fn repoint(&mut self, old: u64, new: &Arc<Statement>) {
-        for v in self.names.values_mut().chain(self.sql.values_mut()) {
+        for v in self.names.values_mut() {
             if v.id == old {
                 *v = new.clone();
             }
         }
     }
 
-    pub fn sql_get(&self, name: &str) -> Option<&Arc<Statement>> {
-        self.sql.get(name)
-    }
-
-    /// Binds an SQL-level name; false when the client already holds too many.
-    pub fn sql_insert(&mut self, name: String, stmt: Arc<Statement>) -> bool {
-        if self.len() >= MAX_CLIENT_STATEMENTS && !self.sql.contains_key(&name) {
-            return false;
-        }
-        self.sql.insert(name, stmt);
-        true
-    }
-
-    pub fn sql_remove(&mut self, name: &str) {
-        self.sql.remove(name);
-    }
-
     pub fn clear(&mut self) {
         self.names.clear();
-        self.sql.clear();
     }
 
     pub fn len(&self) -> usize {
-        self.names.len() + self.sql.len()
+        self.names.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.names.is_empty() && self.sql.is_empty()
+        self.names.is_empty()
     }
 }
 

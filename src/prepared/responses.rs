@@ -49,9 +49,10 @@ pub enum Expect {
     /// have skipped the request: then the undo runs).
     Synthesize(&'static [u8], Option<Undo>),
     /// A request Sluice refuses as PostgreSQL would (a statement name in use): the
-    /// server gets a request bound to fail, so that it skips to the Sync and aborts
-    /// a transaction as PostgreSQL would, and its error is replaced by this one.
-    Refuse(Box<[u8]>),
+    /// server gets a request bound to fail, so that it aborts a transaction (and, in
+    /// the extended protocol, `extended`, skips to the Sync) as PostgreSQL would, and
+    /// its error is replaced by this one.
+    Refuse { error: Box<[u8]>, extended: bool },
     /// A client's SQL-level PREPARE: undone if it fails.
     Query { failed: bool, undo: Option<Undo> },
     /// Sluice's own simple query (an injected PREPARE or DEALLOCATE): everything up
@@ -241,13 +242,6 @@ impl ResponseTracker {
         }
     }
 
-    /// Runs undo actions for a skipped entry.
-    fn undo(u: Option<Undo>, client: &mut ClientStatements, server: &mut ServerStatements) {
-        if let Some(u) = u {
-            u.run(client, server);
-        }
-    }
-
     /// After an error the server skips everything up to the next Sync: those
     /// requests get no answer (synthesized ones neither), and what Sluice noted for
     /// them is undone.
@@ -274,22 +268,6 @@ impl ResponseTracker {
             .collect();
         for e in skipped.into_iter().rev() {
             Self::undo_skipped(e, client, server);
-        }
-    }
-
-    /// Undoes what was noted for a request the server skips.
-    pub(super) fn undo_skipped(
-        e: Expect,
-        client: &mut ClientStatements,
-        server: &mut ServerStatements,
-    ) {
-        match e {
-            Expect::Forward { undo, .. }
-            | Expect::Swallow { undo, .. }
-            | Expect::Synthesize(_, undo)
-            | Expect::Query { undo, .. }
-            | Expect::SwallowQuery { undo, .. } => Self::undo(undo, client, server),
-            Expect::Refuse(_) => {}
         }
     }
 
@@ -370,15 +348,18 @@ impl ResponseTracker {
                     }
                 }
             }
-            Some(Expect::Refuse(_)) if tag == b'E' => {
+            Some(Expect::Refuse { .. }) if tag == b'E' => {
                 // The request sent in the client's stead failed as meant: its error
-                // gives way to the client's own, and the server skips to the Sync.
+                // gives way to the client's own, and the server skips to the Sync
+                // (a simple Query's error ends only that Query).
                 completes = true;
                 drop_it = true;
-                if let Some(Expect::Refuse(error)) = self.queue.pop_front() {
+                if let Some(Expect::Refuse { error, extended }) = self.queue.pop_front() {
                     edits.push(Edit::Insert(start, error.into_vec()));
+                    if extended {
+                        self.skip_to_sync(client, server);
+                    }
                 }
-                self.skip_to_sync(client, server);
             }
             Some(Expect::Forward { kind, .. } | Expect::Swallow { kind, .. })
                 if tag == b'E' && !matches!(kind, Kind::UntilReady | Kind::Sync) =>

@@ -125,7 +125,10 @@ fn queue_clone(q: &[Expect]) -> Vec<Expect> {
                 undo: undo.clone(),
             },
             Expect::Synthesize(b, u) => Expect::Synthesize(b, u.clone()),
-            Expect::Refuse(e) => Expect::Refuse(e.clone()),
+            Expect::Refuse { error, extended } => Expect::Refuse {
+                error: error.clone(),
+                extended: *extended,
+            },
             Expect::Query { .. } | Expect::SwallowQuery { .. } => unreachable!("not in tests"),
         })
         .collect()

@@ -283,7 +283,7 @@ fn handle_query(msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> Result<(),
                 return Ok(());
             }
             let stmt = ctx.registry.intern_sql(rest);
-            if !ctx.client.sql_insert(name.clone(), stmt.clone()) {
+            if !ctx.client.insert(name.clone(), stmt.clone()) {
                 return Err(RewriteError::TooManyStatements(
                     super::MAX_CLIENT_STATEMENTS,
                 ));
@@ -291,7 +291,7 @@ fn handle_query(msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> Result<(),
             let undo = if ctx.server.touch(&stmt) && ctx.aborted {
                 // The failed transaction refuses this PREPARE (and would refuse a
                 // DEALLOCATE too): another client's copy stays.
-                Undo::ForgetSqlClient(name)
+                Undo::ForgetClient(name)
             } else if ctx.server.touch(&stmt) {
                 // Another client's copy is there: drop it so this PREPARE is answered
                 // by the server itself, as PostgreSQL would answer it.
@@ -303,11 +303,11 @@ fn handle_query(msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> Result<(),
                         undo: None,
                     },
                 );
-                Undo::ForgetSqlClientAndServer(name, stmt.id)
+                Undo::ForgetClientAndServer(name, stmt.id)
             } else {
                 make_room(out, ctx);
                 ctx.server.insert(&stmt);
-                Undo::ForgetSqlClientAndServer(name, stmt.id)
+                Undo::ForgetClientAndServer(name, stmt.id)
             };
             stmt.parse_message(out);
             *ctx.server_parses += 1;
@@ -319,7 +319,7 @@ fn handle_query(msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> Result<(),
                 },
             );
         }
-        SqlCommand::Execute { name, rest } => match ctx.client.sql_get(&name).cloned() {
+        SqlCommand::Execute { name, rest } => match ctx.client.get(&name).cloned() {
             None => {
                 out.extend_from_slice(&msg);
                 expect(ctx, fwd(Kind::UntilReady));
@@ -328,13 +328,16 @@ fn handle_query(msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> Result<(),
                 if !ctx.aborted {
                     // (A failed transaction refuses the EXECUTE, and would refuse
                     // a PREPARE before it with a second error.)
-                    ensure_prepared(&stmt, out, ctx);
+                    ensure_prepared(&stmt, false, out, ctx);
                 }
-                put_query(out, &["EXECUTE ", &stmt.server_name, " ", rest]);
+                // A Parsed statement's server name has capitals: quoted, or SQL
+                // would fold it.
+                let q = if stmt.sql { "" } else { "\"" };
+                put_query(out, &["EXECUTE ", q, &stmt.server_name, q, " ", rest]);
                 expect(ctx, fwd(Kind::UntilReady));
             }
         },
-        SqlCommand::Deallocate { name } => match ctx.client.sql_get(&name).cloned() {
+        SqlCommand::Deallocate { name } => match ctx.client.get(&name).cloned() {
             // A failed transaction refuses it (25P02) and the name stays.
             _ if ctx.aborted => {
                 out.extend_from_slice(&msg);
@@ -347,7 +350,7 @@ fn handle_query(msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> Result<(),
             Some(_) => {
                 // The server keeps its copy for other clients; the client still gets
                 // a real DEALLOCATE answer, from a throwaway statement.
-                ctx.client.sql_remove(&name);
+                ctx.client.remove(&name);
                 put_query(out, &["PREPARE sluice_deallocate AS SELECT 1"]);
                 expect(
                     ctx,
@@ -491,7 +494,7 @@ fn handle_named(
             // "prepared statement does not exist" with the client's own name).
             None => out.extend_from_slice(msg),
             Some(stmt) => {
-                ensure_prepared(&stmt, out, ctx);
+                ensure_prepared(&stmt, true, out, ctx);
                 out.put_u8(TAG_BIND);
                 let len = 4 + portal.len() + 1 + stmt.server_name.len() + 1 + rest.len();
                 out.put_u32(len as u32);
@@ -532,7 +535,7 @@ fn handle_named(
     match stmt {
         None => out.extend_from_slice(msg),
         Some(stmt) if tag == TAG_DESCRIBE => {
-            ensure_prepared(&stmt, out, ctx);
+            ensure_prepared(&stmt, true, out, ctx);
             out.put_u8(TAG_DESCRIBE);
             out.put_u32((4 + 1 + stmt.server_name.len() + 1) as u32);
             out.put_u8(b'S');

@@ -101,8 +101,10 @@ fn a_second_parse_of_a_live_name_is_refused_as_postgres_refuses_it() {
     want.extend(msg(b'D', b"X\0"));
     assert_eq!(out, want);
     assert_eq!(w.client.len(), 1);
-    assert!(matches!(w.tracker.queue.back(), Some(Expect::Refuse(e))
-        if e.windows(5).any(|f| f == b"42P05")));
+    assert!(
+        matches!(w.tracker.queue.back(), Some(Expect::Refuse { error: e, .. })
+        if e.windows(5).any(|f| f == b"42P05"))
+    );
     // After Close the name is free again.
     w.feed(&msg(b'C', b"SS_1\0"));
     w.feed(&msg(b'P', b"S_1\0select 2\0\0\0"));

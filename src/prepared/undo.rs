@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::responses::{Expect, ResponseTracker};
 use super::{ClientStatements, Evicted, ServerStatements, Statement};
 
 /// Bookkeeping to undo when a request is skipped after an error.
@@ -10,16 +11,14 @@ use super::{ClientStatements, Evicted, ServerStatements, Statement};
 pub enum Undo {
     /// The server never prepared this statement.
     ForgetOnServer(u64),
-    /// The client's statement was never created either (its own Parse failed).
+    /// The client's statement was never created either (its own Parse or PREPARE
+    /// failed).
     ForgetClientAndServer(String, u64),
-    /// The same for an SQL-level PREPARE.
-    ForgetSqlClientAndServer(String, u64),
-    /// An SQL-level PREPARE of a statement the server keeps for other clients.
-    ForgetSqlClient(String),
     /// A Bind or Describe of this statement: if it fails because DDL changed the
     /// statement's result type, the statement is replaced (see `process_chunk`).
     Stale(Arc<Statement>),
-    /// The client's Parse of a statement the server had: the name was never bound.
+    /// The client's Parse (or SQL-level PREPARE) of a statement the server had: the
+    /// name was never bound.
     ForgetClient(String),
     /// The client's Close of a statement: the name stays bound.
     Restore(String, Arc<Statement>),
@@ -36,17 +35,41 @@ impl Undo {
                 client.remove(&name);
                 server.forget(id);
             }
-            Undo::ForgetSqlClientAndServer(name, id) => {
-                client.sql_remove(&name);
-                server.forget(id);
-            }
             Undo::ForgetClient(name) => client.remove(&name),
-            Undo::ForgetSqlClient(name) => client.sql_remove(&name),
             Undo::Restore(name, stmt) => {
                 client.insert(name, stmt);
             }
             Undo::Reinstate(e) => server.reinstate(e),
             Undo::Stale(_) => {}
+        }
+    }
+}
+
+impl ResponseTracker {
+    /// Runs undo actions for a skipped entry.
+    pub(super) fn undo(
+        u: Option<Undo>,
+        client: &mut ClientStatements,
+        server: &mut ServerStatements,
+    ) {
+        if let Some(u) = u {
+            u.run(client, server);
+        }
+    }
+
+    /// Undoes what was noted for a request the server skips.
+    pub(super) fn undo_skipped(
+        e: Expect,
+        client: &mut ClientStatements,
+        server: &mut ServerStatements,
+    ) {
+        match e {
+            Expect::Forward { undo, .. }
+            | Expect::Swallow { undo, .. }
+            | Expect::Synthesize(_, undo)
+            | Expect::Query { undo, .. }
+            | Expect::SwallowQuery { undo, .. } => Self::undo(undo, client, server),
+            Expect::Refuse { .. } => {}
         }
     }
 }

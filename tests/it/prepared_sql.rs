@@ -149,3 +149,108 @@ async fn a_statement_prepared_after_ddl_sees_the_new_shape() {
     let rows = within(STEP, "query b", b.query(&st, &[])).await.unwrap();
     assert_eq!(rows[0].len(), 2);
 }
+
+/// One namespace for both kinds of statement, as in PostgreSQL: EXECUTE runs a
+/// statement the client Parsed, Bind binds one it PREPAREd, DEALLOCATE drops a
+/// Parsed one (its name is free again), each wherever the statement is prepared.
+#[tokio::test]
+async fn sql_and_protocol_statements_share_one_namespace() {
+    use crate::support::wire::{frame, query_msg};
+    use crate::txn::common::{col as cols, first_error, raw, status, sync_msg};
+    let db = fresh_db("prep_cross");
+    let s = txn_sluice(&db)
+        .setting("default_pool_size", "2")
+        .setting("max_prepared_statements", "2")
+        .start();
+    let mut c = raw(&s, &db, &[]).await;
+    let parse = |name: &str, sql: &str| {
+        let mut b = Vec::new();
+        for part in [name, sql] {
+            b.extend_from_slice(part.as_bytes());
+            b.push(0);
+        }
+        b.extend_from_slice(&[0, 0]);
+        frame(b'P', &b)
+    };
+    let bind_execute = |stmt: &str, param: &str| {
+        let mut b = vec![0u8];
+        b.extend_from_slice(stmt.as_bytes());
+        b.extend_from_slice(&[0, 0, 0, 0, 1]);
+        b.extend_from_slice(&(param.len() as u32).to_be_bytes());
+        b.extend_from_slice(param.as_bytes());
+        b.extend_from_slice(&[0, 0]);
+        let mut out = frame(b'B', &b);
+        out.extend(frame(b'E', &[0, 0, 0, 0, 0]));
+        out.extend(sync_msg());
+        out
+    };
+    let mut req = parse("p1", "SELECT $1::int4 * 10");
+    req.extend(sync_msg());
+    c.send(&req).await.unwrap();
+    let r = c.until_ready(STEP).await;
+    assert!(first_error(&r).is_none(), "{r:?}");
+    // Others, so that p1 is evicted from the servers' caches of two.
+    for (i, sql) in ["SELECT 1", "SELECT 2", "SELECT 3"].iter().enumerate() {
+        let mut req = parse(&format!("o{i}"), sql);
+        req.extend(sync_msg());
+        c.send(&req).await.unwrap();
+        c.until_ready(STEP).await;
+    }
+    for round in 0..3 {
+        let r = c.simple("EXECUTE p1(4)", STEP).await;
+        assert_eq!(cols(&r), ["40"], "round {round}: {r:?}");
+    }
+    let r = c.simple("PREPARE q2 AS SELECT $1::int4 + 100", STEP).await;
+    assert!(first_error(&r).is_none(), "{r:?}");
+    c.send(&bind_execute("q2", "5")).await.unwrap();
+    let r = c.until_ready(STEP).await;
+    assert_eq!(cols(&r), ["105"], "{r:?}");
+    let r = c.simple("DEALLOCATE p1", STEP).await;
+    assert!(first_error(&r).is_none(), "{r:?}");
+    let r = c.simple("EXECUTE p1(4)", STEP).await;
+    let e = first_error(&r).expect("p1 is gone");
+    assert_eq!(e.field(b'C').as_deref(), Some("26000"), "{r:?}");
+    // A second PREPARE of q2 is refused (42P05); that refusal ends only its own
+    // Query: the next requests are answered as usual.
+    c.send(&query_msg("PREPARE q2 AS SELECT 1")).await.unwrap();
+    let r = c.until_ready(STEP).await;
+    assert_eq!(
+        first_error(&r).and_then(|e| e.field(b'C')).as_deref(),
+        Some("42P05")
+    );
+    assert_eq!(status(&r), b'I');
+    // The same in a transaction (the server stays with the client): the refusal
+    // fails the transaction, and a Close then a Parse of a name are answered as
+    // PostgreSQL answers them.
+    let r = c.simple("BEGIN", STEP).await;
+    assert_eq!(status(&r), b'T');
+    c.send(&query_msg("PREPARE q2 AS SELECT 1")).await.unwrap();
+    let r = c.until_ready(STEP).await;
+    assert_eq!(
+        first_error(&r).and_then(|e| e.field(b'C')).as_deref(),
+        Some("42P05")
+    );
+    assert_eq!(status(&r), b'E');
+    let mut req = frame(b'C', b"So0\0");
+    req.extend(parse("o0", "ROLLBACK"));
+    let mut b = frame(b'B', b"\0o0\0\0\0\0\0\0\0");
+    b.extend(frame(b'E', &[0, 0, 0, 0, 0]));
+    b.extend(sync_msg());
+    req.extend(b);
+    c.send(&req).await.unwrap();
+    let r = c.until_ready(STEP).await;
+    let tags: Vec<u8> = r.iter().map(|m| m.tag).collect();
+    assert_eq!(tags, b"312CZ", "{r:?}");
+    assert_eq!(status(&r), b'I');
+    let mut req = frame(b'C', b"Sq2\0");
+    req.extend(parse("q2", "SELECT $1::int4 - 1"));
+    req.extend(bind_execute("q2", "8"));
+    c.send(&req).await.unwrap();
+    let r = c.until_ready(STEP).await;
+    assert_eq!(cols(&r), ["7"], "{r:?}");
+    let mut req = parse("p1", "SELECT $1::int4 * 3");
+    req.extend(bind_execute("p1", "3"));
+    c.send(&req).await.unwrap();
+    let r = c.until_ready(STEP).await;
+    assert_eq!(cols(&r), ["9"], "{r:?}");
+}
