@@ -24,7 +24,7 @@ impl ResponseTracker {
             b'C' | b'E' => {
                 self.in_copy = false;
                 let (ok, failed) = self.copy_ignores;
-                let ignored = if tag == b'C' { ok } else { failed };
+                let ignored = if tag == b'C' { ok } else { failed.unwrap_or(0) };
                 for _ in 0..ignored {
                     match self.queue.front() {
                         // A Sync sent before the request was tracked is owed as
@@ -38,7 +38,7 @@ impl ResponseTracker {
                         _ => break,
                     }
                 }
-                if tag == b'E' {
+                if tag == b'E' && failed.is_some() {
                     // Skipping now ends only at a Sync the client has yet to send.
                     let sync_owed = self.queue.iter().any(|e| {
                         matches!(

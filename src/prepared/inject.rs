@@ -4,7 +4,7 @@
 
 use bytes::{BufMut, BytesMut};
 
-use super::responses::{Expect, Kind, ResponseTracker, Undo};
+use super::responses::{Expect, Kind, Undo};
 use super::rewrite::Ctx;
 use crate::protocol::header::*;
 
@@ -23,7 +23,7 @@ pub(super) fn expect(ctx: &mut Ctx<'_>, e: Expect) {
                 ..
             }
         ) {
-            ResponseTracker::undo_skipped(e, ctx.client, ctx.server);
+            ctx.tracker.undo_skipped(e, ctx.client, ctx.server);
             return;
         }
         ctx.tracker.skipping = false;

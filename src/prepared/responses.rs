@@ -106,9 +106,14 @@ pub struct ResponseTracker {
     skip_param_desc_on_retry: bool,
     /// The server is in COPY FROM STDIN (copy.rs); set by the relay too.
     pub in_copy: bool,
+    /// Simple Queries and FunctionCalls of the client's that the server skips after
+    /// an error in an extended-protocol batch (sent before its Sync): taken by the
+    /// relay, which counted a ReadyForQuery for each.
+    pub skipped_ready: u32,
     /// Set by the relay before each chunk: the Syncs the server ignores if a COPY
-    /// ends now, with CommandComplete and with an error (`relay::copy`).
-    pub copy_ignores: (u32, u32),
+    /// ends now, with CommandComplete and with an error (`relay::copy`; `None`: the
+    /// COPY came by simple Query, whose error ends only that Query).
+    pub copy_ignores: (u32, Option<u32>),
 }
 
 /// A recorded batch and the statement its Bind names.
@@ -267,7 +272,7 @@ impl ResponseTracker {
             .drain(..sync.unwrap_or(self.queue.len()))
             .collect();
         for e in skipped.into_iter().rev() {
-            Self::undo_skipped(e, client, server);
+            self.undo_skipped(e, client, server);
         }
     }
 

@@ -216,6 +216,9 @@ impl Rewriter {
 pub fn plain_request(input: &[u8], max_len: u32, client_holds: bool) -> bool {
     let mut rest = input;
     let mut last = 0;
+    // Extended-protocol messages since the last Sync: a simple Query after them is
+    // skipped if one of them fails, which only the response tracker follows.
+    let mut unsynced = false;
     while !rest.is_empty() {
         let Some((tag, len)) = parse(rest) else {
             return false;
@@ -226,7 +229,13 @@ pub fn plain_request(input: &[u8], max_len: u32, client_holds: bool) -> bool {
         let Some(msg) = rest.get(..=len) else {
             return false;
         };
+        unsynced = match tag {
+            TAG_SYNC => false,
+            TAG_QUERY => unsynced,
+            _ => true,
+        };
         let plain = match tag {
+            TAG_QUERY if unsynced => false,
             TAG_QUERY => {
                 len > MAX_INSPECTED_QUERY || !super::sql::names_statements(&msg[HEADER_LEN..])
             }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::responses::{Expect, ResponseTracker};
+use super::responses::{Expect, Kind, ResponseTracker};
 use super::{ClientStatements, Evicted, ServerStatements, Statement};
 
 /// Bookkeeping to undo when a request is skipped after an error.
@@ -57,12 +57,24 @@ impl ResponseTracker {
         }
     }
 
-    /// Undoes what was noted for a request the server skips.
+    /// Undoes what was noted for a request the server skips, and counts a client's
+    /// simple Query or FunctionCall among them: the relay counted a ReadyForQuery
+    /// for it that will not come (`skipped_ready`).
     pub(super) fn undo_skipped(
+        &mut self,
         e: Expect,
         client: &mut ClientStatements,
         server: &mut ServerStatements,
     ) {
+        if matches!(
+            e,
+            Expect::Forward {
+                kind: Kind::UntilReady,
+                ..
+            }
+        ) {
+            self.skipped_ready += 1;
+        }
         match e {
             Expect::Forward { undo, .. }
             | Expect::Swallow { undo, .. }

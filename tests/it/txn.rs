@@ -12,6 +12,7 @@ mod limits;
 mod load;
 mod mixed;
 mod params;
+mod portals;
 mod protocol;
 mod reset;
 mod statement;

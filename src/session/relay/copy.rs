@@ -134,13 +134,14 @@ impl CopyWatch {
     /// with an error; as if it had begun, since its CopyInResponse may be in the same
     /// chunk as its end (for the response tracker, which sees that end before the
     /// relay does).
-    pub fn ignores(&self) -> (u32, u32) {
+    /// `None` for an error of a COPY by simple Query (which ends only that Query).
+    pub fn ignores(&self) -> (u32, Option<u32>) {
         let ok = self.at_end.map_or(0, |e| e.syncs);
         let (leading, after_execute) =
             self.at_end.map_or((self.leading, self.after_execute), |e| {
                 (e.leading, e.after_execute)
             });
-        (ok, if after_execute { leading } else { 0 })
+        (ok, after_execute.then_some(leading))
     }
 }
 
@@ -191,7 +192,7 @@ mod tests {
         let mut w = CopyWatch::default();
         feed(&mut w, b"BESS");
         w.server_copy_in();
-        assert_eq!(w.ignores().1, 2);
+        assert_eq!(w.ignores().1, Some(2));
         feed(&mut w, b"fSBES");
         assert_eq!(w.server_copy_end(false).ignored, 2);
     }

@@ -499,6 +499,9 @@ impl Relay {
             }
         }
         .map_err(ServerRead::Protocol)?;
+        if let Some(p) = self.prepared.as_mut() {
+            self.pending = self.pending.saturating_sub(p.take_skipped_ready());
+        }
         if bad_param {
             return Err(ServerRead::Protocol(ProtocolError::Malformed(
                 "ParameterStatus",

@@ -179,6 +179,15 @@ impl PreparedState {
             || (self.tracker_used() && self.tracker.mid_message())
     }
 
+    /// ReadyForQuery messages the relay counted that will not come: the client's
+    /// simple Queries the server skipped after an extended-protocol error.
+    pub(super) fn take_skipped_ready(&mut self) -> u32 {
+        if !self.tracker_used() {
+            return 0;
+        }
+        std::mem::take(&mut self.tracker.skipped_ready)
+    }
+
     /// Runs one chunk of server bytes through the response tracker.
     pub(super) fn tracker_mut(&mut self) -> &mut ResponseTracker {
         self.watched = true;
@@ -409,6 +418,7 @@ impl Relay {
                 )))
             }
         }
+        self.pending = self.pending.saturating_sub(p.take_skipped_ready());
         let mut ready = Vec::new();
         p.tracker
             .take_ready_synthesized(self.server_framer.at_boundary(), &mut ready);

@@ -477,3 +477,45 @@ async fn late_copy_messages_after_a_failed_copy_hold_no_server() {
     assert_eq!(first_column(&r), [Some("42".to_string())]);
     assert_eq!(one(&b, "SELECT 2").await, "2");
 }
+
+/// A simple Query sent after extended-protocol messages, before their Sync:
+/// PostgreSQL skips it (no ReadyForQuery for it) if one of them failed, and runs it
+/// otherwise. Either way the server goes back after the Sync's ReadyForQuery.
+#[tokio::test]
+async fn a_query_inside_an_extended_batch_is_skipped_after_an_error() {
+    let db = fresh_db("txn_mixed_q");
+    let s = txn_sluice(&db)
+        .setting("default_pool_size", "1")
+        .setting("query_wait_timeout", "10")
+        .start();
+    let mut a = raw(&s, &db, &[]).await;
+    let b = client(&s, &db).await;
+    let named_parse = {
+        let mut p = b"n1\0SELEC 1\0".to_vec();
+        p.extend_from_slice(&[0, 0]);
+        frame(b'P', &p)
+    };
+    for (round, first) in [extended("SELEC 1"), named_parse].into_iter().enumerate() {
+        let mut bytes = first;
+        bytes.extend(crate::support::wire::query_msg("SELECT 'skipped'"));
+        bytes.extend(sync_msg());
+        a.send(&bytes).await.unwrap();
+        let r = a.until_ready(STEP).await;
+        assert!(first_error(&r).is_some(), "round {round}: {r:?}");
+        assert!(col(&r).is_empty(), "round {round}: {r:?}");
+        assert_eq!(status(&r), b'I');
+        // The other client gets the one server: this one let it go.
+        assert_eq!(one(&b, "SELECT 1").await, "1", "round {round}");
+    }
+    // Without an error the Query runs, answered before the Sync.
+    let mut bytes = extended("SELECT 5");
+    bytes.extend(crate::support::wire::query_msg("SELECT 6"));
+    bytes.extend(sync_msg());
+    a.send(&bytes).await.unwrap();
+    let first = a.until_ready(STEP).await;
+    assert_eq!(col(&first), ["5", "6"], "{first:?}");
+    let second = a.until_ready(STEP).await;
+    assert_eq!(second.len(), 1, "{second:?}");
+    assert_eq!(one(&b, "SELECT 2").await, "2");
+    assert_eq!(col(&a.simple("SELECT 7", STEP).await), ["7"]);
+}
