@@ -101,6 +101,9 @@ struct Batch {
     parts: Vec<(Vec<u8>, usize)>,
     /// What was sent, for the failure message.
     desc: Vec<String>,
+    /// A simple Query before the Sync, after this many answered messages: it has a
+    /// ReadyForQuery of its own unless one of them fails (then PostgreSQL skips it).
+    query_after: Option<usize>,
 }
 
 impl Batch {
@@ -149,13 +152,33 @@ async fn converse(c: &mut RawClient, batch: &Batch, counts: Option<&[usize]>) ->
     let mut failed = false;
     let last = batch.parts.len() - 1;
     for (i, (bytes, n)) in batch.parts.iter().enumerate() {
+        let failed_before = failed;
         c.send(bytes).await.expect("send a batch");
         let before = out.len();
         loop {
-            let done = if i == last {
-                out.last().is_some_and(|m: &String| m.starts_with('Z'))
-            } else if let Some(counts) = counts {
+            let done = if let Some(counts) = counts {
                 out.len() - before >= counts[i]
+            } else if i == last {
+                let here: &[String] = &out[before..];
+                let readies = here.iter().filter(|m| m.starts_with('Z')).count();
+                match batch.query_after {
+                    None => readies == 1,
+                    // Skipped if an error came before the answers it follows.
+                    Some(n) => {
+                        let skipped = failed_before
+                            || here
+                                .iter()
+                                .take_while(|m| !m.starts_with('Z'))
+                                .scan(0, |answered, m| {
+                                    let t = m.as_bytes()[0];
+                                    let early = t == b'E' && *answered < n;
+                                    *answered += usize::from(ends_answer(t));
+                                    Some(early)
+                                })
+                                .any(|early| early);
+                        readies == if skipped { 1 } else { 2 }
+                    }
+                }
             } else {
                 failed
                     || out[before..]
@@ -381,6 +404,15 @@ impl Model {
                 b.flush();
             }
         }
+        // Now and then a simple Query before the Sync (of a batch sent whole: one
+        // whose first part went out alone is not followed, see
+        // docs/prepared-statements.md).
+        if b.parts.len() == 1 && self.rng.below(8) == 0 {
+            let answered = b.parts[0].1;
+            let sql = self.pick(&["SELECT 'mid'", "SELECT 1/0"]).to_owned();
+            b.push(query_msg(&sql), format!("Query {sql:?}"));
+            b.query_after = Some(answered);
+        }
         b.sync();
         b
     }
@@ -485,11 +517,8 @@ impl Model {
 /// Other conversations than the usual ones: `SLUICE_DIFF_SEED=n` (by hand only; the
 /// suite runs seed 0).
 fn seed_base() -> u64 {
-    std::env::var("SLUICE_DIFF_SEED")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0)
-        * 1000
+    let seed = std::env::var("SLUICE_DIFF_SEED").ok();
+    seed.and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) * 1000
 }
 
 async fn run_client(id: u64, port: u16, db: String) {
