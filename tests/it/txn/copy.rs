@@ -142,3 +142,24 @@ async fn copy_in_as_libpq_sends_it() {
     assert_eq!(one(&b, "SELECT count(*) FROM t").await, "3");
     assert_eq!(col(&a.simple("SELECT 10", STEP).await), ["10"]);
 }
+
+/// In session mode too the Sync PostgreSQL ignored is not counted as owed: with
+/// `query_timeout` set, a client idle after its COPY is not taken for one whose query
+/// runs too long.
+#[tokio::test]
+async fn an_idle_client_after_copy_in_is_not_in_a_query() {
+    let db = fresh_db("sess_copy_ext");
+    direct(&db, "CREATE TABLE t (v int); GRANT ALL ON t TO sluice_md5;");
+    let s = txn_sluice(&db)
+        .setting("pool_mode", "session")
+        .setting("query_timeout", "1")
+        .start();
+    let a = client(&s, &db).await;
+    let n = within(STEP, "copy_in", copy_in(&a, "1\n2\n"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(n, 2);
+    // Idle for longer than query_timeout (a bound wait, not a timing assertion).
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    assert_eq!(one(&a, "SELECT count(*) FROM t").await, "2");
+}
