@@ -163,3 +163,40 @@ async fn an_idle_client_after_copy_in_is_not_in_a_query() {
     tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
     assert_eq!(one(&a, "SELECT count(*) FROM t").await, "2");
 }
+
+/// A query sent while the COPY finishes (tokio-postgres pipelines it right after
+/// CopyDone and Sync, before the COPY's answer): both answered, and the server goes
+/// back after them.
+#[tokio::test]
+async fn a_query_pipelined_behind_copydone() {
+    let db = fresh_db("txn_copy_pipe");
+    direct(&db, "CREATE TABLE t (v int); GRANT ALL ON t TO sluice_md5;");
+    let s = one_server(&db, "200");
+    let a = client(&s, &db).await;
+    let b = client(&s, &db).await;
+    let stmt = a.prepare("COPY t FROM STDIN").await.expect("prepare");
+    for round in 1..=3u64 {
+        let sink = within(STEP, "copy_in", a.copy_in(&stmt))
+            .await
+            .expect("copy_in");
+        let mut sink = std::pin::pin!(sink);
+        sink.send(Bytes::from_static(b"1\n2\n"))
+            .await
+            .expect("send");
+        let (n, count) = within(STEP, "finish and count", async {
+            tokio::join!(
+                sink.as_mut().finish(),
+                a.query_one("SELECT count(*) FROM t", &[])
+            )
+        })
+        .await;
+        assert_eq!(n.expect("finish"), 2);
+        let count: i64 = count.expect("count").get(0);
+        // The count ran after the COPY (the server answers in order).
+        assert_eq!(count as u64, 2 * round);
+        assert_eq!(
+            one(&b, "SELECT count(*) FROM t").await,
+            (2 * round).to_string()
+        );
+    }
+}
