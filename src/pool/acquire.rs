@@ -404,6 +404,7 @@ impl Pool {
             };
             match server::connect(cfg, dial, id, generation, slot).await {
                 Ok(conn) => {
+                    self.log_server_login(&conn);
                     if n > 1 {
                         self.note_host(at, n, None);
                         if cfg.load_balance == LoadBalance::Disable {

@@ -7,6 +7,7 @@
 mod acquire;
 mod autodb;
 mod canceled;
+mod closing;
 pub mod error;
 mod idle_pools;
 pub mod limits;
@@ -356,7 +357,11 @@ impl Pool {
             if conn.lent.disarm() {
                 st.active = st.active.saturating_sub(1);
             }
+            let reason = closing::release_close_reason(&conn, clean, &st, now);
             drop(st);
+            if let Some(reason) = reason {
+                self.log_server_close(&conn, reason);
+            }
             drop(conn);
             return false;
         }
@@ -395,18 +400,21 @@ impl Pool {
     /// server closed (or that sent bytes nobody asked for) while idle.
     pub fn close_expired_idle(&self) {
         let now = Tick::now();
-        let doomed: Vec<ServerConn> = {
+        let doomed: Vec<(ServerConn, &'static str)> = {
             let mut st = self.lock_state();
-            let (generation, reuse) = (st.generation, st.reuse);
-            let (keep, doomed) = std::mem::take(&mut st.idle).into_iter().partition(|c| {
-                c.ident.generation == generation
-                    && !c.expired(&reuse, now)
-                    && !c.stream.is_dead_or_chatty()
-            });
-            st.idle = keep;
+            let mut doomed = Vec::new();
+            let idle = std::mem::take(&mut st.idle);
+            for c in idle {
+                match closing::idle_close_reason(&c, &st, now) {
+                    Some(reason) => doomed.push((c, reason)),
+                    None => st.idle.push(c),
+                }
+            }
             doomed
         };
-        drop(doomed);
+        for (c, reason) in doomed {
+            self.log_server_close(&c, reason);
+        }
     }
 
     /// Retires every connection: idle ones close now, lent ones at release.
@@ -416,7 +424,9 @@ impl Pool {
             st.generation += 1;
             std::mem::take(&mut st.idle)
         };
-        drop(doomed);
+        for c in doomed {
+            self.log_server_close(&c, "db conf changed");
+        }
     }
 
     /// Closes the pool: idle connections now, waiters get an error, no new lending.
@@ -427,7 +437,9 @@ impl Pool {
             let waiters = std::mem::take(&mut st.waiters);
             (std::mem::take(&mut st.idle), line::refuse(&mut st, waiters))
         };
-        drop(idle);
+        for c in idle {
+            self.log_server_close(&c, "database removed");
+        }
         refused.into_iter().for_each(Waker::wake);
     }
 

@@ -88,6 +88,10 @@ pub struct PoolConfig {
     pub tcp: TcpTuning,
     /// TLS for a server on TCP (`server_tls_*`); None: plaintext.
     pub tls: Option<std::sync::Arc<crate::tls::server::ServerTls>>,
+    /// Log each server connection made (`log_connections`) and closed
+    /// (`log_disconnections`), with PgBouncer's lines.
+    pub log_connections: bool,
+    pub log_disconnections: bool,
 }
 
 /// What lending and taking back a connection need of the settings: a copy kept in
@@ -216,6 +220,8 @@ impl PoolConfig {
             server_check_delay: s.server_check_delay,
             tcp: TcpTuning::from_settings(s),
             tls,
+            log_connections: s.log_connections,
+            log_disconnections: s.log_disconnections,
         }
     }
 

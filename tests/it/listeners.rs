@@ -261,6 +261,50 @@ async fn logfile_has_pgbouncer_style_connection_lines() {
     );
 }
 
+/// Server connections get PgBouncer's lines too: one when made, one when the pool
+/// closes them (here `server_idle_timeout`); none with the two settings off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_connections_are_logged_when_made_and_closed() {
+    for on in [true, false] {
+        let flag = if on { "1" } else { "0" };
+        let s = md5_sluice()
+            .setting("server_idle_timeout", "1")
+            .setting("log_connections", flag)
+            .setting("log_disconnections", flag)
+            .start();
+        let c =
+            support::connect(&s.config(support::MD5_USER, support::MD5_PASSWORD, support::TEST_DB))
+                .await;
+        select(&c, 1).await;
+        // Session mode: the server goes back to the pool (and idles) when the client
+        // leaves.
+        drop(c);
+        let server = format!("{}/{}@", support::TEST_DB, support::MD5_USER);
+        let closed = || log_lines(&s, "closing because: server idle timeout (age=");
+        if on {
+            assert!(
+                wait_until(Duration::from_secs(10), || !closed().is_empty()),
+                "no server closing line\n{}",
+                s.diagnostics()
+            );
+            assert!(closed()
+                .iter()
+                .all(|l| l.contains(" LOG S-") && l.contains(&server)));
+            let made = log_lines(&s, "new connection to server");
+            assert!(
+                made.iter()
+                    .any(|l| l.contains(" LOG S-") && l.contains(&server)),
+                "{made:?}"
+            );
+        } else {
+            // Past the idle timeout and a janitor sweep (a bounded wait).
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+            assert!(log_lines(&s, "new connection to server").is_empty());
+            assert!(log_lines(&s, "closing because: server").is_empty());
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn log_connections_off_suppresses_login_lines() {
     let s = md5_sluice().setting("log_connections", "0").start();

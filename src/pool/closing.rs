@@ -1,0 +1,88 @@
+//! PgBouncer's log lines for server connections: `new connection to server` with
+//! `log_connections`, `closing because: <reason> (age=<n>s)` with
+//! `log_disconnections`, for the closes the pool decides (idle timeout, lifetime,
+//! reload or RECONNECT, a connection not fit to lend again).
+
+use super::server::ServerState;
+use super::{Pool, PoolState};
+use crate::clock::Tick;
+
+impl Pool {
+    /// Logs a server connection just made.
+    pub(crate) fn log_server_login(&self, conn: &ServerState) {
+        if !self.cfg.load().log_connections {
+            return;
+        }
+        // PgBouncer names the local end for TCP only.
+        let from = conn
+            .ident
+            .local_addr
+            .map(|a| format!(" (from {a})"))
+            .unwrap_or_default();
+        tracing::info!(
+            "S-{}: {}/{}@{} new connection to server{from}",
+            conn.ident.id,
+            self.key.database,
+            self.key.user,
+            conn.ident.addr,
+        );
+    }
+
+    /// Logs a server connection the pool closes, and why.
+    pub(crate) fn log_server_close(&self, conn: &ServerState, reason: &str) {
+        if !self.cfg.load().log_disconnections {
+            return;
+        }
+        tracing::info!(
+            "S-{}: {}/{}@{} closing because: {reason} (age={}s)",
+            conn.ident.id,
+            self.key.database,
+            self.key.user,
+            conn.ident.addr,
+            conn.ident.created.elapsed().as_secs(),
+        );
+    }
+}
+
+/// Why an idle connection is closed at the janitor's sweep, if it is.
+pub(super) fn idle_close_reason(
+    conn: &ServerState,
+    st: &PoolState,
+    now: Tick,
+) -> Option<&'static str> {
+    let reuse = &st.reuse;
+    if conn.ident.generation != st.generation {
+        Some("db conf changed")
+    } else if !reuse.lifetime.is_zero() && now.reached(conn.ident.created, reuse.lifetime) {
+        Some("server lifetime over")
+    } else if !reuse.idle_timeout.is_zero() && now.reached(conn.last_used, reuse.idle_timeout) {
+        Some("server idle timeout")
+    } else if conn.stream.is_dead_or_chatty() {
+        Some("server conn crashed?")
+    } else {
+        None
+    }
+}
+
+/// Why a connection given back is closed rather than pooled, if it is.
+pub(super) fn release_close_reason(
+    conn: &ServerState,
+    clean: bool,
+    st: &PoolState,
+    now: Tick,
+) -> Option<&'static str> {
+    let lifetime = st.reuse.lifetime;
+    if !clean {
+        Some("unclean server")
+    } else if conn.close_needed {
+        Some("close needed")
+    } else if st.closed {
+        Some("database removed")
+    } else if conn.ident.generation != st.generation {
+        Some("db conf changed")
+    } else if !lifetime.is_zero() && now.reached(conn.ident.created, lifetime) {
+        Some("server lifetime over")
+    } else {
+        None
+    }
+}
