@@ -362,7 +362,7 @@ fn drive(
             r = run::serve(&mut s, &stream, welcome) => r,
             // KILL / KILL_CLIENT: any server the session holds is closed.
             why = info.killed() => {
-                s.drop_server();
+                s.drop_server(why);
                 Box::pin(send_fatal(&stream, PROTOCOL_VIOLATION, why)).await;
                 Ended::Closed(why.into())
             }

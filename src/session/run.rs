@@ -123,10 +123,12 @@ impl Session {
     }
 
     /// Closes the linked server, if any (a killed client's server is in an unknown
-    /// state).
-    pub(super) fn drop_server(&mut self) {
+    /// state), with PgBouncer's `closing because:` line for `reason`.
+    pub(super) fn drop_server(&mut self, reason: &str) {
         self.info.unlink();
-        drop(self.server.take());
+        if let Some(server) = self.server.take() {
+            self.pool.log_server_close(&server, reason);
+        }
     }
 }
 
@@ -479,7 +481,7 @@ impl Session {
                 if self.reset_always {
                     // The reset is a round trip: the client's answer goes first.
                     if let Err(e) = self.pay_client(stream, false).await {
-                        self.drop_server();
+                        self.drop_server("client disconnect while server was not ready");
                         return Step::End(format!("client I/O error: {e}").into());
                     }
                     if let Some(s) = self.server.take() {
@@ -512,7 +514,7 @@ impl Session {
             ),
             Outcome::ClientFailed(e) => Step::End(format!("client I/O error: {e}").into()),
             Outcome::ClientProtocol(e) => {
-                self.drop_server();
+                self.drop_server("client disconnect while server was not ready");
                 Step::Done(
                     Box::pin(protocol_failure(
                         stream,
@@ -537,8 +539,8 @@ impl Session {
                 Step::Done(self.fail(stream, PROTOCOL_VIOLATION, why).await.into())
             }
             Outcome::ServerClosed(_) | Outcome::ServerProtocol(_) => {
-                self.drop_server();
                 let msg = "server conn crashed?";
+                self.drop_server(msg);
                 let mut out = BytesMut::new();
                 backend::error_response(&mut out, "FATAL", CONNECTION_FAILURE, msg);
                 let _ = Box::pin(self.relay.get().send_to_client(stream, &out)).await;
@@ -569,7 +571,7 @@ impl Session {
     /// Closes the server (if any), sends the client a FATAL error and ends the
     /// session; returns the reason for the log.
     async fn fail(&mut self, stream: &Stream, code: &str, message: &str) -> String {
-        self.drop_server();
+        self.drop_server(message);
         let why = Box::pin(fail_with(
             stream,
             self.relay.get(),

@@ -305,6 +305,40 @@ async fn server_connections_are_logged_when_made_and_closed() {
     }
 }
 
+/// A server connection that fails under its client gets its closing line too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_lost_under_its_client_is_logged() {
+    let s = md5_sluice().start();
+    let c = support::connect(&s.config(support::MD5_USER, support::MD5_PASSWORD, support::TEST_DB))
+        .await;
+    let rows = c
+        .simple_query("BEGIN; SELECT pg_backend_pid()")
+        .await
+        .expect("begin");
+    let pid = rows
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .expect("a backend pid");
+    support::pg().psql(&format!("SELECT pg_terminate_backend({pid})"));
+    let lost = tokio::time::timeout(Duration::from_secs(20), c.simple_query("SELECT 2"));
+    assert!(
+        lost.await.expect("an answer").is_err(),
+        "the killed server answered"
+    );
+    let line = || log_lines(&s, "closing because: server conn crashed?");
+    assert!(
+        wait_until(Duration::from_secs(5), || line()
+            .iter()
+            .any(|l| l.contains(" LOG S-"))),
+        "{:?}\n{}",
+        line(),
+        s.diagnostics()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn log_connections_off_suppresses_login_lines() {
     let s = md5_sluice().setting("log_connections", "0").start();
