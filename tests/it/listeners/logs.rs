@@ -1,0 +1,189 @@
+//! PgBouncer's log lines for client and server connections (`log_connections`,
+//! `log_disconnections`).
+
+use super::{md5_sluice, select};
+use crate::support::{self, wait_until, Sluice};
+use std::time::Duration;
+
+fn log_lines(s: &Sluice, needle: &str) -> Vec<String> {
+    s.log()
+        .lines()
+        .filter(|l| l.contains(needle))
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logfile_has_pgbouncer_style_connection_lines() {
+    let s = md5_sluice().start();
+    let c = support::connect(&s.config(support::MD5_USER, support::MD5_PASSWORD, support::TEST_DB))
+        .await;
+    select(&c, 1).await;
+    drop(c);
+    let closing = || log_lines(&s, "closing because:");
+    assert!(
+        wait_until(Duration::from_secs(5), || !closing().is_empty()),
+        "no closing line\n{}",
+        s.diagnostics()
+    );
+    let prefix = format!(" UTC [{}] LOG C-", s.pid());
+    let login = log_lines(&s, "login attempt:");
+    let want = format!(
+        "login attempt: db={} user={}",
+        support::TEST_DB,
+        support::MD5_USER
+    );
+    assert!(
+        login
+            .iter()
+            .any(|l| l.contains(&prefix) && l.contains(&want)),
+        "{login:?}"
+    );
+    let line = &login[0];
+    // `YYYY-MM-DD HH:MM:SS.mmm UTC [pid] ...`
+    let b = line.as_bytes();
+    assert!(
+        b.len() > 24 && b[4] == b'-' && b[7] == b'-' && b[10] == b' ' && b[13] == b':',
+        "{line}"
+    );
+    assert!(
+        closing().iter().any(|l| l.contains(&prefix)
+            && l.contains(&format!("{}/{}@", support::TEST_DB, support::MD5_USER))),
+        "{:?}",
+        closing()
+    );
+}
+
+/// Server connections get PgBouncer's lines too: one when made, one when the pool
+/// closes them (here `server_idle_timeout`); none with the two settings off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_connections_are_logged_when_made_and_closed() {
+    for on in [true, false] {
+        let flag = if on { "1" } else { "0" };
+        let s = md5_sluice()
+            .setting("server_idle_timeout", "1")
+            .setting("log_connections", flag)
+            .setting("log_disconnections", flag)
+            .start();
+        let c =
+            support::connect(&s.config(support::MD5_USER, support::MD5_PASSWORD, support::TEST_DB))
+                .await;
+        select(&c, 1).await;
+        // Session mode: the server goes back to the pool (and idles) when the client
+        // leaves.
+        drop(c);
+        let server = format!("{}/{}@", support::TEST_DB, support::MD5_USER);
+        let closed = || log_lines(&s, "closing because: server idle timeout (age=");
+        if on {
+            assert!(
+                wait_until(Duration::from_secs(10), || !closed().is_empty()),
+                "no server closing line\n{}",
+                s.diagnostics()
+            );
+            assert!(closed()
+                .iter()
+                .all(|l| l.contains(" LOG S-") && l.contains(&server)));
+            let made = log_lines(&s, "new connection to server");
+            assert!(
+                made.iter()
+                    .any(|l| l.contains(" LOG S-") && l.contains(&server)),
+                "{made:?}"
+            );
+        } else {
+            // Past the idle timeout and a janitor sweep (a bounded wait).
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+            assert!(log_lines(&s, "new connection to server").is_empty());
+            assert!(log_lines(&s, "closing because: server").is_empty());
+        }
+    }
+}
+
+/// A server connection that fails under its client gets its closing line too. (A
+/// raw client, which stays connected after the server's FATAL error: a driver
+/// closes on it, and then its session ends before the relay sees the server go.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_lost_under_its_client_is_logged() {
+    use crate::support::wire::{first_column, RawClient};
+    let s = md5_sluice().start();
+    let mut c = RawClient::login(
+        s.port(),
+        support::MD5_USER,
+        support::MD5_PASSWORD,
+        support::TEST_DB,
+        &[],
+    )
+    .await
+    .expect("login");
+    let step = Duration::from_secs(20);
+    c.simple("BEGIN", step).await;
+    let pid = first_column(&c.simple("SELECT pg_backend_pid()", step).await)
+        .into_iter()
+        .flatten()
+        .next()
+        .expect("a backend pid");
+    support::pg().psql(&format!("SELECT pg_terminate_backend({pid})"));
+    let line = || log_lines(&s, "closing because: server conn crashed?");
+    assert!(
+        wait_until(Duration::from_secs(10), || line()
+            .iter()
+            .any(|l| l.contains(" LOG S-"))),
+        "{:?}\n{}",
+        line(),
+        s.diagnostics()
+    );
+    drop(c);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_connections_off_suppresses_login_lines() {
+    let s = md5_sluice().setting("log_connections", "0").start();
+    let c = support::connect(&s.config(support::MD5_USER, support::MD5_PASSWORD, support::TEST_DB))
+        .await;
+    select(&c, 1).await;
+    drop(c);
+    // The disconnection line proves the session ran its course and was logged.
+    assert!(
+        wait_until(Duration::from_secs(5), || !log_lines(
+            &s,
+            "closing because:"
+        )
+        .is_empty()),
+        "{}",
+        s.diagnostics()
+    );
+    assert!(log_lines(&s, "login attempt").is_empty(), "{}", s.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_disconnections_off_suppresses_closing_lines() {
+    // With room for one client only, the second can log in only after the first
+    // session has fully ended, i.e. after its closing line would have been written.
+    let s = md5_sluice()
+        .setting("log_disconnections", "0")
+        .setting("max_client_conn", "1")
+        .start();
+    let cfg = s.config(support::MD5_USER, support::MD5_PASSWORD, support::TEST_DB);
+    let first = support::connect(&cfg).await;
+    select(&first, 1).await;
+    drop(first);
+    let mut second = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while second.is_none() && tokio::time::Instant::now() < deadline {
+        second = support::try_connect(&cfg).await.ok();
+        if second.is_none() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let second = second.expect("second client never got in");
+    select(&second, 2).await;
+    assert!(
+        log_lines(&s, "login attempt").len() >= 2,
+        "{}",
+        s.diagnostics()
+    );
+    assert!(
+        log_lines(&s, "closing because: client close request").is_empty(),
+        "{}",
+        s.log()
+    );
+}
