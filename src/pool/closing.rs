@@ -50,13 +50,10 @@ pub(super) fn idle_close_reason(
     st: &PoolState,
     now: Tick,
 ) -> Option<&'static str> {
-    let reuse = &st.reuse;
     if conn.ident.generation != st.generation {
         Some("db conf changed")
-    } else if !reuse.lifetime.is_zero() && now.reached(conn.ident.created, reuse.lifetime) {
-        Some("server lifetime over")
-    } else if !reuse.idle_timeout.is_zero() && now.reached(conn.last_used, reuse.idle_timeout) {
-        Some("server idle timeout")
+    } else if let Some(why) = conn.expiry(&st.reuse, now) {
+        Some(why)
     } else if conn.stream.is_dead_or_chatty() {
         Some("server conn crashed?")
     } else {
@@ -64,7 +61,9 @@ pub(super) fn idle_close_reason(
     }
 }
 
-/// Why a connection given back is closed rather than pooled, if it is.
+/// Why a connection given back is closed rather than pooled, if it is (None: it is
+/// pooled; on every release, so the common case falls through cheap tests).
+#[inline]
 pub(super) fn release_close_reason(
     conn: &ServerState,
     clean: bool,

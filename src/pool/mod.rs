@@ -347,21 +347,13 @@ impl Pool {
             }
         }
         let mut st = self.lock_state();
-        let lifetime = st.reuse.lifetime;
-        let reusable = clean
-            && !conn.close_needed
-            && !st.closed
-            && conn.ident.generation == st.generation
-            && (lifetime.is_zero() || !now.reached(conn.ident.created, lifetime));
-        if !reusable {
+        // Not reusable (unclean, too old, from before a reload...): closed, and why.
+        if let Some(reason) = closing::release_close_reason(&conn, clean, &st, now) {
             if conn.lent.disarm() {
                 st.active = st.active.saturating_sub(1);
             }
-            let reason = closing::release_close_reason(&conn, clean, &st, now);
             drop(st);
-            if let Some(reason) = reason {
-                self.log_server_close(&conn, reason);
-            }
+            self.log_server_close(&conn, reason);
             drop(conn);
             return false;
         }

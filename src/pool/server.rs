@@ -141,8 +141,18 @@ impl ServerState {
 
     /// Whether its age or idle time passed the pool's limits.
     pub(crate) fn expired(&self, r: &Reuse, now: Tick) -> bool {
-        (!r.lifetime.is_zero() && now.reached(self.ident.created, r.lifetime))
-            || (!r.idle_timeout.is_zero() && now.reached(self.last_used, r.idle_timeout))
+        self.expiry(r, now).is_some()
+    }
+
+    /// Which of the pool's limits its age or idle time passed, as PgBouncer logs it.
+    pub(crate) fn expiry(&self, r: &Reuse, now: Tick) -> Option<&'static str> {
+        if !r.lifetime.is_zero() && now.reached(self.ident.created, r.lifetime) {
+            Some("server lifetime over")
+        } else if !r.idle_timeout.is_zero() && now.reached(self.last_used, r.idle_timeout) {
+            Some("server idle timeout")
+        } else {
+            None
+        }
     }
 
     /// Runs a simple query whose output is not wanted (reset query, SETs), keeping
