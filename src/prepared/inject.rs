@@ -164,13 +164,8 @@ pub(super) fn ensure_prepared(
     }
     let prepare = stmt.prepare_text();
     let name = THROWAWAY.as_bytes();
-    out.put_u8(TAG_PARSE);
-    out.put_u32((4 + name.len() + 1 + prepare.len() + 1 + 2) as u32);
-    out.extend_from_slice(name);
-    out.put_u8(0);
-    out.extend_from_slice(prepare.as_bytes());
-    out.put_u8(0);
-    out.put_u16(0);
+    // The query text, and no parameter types.
+    put_parse(out, name, &[prepare.as_bytes(), b"\0\0\0"]);
     // Bind: the throwaway portal, no parameters, no result formats.
     out.put_u8(TAG_BIND);
     out.put_u32((4 + 2 * (name.len() + 1) + 6) as u32);
@@ -200,6 +195,18 @@ pub(super) fn ensure_prepared(
     }
 }
 
+/// A Parse of statement `name` whose body after the name is `body`'s parts.
+fn put_parse(out: &mut BytesMut, name: &[u8], body: &[&[u8]]) {
+    let len: usize = body.iter().map(|b| b.len()).sum();
+    out.put_u8(TAG_PARSE);
+    out.put_u32((4 + name.len() + 1 + len) as u32);
+    out.extend_from_slice(name);
+    out.put_u8(0);
+    for b in body {
+        out.extend_from_slice(b);
+    }
+}
+
 pub(super) fn put_close(out: &mut BytesMut, kind: u8, name: &[u8]) {
     out.put_u8(TAG_CLOSE);
     out.put_u32((4 + 1 + name.len() + 1) as u32);
@@ -212,11 +219,7 @@ pub(super) fn put_close(out: &mut BytesMut, kind: u8, name: &[u8]) {
 /// answer queued as `answer`, and close it again at once (skipped with the rest if
 /// the Parse failed).
 pub(super) fn probe(text: &[u8], answer: Expect, out: &mut BytesMut, ctx: &mut Ctx<'_>) {
-    out.put_u8(TAG_PARSE);
-    out.put_u32((4 + THROWAWAY.len() + 1 + text.len()) as u32);
-    out.extend_from_slice(THROWAWAY.as_bytes());
-    out.put_u8(0);
-    out.extend_from_slice(text);
+    put_parse(out, THROWAWAY.as_bytes(), &[text]);
     expect(ctx, answer);
     put_close(out, b'S', THROWAWAY.as_bytes());
     expect(
