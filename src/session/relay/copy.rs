@@ -15,7 +15,7 @@
 //!   were read (and ignored) before any data could fail. The one way they might not
 //!   have been is a cancel or timeout in the instant between CopyInResponse and the
 //!   first read; then one ReadyForQuery more comes than counted, so a server after a
-//!   failed COPY by Execute is closed rather than reused (`ended` says so).
+//!   failed COPY by Execute is closed rather than reused (`CopyEnd::failed_execute`).
 //!
 //! The client side is followed as its messages go out (`count_client_tag`), the
 //! server side as its messages come in; a client that does not wait for
@@ -107,34 +107,29 @@ impl CopyWatch {
         if !self.in_copy {
             return CopyEnd::default();
         }
+        let (if_ok, if_failed) = self.ignores();
         self.in_copy = false;
-        let at_end = self.at_end.take();
+        self.at_end = None;
         if ok {
-            // Without the client's CopyDone seen during the COPY nothing is known.
-            return CopyEnd {
-                ignored: at_end.map_or(0, |e| e.syncs),
+            CopyEnd {
+                ignored: if_ok,
                 failed_execute: false,
-            };
-        }
-        // No CopyDone/CopyFail yet: the client's last request is still the COPY's.
-        let (leading, after_execute) = at_end.map_or((self.leading, self.after_execute), |e| {
-            (e.leading, e.after_execute)
-        });
-        if !after_execute {
-            // A COPY by simple Query: its ReadyForQuery follows the error.
-            return CopyEnd::default();
-        }
-        CopyEnd {
-            ignored: leading,
-            failed_execute: true,
+            }
+        } else {
+            CopyEnd {
+                ignored: if_failed.unwrap_or(0),
+                failed_execute: if_failed.is_some(),
+            }
         }
     }
 
     /// The Syncs ignored if the server's COPY ended now, with CommandComplete and
-    /// with an error; as if it had begun, since its CopyInResponse may be in the same
-    /// chunk as its end (for the response tracker, which sees that end before the
-    /// relay does).
-    /// `None` for an error of a COPY by simple Query (which ends only that Query).
+    /// with an error (`None`: a COPY by simple Query, whose ReadyForQuery follows its
+    /// error); as if it had begun, since its CopyInResponse may be in the same chunk
+    /// as its end (for the response tracker, which sees that end before the relay
+    /// does). Without the client's CopyDone seen during the COPY, a CommandComplete
+    /// ignores nothing known; without its CopyFail or CopyDone, an error finds the
+    /// COPY's own request still the client's last.
     pub fn ignores(&self) -> (u32, Option<u32>) {
         let ok = self.at_end.map_or(0, |e| e.syncs);
         let (leading, after_execute) =
