@@ -8,6 +8,7 @@ pub(crate) mod common;
 mod copy;
 mod differential;
 mod dirty;
+mod function_call;
 mod limits;
 mod load;
 mod mixed;

@@ -187,3 +187,56 @@ async fn log_disconnections_off_suppresses_closing_lines() {
         s.log()
     );
 }
+
+/// The pool's other closing reasons, PgBouncer's words: a server marked by RECONNECT
+/// closes at release as `db conf changed`; one past `server_lifetime` closes while
+/// idle as `server lifetime over`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_and_server_lifetime_closes_are_logged() {
+    use crate::admin::{builder, psql_ok};
+    let server = format!("{}/{}@", support::TEST_DB, support::MD5_USER);
+    let cfg = |s: &Sluice| s.config(support::MD5_USER, support::MD5_PASSWORD, support::TEST_DB);
+
+    // Session mode: the client holds its server through RECONNECT, and the server
+    // closes when the client leaves.
+    let s = builder().start();
+    let c = support::connect(&cfg(&s)).await;
+    select(&c, 1).await;
+    psql_ok(&s, &format!("RECONNECT {}", support::TEST_DB));
+    assert!(log_lines(&s, "closing because: db conf changed").is_empty());
+    drop(c);
+    let line = || log_lines(&s, "closing because: db conf changed (age=");
+    assert!(
+        wait_until(Duration::from_secs(10), || line()
+            .iter()
+            .any(|l| l.contains(" LOG S-") && l.contains(&server))),
+        "{:?}\n{}",
+        line(),
+        s.diagnostics()
+    );
+    // No other reason was given for it.
+    assert!(
+        log_lines(&s, "closing because: server").is_empty(),
+        "{}",
+        s.log()
+    );
+
+    let s = md5_sluice().setting("server_lifetime", "1").start();
+    let c = support::connect(&cfg(&s)).await;
+    select(&c, 1).await;
+    drop(c);
+    let line = || log_lines(&s, "closing because: server lifetime over (age=");
+    assert!(
+        wait_until(Duration::from_secs(10), || line()
+            .iter()
+            .any(|l| l.contains(" LOG S-") && l.contains(&server))),
+        "{:?}\n{}",
+        line(),
+        s.diagnostics()
+    );
+    assert!(
+        log_lines(&s, "closing because: server idle timeout").is_empty(),
+        "{}",
+        s.log()
+    );
+}
