@@ -19,7 +19,11 @@ use std::time::Duration;
 use super::common::*;
 use crate::support::probe::within;
 use crate::support::wire::{frame, query_msg};
+
+mod msgs;
 use crate::support::{pg, MD5_PASSWORD, MD5_USER};
+use msgs::*;
+pub(super) use msgs::{bind, execute, parse};
 
 const CLIENTS: u64 = 8;
 const BATCHES: u64 = 120;
@@ -29,70 +33,6 @@ const CACHE: u32 = 3;
 /// How long a read after a Flush waits for what the direct connection answered.
 const FLUSH_WAIT: Duration = Duration::from_secs(5);
 
-/// What a Parse may carry: query text, the parameters a Bind must give, the
-/// parameter types the Parse declares.
-const SQL: &[(&str, usize, &[u32])] = &[
-    ("SELECT $1::int4 + 1", 1, &[]),
-    ("SELECT $1::text || 'x'", 1, &[]),
-    ("SELECT g FROM generate_series(1, $1::int4) g", 1, &[]),
-    // 22012 when bound to 0.
-    ("SELECT 10 / $1::int4", 1, &[]),
-    // 42601 at Parse.
-    ("SELEC $1", 1, &[]),
-    ("SELECT $1::int4, $2::text", 2, &[]),
-    ("SELECT 1 AS one", 0, &[]),
-    // EmptyQueryResponse, and NoData to a Describe.
-    ("", 0, &[]),
-    ("SELECT $1::int4 WHERE false", 1, &[]),
-    ("SELECT $1 + 1", 1, &[23]),
-    ("BEGIN", 0, &[]),
-    ("COMMIT", 0, &[]),
-];
-
-fn cstr(out: &mut Vec<u8>, s: &str) {
-    out.extend_from_slice(s.as_bytes());
-    out.push(0);
-}
-
-pub(super) fn parse(name: &str, sql: usize) -> Vec<u8> {
-    let (text, _, types) = SQL[sql];
-    let mut b = Vec::new();
-    cstr(&mut b, name);
-    cstr(&mut b, text);
-    b.extend_from_slice(&(types.len() as u16).to_be_bytes());
-    for t in types {
-        b.extend_from_slice(&t.to_be_bytes());
-    }
-    frame(b'P', &b)
-}
-
-pub(super) fn bind(portal: &str, stmt: &str, params: &[String]) -> Vec<u8> {
-    let mut b = Vec::new();
-    cstr(&mut b, portal);
-    cstr(&mut b, stmt);
-    b.extend_from_slice(&0u16.to_be_bytes());
-    b.extend_from_slice(&(params.len() as u16).to_be_bytes());
-    for p in params {
-        b.extend_from_slice(&(p.len() as i32).to_be_bytes());
-        b.extend_from_slice(p.as_bytes());
-    }
-    b.extend_from_slice(&0u16.to_be_bytes());
-    frame(b'B', &b)
-}
-
-fn named(tag: u8, kind: u8, name: &str) -> Vec<u8> {
-    let mut b = vec![kind];
-    cstr(&mut b, name);
-    frame(tag, &b)
-}
-
-pub(super) fn execute(portal: &str, max_rows: u32) -> Vec<u8> {
-    let mut b = Vec::new();
-    cstr(&mut b, portal);
-    b.extend_from_slice(&max_rows.to_be_bytes());
-    frame(b'E', &b)
-}
-
 /// One round trip's worth of messages: parts that end in a Flush (each read back
 /// before the next is sent), then a last part ending in Sync (or a simple Query).
 #[derive(Default)]
@@ -101,8 +41,9 @@ struct Batch {
     parts: Vec<(Vec<u8>, usize)>,
     /// What was sent, for the failure message.
     desc: Vec<String>,
-    /// A simple Query before the Sync, after this many answered messages: it has a
-    /// ReadyForQuery of its own unless one of them fails (then PostgreSQL skips it).
+    /// A simple Query or FunctionCall before the Sync, after this many answered
+    /// messages: it has a ReadyForQuery of its own unless one of them fails (then
+    /// PostgreSQL skips it).
     query_after: Option<usize>,
 }
 
@@ -135,11 +76,6 @@ impl Batch {
         self.parts[last].0.extend(frame(b'S', &[]));
         self.desc.push("Sync".into());
     }
-}
-
-/// The message that ends the answer to one extended-protocol message.
-fn ends_answer(tag: u8) -> bool {
-    matches!(tag, b'1' | b'2' | b'3' | b'T' | b'n' | b'C' | b'I' | b's')
 }
 
 /// Sends `batch` and reads its answer. After each Flush it reads until every
@@ -208,40 +144,6 @@ async fn converse(c: &mut RawClient, batch: &Batch, counts: Option<&[usize]>) ->
         out.push(format!("-- part {i}: {}", out.len() - before));
     }
     out
-}
-
-/// A message as text: errors and notices by severity, code and message (the
-/// source file and line fields are the server's business). A Bind's count of
-/// parameters (or an EXECUTE's) names the statement as the server knows it, which
-/// through Sluice is Sluice's own name (as through PgBouncer): that name is left out.
-fn show(m: &RawMsg) -> String {
-    match m.tag {
-        b'E' | b'N' => {
-            let mut text = m.field(b'M').unwrap_or_default();
-            for lead in [
-                "but prepared statement \"",
-                "parameters for prepared statement \"",
-            ] {
-                if let Some(at) = text.find(lead) {
-                    let from = at + lead.len();
-                    let name_end = text[from..].find('"').map_or(text.len(), |e| from + e);
-                    text.replace_range(from - 1..=name_end.min(text.len() - 1), "<name>");
-                }
-            }
-            format!(
-                "{} {} {}: {}",
-                m.tag as char,
-                m.field(b'S').unwrap_or_default(),
-                m.field(b'C').unwrap_or_default(),
-                text
-            )
-        }
-        _ => format!(
-            "{} {}",
-            m.tag as char,
-            String::from_utf8_lossy(&m.body).escape_debug()
-        ),
-    }
 }
 
 /// The sizes of a conversation's parts, from its `-- part i: n` lines.
@@ -404,21 +306,45 @@ impl Model {
                 b.flush();
             }
         }
-        // Now and then a simple Query before the Sync (of a batch sent whole: one
-        // whose first part went out alone is not followed, see
+        // Now and then a simple Query or a FunctionCall before the Sync (of a batch
+        // sent whole: one whose first part went out alone is not followed, see
         // docs/prepared-statements.md).
         if b.parts.len() == 1 && self.rng.below(8) == 0 {
             let answered = b.parts[0].1;
-            let sql = self.pick(&["SELECT 'mid'", "SELECT 1/0"]).to_owned();
-            b.push(query_msg(&sql), format!("Query {sql:?}"));
+            if self.rng.below(3) == 0 {
+                self.function_call(&mut b);
+            } else {
+                let sql = self.pick(&["SELECT 'mid'", "SELECT 1/0"]).to_owned();
+                b.push(query_msg(&sql), format!("Query {sql:?}"));
+            }
             b.query_after = Some(answered);
         }
         b.sync();
         b
     }
 
-    /// A simple Query, mostly of SQL-level prepared statements.
+    /// A FunctionCall (libpq's `PQfn`): `int4pl`, or `int4div` by zero now and then.
+    fn function_call(&mut self, b: &mut Batch) {
+        let v = self.rng.below(5).to_string();
+        let (oid, name, by) = match self.rng.below(3) {
+            0 => (INT4DIV, "int4div", "0"),
+            _ => (INT4PL, "int4pl", "1"),
+        };
+        let args = [v, by.to_owned()];
+        b.push(
+            function_call(oid, &args),
+            format!("FunctionCall {name}{args:?}"),
+        );
+    }
+
+    /// A simple Query, mostly of SQL-level prepared statements; or a FunctionCall.
     fn simple(&mut self, tag: &str) -> Batch {
+        if self.rng.below(8) == 0 {
+            let mut b = Batch::default();
+            self.function_call(&mut b);
+            self.unnamed = None;
+            return b;
+        }
         let k = self.rng.below(3);
         let v = self.rng.below(5);
         let sql = match self.rng.below(12) {
@@ -584,6 +510,11 @@ async fn an_extended_protocol_conversation_is_answered_as_postgres_answers_it() 
         &db,
         &format!("ALTER DATABASE {db} SET plan_cache_mode = force_generic_plan"),
     );
+    let oids = direct(
+        &db,
+        "SELECT 'int4pl'::regproc::oid || ' ' || 'int4div'::regproc::oid",
+    );
+    assert_eq!(oids.trim(), format!("{INT4PL} {INT4DIV}"));
     let s = txn_sluice(&db)
         .setting("default_pool_size", &POOL.to_string())
         .setting("max_prepared_statements", &CACHE.to_string())
