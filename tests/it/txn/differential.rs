@@ -14,14 +14,20 @@
 //! client did not make may be another client's on a server).
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::sync::Barrier;
 
 use super::common::*;
 use crate::support::probe::within;
 use crate::support::wire::{frame, query_msg};
 
-mod msgs;
 use crate::support::{pg, MD5_PASSWORD, MD5_USER};
+
+mod converse;
+mod msgs;
+use converse::{converse, part_sizes, Batch};
 use msgs::*;
 pub(super) use msgs::{bind, execute, parse};
 
@@ -30,130 +36,6 @@ const BATCHES: u64 = 120;
 const POOL: u32 = 2;
 /// Below the five statement names a client uses, so servers evict statements.
 const CACHE: u32 = 3;
-/// How long a read after a Flush waits for what the direct connection answered.
-const FLUSH_WAIT: Duration = Duration::from_secs(5);
-
-/// One round trip's worth of messages: parts that end in a Flush (each read back
-/// before the next is sent), then a last part ending in Sync (or a simple Query).
-#[derive(Default)]
-struct Batch {
-    /// Bytes of each part, and how many messages in it expect an answer.
-    parts: Vec<(Vec<u8>, usize)>,
-    /// What was sent, for the failure message.
-    desc: Vec<String>,
-    /// A simple Query or FunctionCall before the Sync, after this many answered
-    /// messages: it has a ReadyForQuery of its own unless one of them fails (then
-    /// PostgreSQL skips it).
-    query_after: Option<usize>,
-}
-
-impl Batch {
-    fn push(&mut self, msg: Vec<u8>, what: String) {
-        if self.parts.is_empty() {
-            self.parts.push((Vec::new(), 0));
-        }
-        let last = self.parts.len() - 1;
-        self.parts[last].0.extend(msg);
-        self.parts[last].1 += 1;
-        self.desc.push(what);
-    }
-
-    fn flush(&mut self) {
-        if let Some((bytes, n)) = self.parts.last_mut() {
-            if *n > 0 {
-                bytes.extend(frame(b'H', &[]));
-                self.parts.push((Vec::new(), 0));
-                self.desc.push("Flush".into());
-            }
-        }
-    }
-
-    fn sync(&mut self) {
-        if self.parts.is_empty() {
-            self.parts.push((Vec::new(), 0));
-        }
-        let last = self.parts.len() - 1;
-        self.parts[last].0.extend(frame(b'S', &[]));
-        self.desc.push("Sync".into());
-    }
-}
-
-/// Sends `batch` and reads its answer. After each Flush it reads until every
-/// message of the part is answered or an error skips the rest; with `counts` (the
-/// direct connection's answer sizes) it reads exactly that many instead, so a
-/// difference shows as a difference rather than a hang. Returns the answer, as
-/// text, and the size of each part's answer.
-async fn converse(c: &mut RawClient, batch: &Batch, counts: Option<&[usize]>) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut failed = false;
-    let last = batch.parts.len() - 1;
-    for (i, (bytes, n)) in batch.parts.iter().enumerate() {
-        let failed_before = failed;
-        c.send(bytes).await.expect("send a batch");
-        let before = out.len();
-        loop {
-            let done = if let Some(counts) = counts {
-                out.len() - before >= counts[i]
-            } else if i == last {
-                let here: &[String] = &out[before..];
-                let readies = here.iter().filter(|m| m.starts_with('Z')).count();
-                match batch.query_after {
-                    None => readies == 1,
-                    // Skipped if an error came before the answers it follows.
-                    Some(n) => {
-                        let skipped = failed_before
-                            || here
-                                .iter()
-                                .take_while(|m| !m.starts_with('Z'))
-                                .scan(0, |answered, m| {
-                                    let t = m.as_bytes()[0];
-                                    let early = t == b'E' && *answered < n;
-                                    *answered += usize::from(ends_answer(t));
-                                    Some(early)
-                                })
-                                .any(|early| early);
-                        readies == if skipped { 1 } else { 2 }
-                    }
-                }
-            } else {
-                failed
-                    || out[before..]
-                        .iter()
-                        .filter(|m| ends_answer(m.as_bytes()[0]))
-                        .count()
-                        >= *n
-            };
-            if done {
-                break;
-            }
-            match c.try_recv(FLUSH_WAIT).await {
-                Ok(Some(m)) => {
-                    failed |= m.tag == b'E';
-                    out.push(show(&m));
-                }
-                Ok(None) => {
-                    out.push("<closed>".into());
-                    return out;
-                }
-                Err(()) => {
-                    out.push("<nothing more>".into());
-                    return out;
-                }
-            }
-        }
-        out.push(format!("-- part {i}: {}", out.len() - before));
-    }
-    out
-}
-
-/// The sizes of a conversation's parts, from its `-- part i: n` lines.
-fn part_sizes(answer: &[String]) -> Vec<usize> {
-    answer
-        .iter()
-        .filter_map(|l| l.strip_prefix("-- part "))
-        .filter_map(|l| l.split(": ").nth(1)?.parse().ok())
-        .collect()
-}
 
 /// What one client believes exists, to make most requests meaningful. It may be
 /// wrong after an error (a skipped Parse); the direct connection is the judge.
@@ -308,8 +190,17 @@ impl Model {
         }
         // Now and then a simple Query or a FunctionCall before the Sync (of a batch
         // sent whole: one whose first part went out alone is not followed, see
-        // docs/prepared-statements.md).
-        if b.parts.len() == 1 && self.rng.below(8) == 0 {
+        // docs/prepared-statements.md), or a COPY FROM STDIN to end it.
+        if b.parts.len() == 1 && self.rng.below(10) == 0 {
+            let copy = format!("COPY {COPY_TABLE} FROM STDIN");
+            b.push(parse_text("", &copy), format!("Parse \"\" {copy:?}"));
+            b.push(bind("", "", &[]), "Bind \"\" \"\" []".into());
+            b.push(execute("", 0), "Execute \"\" 0".into());
+            // Not bound again: the model forgets the unnamed statement and portal.
+            self.unnamed = None;
+            self.portals.remove("");
+            b.copy = Some(Vec::new());
+        } else if b.parts.len() == 1 && self.rng.below(8) == 0 {
             let answered = b.parts[0].1;
             if self.rng.below(3) == 0 {
                 self.function_call(&mut b);
@@ -320,6 +211,12 @@ impl Model {
             b.query_after = Some(answered);
         }
         b.sync();
+        if let Some(data) = &mut b.copy {
+            let (bytes, what) = self.copy_data();
+            *data = bytes;
+            data.extend(frame(b'S', &[]));
+            b.desc.push(format!("then {what}, Sync"));
+        }
         b
     }
 
@@ -337,11 +234,39 @@ impl Model {
         );
     }
 
-    /// A simple Query, mostly of SQL-level prepared statements; or a FunctionCall.
+    /// What a COPY's client sends after CopyInResponse: rows and CopyDone (a bad row
+    /// now and then), or CopyFail.
+    fn copy_data(&mut self) -> (Vec<u8>, &'static str) {
+        let mut out = Vec::new();
+        let (rows, what) = match self.rng.below(4) {
+            0 => (None, "CopyFail"),
+            1 => (Some("1\nnot a number\n3\n"), "CopyData (bad), CopyDone"),
+            _ => (Some("1\n2\n3\n"), "CopyData, CopyDone"),
+        };
+        match rows {
+            Some(rows) => {
+                out.extend(frame(b'd', rows.as_bytes()));
+                out.extend(frame(b'c', &[]));
+            }
+            None => out.extend(frame(b'f', b"client gave up\0")),
+        }
+        (out, what)
+    }
+
+    /// A simple Query, mostly of SQL-level prepared statements; or a FunctionCall or
+    /// a COPY.
     fn simple(&mut self, tag: &str) -> Batch {
         if self.rng.below(8) == 0 {
             let mut b = Batch::default();
-            self.function_call(&mut b);
+            if self.rng.below(2) == 0 {
+                self.function_call(&mut b);
+            } else {
+                let copy = format!("COPY {COPY_TABLE} FROM STDIN");
+                b.push(query_msg(&copy), format!("Query {copy:?}"));
+                let (bytes, what) = self.copy_data();
+                b.copy = Some(bytes);
+                b.desc.push(format!("then {what}"));
+            }
             self.unnamed = None;
             return b;
         }
@@ -447,7 +372,9 @@ fn seed_base() -> u64 {
     seed.and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) * 1000
 }
 
-async fn run_client(id: u64, port: u16, db: String) {
+/// Runs one client's conversation; then, still connected, waits at `done` while the
+/// test checks that no server is held, and at `done` again before it leaves.
+async fn run_client(id: u64, port: u16, db: String, done: Arc<Barrier>) {
     let mut direct = RawClient::login(pg().port(), MD5_USER, MD5_PASSWORD, &db, &[])
         .await
         .expect("direct login");
@@ -498,6 +425,27 @@ async fn run_client(id: u64, port: u16, db: String) {
         );
         m.after(&want);
     }
+    done.wait().await;
+    done.wait().await;
+    drop(pooled);
+}
+
+/// The servers the pool of `db` lends out now (SHOW POOLS' `sv_active`).
+async fn servers_lent(s: &crate::support::Sluice, db: &str) -> String {
+    use crate::admin::{console, ADMIN, ADMIN_PW};
+    use tokio_postgres::SimpleQueryMessage;
+    let admin = console(s, ADMIN, ADMIN_PW).await;
+    let msgs = within(STEP, "SHOW POOLS", admin.simple_query("SHOW POOLS"))
+        .await
+        .expect("SHOW POOLS");
+    msgs.iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(r) if r.get("database") == Some(db) => {
+                r.get("sv_active").map(str::to_owned)
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no pool for {db}"))
 }
 
 #[tokio::test]
@@ -515,13 +463,26 @@ async fn an_extended_protocol_conversation_is_answered_as_postgres_answers_it() 
         "SELECT 'int4pl'::regproc::oid || ' ' || 'int4div'::regproc::oid",
     );
     assert_eq!(oids.trim(), format!("{INT4PL} {INT4DIV}"));
+    direct(
+        &db,
+        &format!("CREATE TABLE {COPY_TABLE} (v int4); GRANT ALL ON {COPY_TABLE} TO {MD5_USER}"),
+    );
     let s = txn_sluice(&db)
+        .userlist(crate::admin::ADMIN, crate::admin::ADMIN_PW)
         .setting("default_pool_size", &POOL.to_string())
         .setting("max_prepared_statements", &CACHE.to_string())
         .start();
+    let done = Arc::new(Barrier::new(CLIENTS as usize + 1));
     let tasks: Vec<_> = (0..CLIENTS)
-        .map(|id| tokio::spawn(run_client(id, s.port(), db.clone())))
+        .map(|id| tokio::spawn(run_client(id, s.port(), db.clone(), done.clone())))
         .collect();
+    // Every client has ended its conversation (its last request a ROLLBACK) and is
+    // still connected: none may hold a server (a ReadyForQuery counted that never
+    // comes would keep one for good).
+    within(Duration::from_secs(120), "the conversations", done.wait()).await;
+    let lent = servers_lent(&s, &db).await;
+    done.wait().await;
+    assert_eq!(lent, "0", "servers still lent out\n{}", s.diagnostics());
     for t in tasks {
         within(Duration::from_secs(120), "a differential client", t)
             .await

@@ -39,6 +39,18 @@ pub(in crate::txn) fn parse(name: &str, sql: usize) -> Vec<u8> {
     frame(b'P', &b)
 }
 
+/// The table the conversation's COPYs fill.
+pub(super) const COPY_TABLE: &str = "diff_copy";
+
+/// A Parse of `text` (no declared parameter types).
+pub(super) fn parse_text(name: &str, text: &str) -> Vec<u8> {
+    let mut b = Vec::new();
+    cstr(&mut b, name);
+    cstr(&mut b, text);
+    b.extend_from_slice(&0u16.to_be_bytes());
+    frame(b'P', &b)
+}
+
 pub(in crate::txn) fn bind(portal: &str, stmt: &str, params: &[String]) -> Vec<u8> {
     let mut b = Vec::new();
     cstr(&mut b, portal);
