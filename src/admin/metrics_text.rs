@@ -102,12 +102,12 @@ fn pools(app: &App, t: &mut Text) {
         (
             "client_active_cancel_connections",
             "Clients whose cancel request was forwarded",
-            |_| 0.0,
+            |r| f64::from(r.cl_active_cancel_req),
         ),
         (
             "client_waiting_cancel_connections",
             "Clients whose cancel request waits",
-            |_| 0.0,
+            |r| f64::from(r.cl_waiting_cancel_req),
         ),
         (
             "server_active_connections",
@@ -117,7 +117,7 @@ fn pools(app: &App, t: &mut Text) {
         (
             "server_active_cancel_connections",
             "Server connections forwarding a cancel",
-            |_| 0.0,
+            |r| f64::from(r.cl_active_cancel_req),
         ),
         (
             "server_being_canceled_connections",

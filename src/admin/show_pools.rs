@@ -24,6 +24,10 @@ pub struct PoolRow {
     pub user: String,
     pub cl_active: u32,
     pub cl_waiting: u32,
+    /// Cancel requests for the pool's clients: sent, each over a connection of its
+    /// own (also `sv_active_cancel`), and waiting for that connection.
+    pub cl_active_cancel_req: u32,
+    pub cl_waiting_cancel_req: u32,
     pub sv_active: u32,
     /// Given back while cancels were on their way to it, held until they are done.
     pub sv_being_canceled: u32,
@@ -42,6 +46,8 @@ pub struct PoolRow {
 struct ClientCounts {
     active: u32,
     waiting: u32,
+    cancels_waiting: u32,
+    cancels_sent: u32,
     maxwait: Duration,
 }
 
@@ -59,6 +65,11 @@ fn client_counts(app: &App) -> HashMap<(String, String), ClientCounts> {
         } else {
             e.active += 1;
         }
+    }
+    for ((db, user), [waiting, sent]) in app.cancels.in_flight() {
+        let e = m.entry((db.to_string(), user.to_string())).or_default();
+        e.cancels_waiting += waiting;
+        e.cancels_sent += sent;
     }
     m
 }
@@ -92,6 +103,8 @@ pub fn pool_rows(app: &App) -> Vec<PoolRow> {
                 user: p.key.user.clone(),
                 cl_active: c.active,
                 cl_waiting: c.waiting,
+                cl_active_cancel_req: c.cancels_sent,
+                cl_waiting_cancel_req: c.cancels_waiting,
                 sv_active: n.active.saturating_sub(n.being_canceled),
                 sv_being_canceled: n.being_canceled,
                 sv_idle: idle.len() as u32 - used,
@@ -114,6 +127,8 @@ pub fn pool_rows(app: &App) -> Vec<PoolRow> {
         user: ADMIN_DB.to_owned(),
         cl_active: console.active,
         cl_waiting: 0,
+        cl_active_cancel_req: 0,
+        cl_waiting_cancel_req: 0,
         sv_active: 0,
         sv_being_canceled: 0,
         sv_idle: 0,
@@ -158,10 +173,10 @@ pub fn pools(app: &App, out: &mut BytesMut) {
             r.user.into(),
             r.cl_active.into(),
             r.cl_waiting.into(),
-            0u32.into(),
-            0u32.into(),
+            r.cl_active_cancel_req.into(),
+            r.cl_waiting_cancel_req.into(),
             r.sv_active.into(),
-            0u32.into(),
+            r.cl_active_cancel_req.into(),
             r.sv_being_canceled.into(),
             r.sv_idle.into(),
             r.sv_used.into(),

@@ -29,6 +29,10 @@ const HOPS_AS_ISSUED: u32 = 0b11;
 pub struct CancelRegistry {
     // Fx: the keys are ours (random), a peer only looks them up.
     map: Mutex<FxHashMap<(u32, u32), Arc<ClientInfo>>>,
+    /// Cancel requests on their way, per (database, pool user) of the client they
+    /// are for: waiting for their connection to the server, and sent (SHOW POOLS).
+    /// Kept here rather than on each client, which would cost every idle one.
+    in_flight: Mutex<FxHashMap<PoolKey, [u32; 2]>>,
     /// This process's `peer_id` (0: no peering).
     peer_id: u16,
 }
@@ -57,12 +61,38 @@ impl CancelRegistry {
     pub fn new(peer_id: u16) -> CancelRegistry {
         CancelRegistry {
             map: Mutex::default(),
+            in_flight: Mutex::default(),
             peer_id,
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, FxHashMap<(u32, u32), Arc<ClientInfo>>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Cancel requests on their way for the clients of the pool of (database, user):
+    /// waiting for their connection, and sent.
+    pub fn in_flight(&self) -> FxHashMap<PoolKey, [u32; 2]> {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// A cancel request moves on: `from` waiting (0) or sent (1), or none when it
+    /// starts; `to` the same, or none when it ends.
+    fn step(&self, pool: &PoolKey, from: Option<usize>, to: Option<usize>) {
+        let mut m = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        let counts = m.entry(pool.clone()).or_default();
+        if let Some(to) = to {
+            counts[to] += 1;
+        }
+        if let Some(from) = from {
+            counts[from] = counts[from].saturating_sub(1);
+        }
+        if *counts == [0, 0] {
+            m.remove(pool);
+        }
     }
 
     /// Forgets a client's key.
@@ -118,12 +148,17 @@ impl CancelRegistry {
         let timeout = cfg.settings.cancel_wait_timeout;
         match self.route(pid, key) {
             Route::Local { pid, key } => {
-                let client = self.lock().get(&(pid, key)).cloned();
-                // Held off the pool until the cancel is done, so that it cannot cancel
-                // the query of a client the server went to meanwhile.
-                let Some(server) = client.and_then(|c| c.aim_cancel()) else {
+                let Some(client) = self.lock().get(&(pid, key)).cloned() else {
                     return false;
                 };
+                // Held off the pool until the cancel is done, so that it cannot cancel
+                // the query of a client the server went to meanwhile.
+                let Some(server) = client.aim_cancel() else {
+                    return false;
+                };
+                let pool = (client.meta.database.clone(), client.meta.pool_user.clone());
+                drop(client);
+                let req = CancelReq::new(self, pool);
                 let (spid, skey) = (server.backend_pid, server.backend_key);
                 // Over TLS when the server connection is, as libpq 17 does: the key
                 // would otherwise cross the network in clear.
@@ -132,7 +167,7 @@ impl CancelRegistry {
                     addr: &server.addr,
                     ip: server.peer_addr,
                 };
-                send_cancel(to, spid, skey, timeout, tls).await
+                send_cancel(to, spid, skey, timeout, tls, Some(&req)).await
             }
             Route::Peer { peer, pid, key } => match cfg.peers.get(&peer) {
                 Some(p) => {
@@ -141,7 +176,7 @@ impl CancelRegistry {
                         addr: &addr,
                         ip: None,
                     };
-                    send_cancel(to, pid, key, timeout, None).await
+                    send_cancel(to, pid, key, timeout, None, None).await
                 }
                 None => {
                     tracing::debug!("cancel request for unknown peer {peer} ignored");
@@ -153,6 +188,45 @@ impl CancelRegistry {
                 false
             }
         }
+    }
+}
+
+/// (database, pool user).
+pub type PoolKey = (Arc<str>, Arc<str>);
+
+/// A cancel request for a client of this process, counted for the client's pool
+/// (SHOW POOLS `cl_waiting_cancel_req` while its connection to the server is made,
+/// then `cl_active_cancel_req` and `sv_active_cancel` until the server has answered)
+/// until dropped.
+struct CancelReq<'a> {
+    reg: &'a CancelRegistry,
+    pool: PoolKey,
+    sent: std::sync::atomic::AtomicBool,
+}
+
+impl CancelReq<'_> {
+    fn new(reg: &CancelRegistry, pool: PoolKey) -> CancelReq<'_> {
+        reg.step(&pool, None, Some(0));
+        CancelReq {
+            reg,
+            pool,
+            sent: Default::default(),
+        }
+    }
+
+    /// The request went out; the server's answer (its closing the connection) is
+    /// awaited.
+    fn sent(&self) {
+        if !self.sent.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            self.reg.step(&self.pool, Some(0), Some(1));
+        }
+    }
+}
+
+impl Drop for CancelReq<'_> {
+    fn drop(&mut self) {
+        let from = usize::from(*self.sent.get_mut());
+        self.reg.step(&self.pool, Some(from), None);
     }
 }
 
@@ -174,6 +248,7 @@ async fn send_cancel(
     key: u32,
     timeout: Duration,
     tls: Option<&ServerTls>,
+    req: Option<&CancelReq<'_>>,
 ) -> bool {
     let addr = to.addr;
     let send = async {
@@ -189,6 +264,9 @@ async fn send_cancel(
                 .map_err(|e| std::io::Error::other(e.to_string()))?;
         }
         stream.write_all(&cancel_request(pid, key)).await?;
+        if let Some(req) = req {
+            req.sent();
+        }
         let mut buf = bytes::BytesMut::with_capacity(16);
         let _ = stream.read_buf(&mut buf).await;
         Ok::<_, std::io::Error>(())
@@ -228,6 +306,22 @@ mod tests {
             tls: Default::default(),
         }));
         reg.register(&info)
+    }
+
+    #[test]
+    fn cancels_on_their_way_are_counted_per_pool_until_dropped() {
+        let reg = CancelRegistry::new(0);
+        let pool: PoolKey = ("d".into(), "u".into());
+        let a = CancelReq::new(&reg, pool.clone());
+        let b = CancelReq::new(&reg, pool.clone());
+        assert_eq!(reg.in_flight().get(&pool), Some(&[2, 0]));
+        a.sent();
+        a.sent();
+        assert_eq!(reg.in_flight().get(&pool), Some(&[1, 1]));
+        drop(b);
+        assert_eq!(reg.in_flight().get(&pool), Some(&[0, 1]));
+        drop(a);
+        assert!(reg.in_flight().is_empty());
     }
 
     #[test]

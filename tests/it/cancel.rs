@@ -2,6 +2,8 @@
 //! Sluice over TCP or the unix socket, cancels that client's running query and
 //! nobody else's; unknown keys are ignored.
 
+mod counted;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
