@@ -62,6 +62,20 @@ async fn cancel_columns(admin: &tokio_postgres::Client, db: &str) -> (String, St
         .unwrap_or_else(|| panic!("no pool for {db}"))
 }
 
+/// The columns once they read `want`, or as they read after 10 s.
+async fn settle(
+    admin: &tokio_postgres::Client,
+    want: &(String, String, String),
+) -> (String, String, String) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = cancel_columns(admin, "gated").await;
+    while seen != *want && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        seen = cancel_columns(admin, "gated").await;
+    }
+    seen
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_on_its_way_is_counted_in_show_pools() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -97,12 +111,7 @@ async fn a_cancel_on_its_way_is_counted_in_show_pools() {
     let token = c.cancel_token();
     let cancel = tokio::spawn(async move { token.cancel_query(NoTls).await });
     let one = ("1".to_owned(), "0".to_owned(), "1".to_owned());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut seen = cancel_columns(&admin, "gated").await;
-    while seen != one && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        seen = cancel_columns(&admin, "gated").await;
-    }
+    let seen = settle(&admin, &one).await;
     assert_eq!(seen, one, "the held cancel\n{}", s.diagnostics());
     assert!(
         !query.is_finished(),
@@ -117,12 +126,7 @@ async fn a_cancel_on_its_way_is_counted_in_show_pools() {
         .expect_err("the query was cancelled");
     assert_eq!(err.code().map(|c| c.code()), Some("57014"), "{err}");
     let _ = within(T, "cancel_query", cancel).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut seen = cancel_columns(&admin, "gated").await;
-    while seen != none && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        seen = cancel_columns(&admin, "gated").await;
-    }
+    let seen = settle(&admin, &none).await;
     assert_eq!(seen, none, "after the cancel\n{}", s.diagnostics());
     gate_task.abort();
 }
