@@ -195,7 +195,7 @@ fn show(ctx: &mut Ctx<'_>, what: &str, query: &str) -> Result<(), CmdError> {
         "dns_hosts" => show_misc::dns_hosts(app, out),
         "dns_zones" => show_misc::dns_zones(out),
         "peers" => show_misc::peers(app, out),
-        "peer_pools" => show_misc::peer_pools(out),
+        "peer_pools" => show_misc::peer_pools(app, out),
         "clients" => show_sockets::clients(app, out),
         "servers" => show_sockets::servers(app, out),
         "sockets" => show_sockets::sockets(app, out, false),

@@ -10,6 +10,7 @@ use super::show_pools::{database_rows, user_names};
 use crate::app::App;
 use crate::config::DatabaseEntry;
 use crate::pool::Pool;
+use crate::session::cancel::Target;
 
 /// SHOW LISTS rows: PgBouncer's object counts. Sluice has no slab caches, so there
 /// are no free objects, and no DNS zones (those are c-ares's).
@@ -24,7 +25,7 @@ pub fn list_rows(app: &App) -> Vec<(&'static str, u64)> {
         ("users", user_names(app).len() as u64),
         ("peers", app.config().peers.len() as u64),
         ("pools", pools.len() as u64 + 1),
-        ("peer_pools", 0),
+        ("peer_pools", peer_pool_rows(app).len() as u64),
         ("free_clients", 0),
         ("used_clients", used_clients),
         ("login_clients", used_clients.saturating_sub(logged_in)),
@@ -169,10 +170,27 @@ pub fn peers(app: &App, out: &mut BytesMut) {
     t.finish();
 }
 
-/// SHOW PEER_POOLS: empty: a cancel passed to a peer uses a connection of its own,
-/// not a pool.
-pub fn peer_pools(out: &mut BytesMut) {
-    Table::new(
+/// The peers cancel requests have been passed on to, by id, with those on their way:
+/// waiting for their connection, and sent.
+fn peer_pool_rows(app: &App) -> Vec<(u16, [u32; 2])> {
+    let mut rows: Vec<(u16, [u32; 2])> = app
+        .cancels
+        .in_flight()
+        .into_iter()
+        .filter_map(|(t, n)| match t {
+            Target::Peer(id) => Some((id, n)),
+            Target::Pool(_) => None,
+        })
+        .collect();
+    rows.sort_unstable();
+    rows
+}
+
+/// SHOW PEER_POOLS: a row per peer a cancel request has been passed on to (as
+/// PgBouncer makes a peer pool at first use). Each request uses a connection of its
+/// own: `sv_active_cancel` is the requests sent, `sv_login` 0.
+pub fn peer_pools(app: &App, out: &mut BytesMut) {
+    let mut t = Table::new(
         out,
         &[
             ("peer_id", Ty::Int4),
@@ -181,6 +199,15 @@ pub fn peer_pools(out: &mut BytesMut) {
             ("sv_active_cancel", Ty::Int4),
             ("sv_login", Ty::Int4),
         ],
-    )
-    .finish();
+    );
+    for (id, [waiting, sent]) in peer_pool_rows(app) {
+        t.row(vec![
+            u32::from(id).into(),
+            sent.into(),
+            waiting.into(),
+            sent.into(),
+            0u32.into(),
+        ]);
+    }
+    t.finish();
 }

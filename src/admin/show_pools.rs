@@ -15,6 +15,7 @@ use crate::app::App;
 use crate::clock::Tick;
 use crate::config::{DatabaseEntry, ADMIN_DB};
 use crate::pool::Pool;
+use crate::session::cancel::Target;
 use crate::stats::conns::ClientState;
 
 /// One SHOW POOLS row.
@@ -66,7 +67,10 @@ fn client_counts(app: &App) -> HashMap<(String, String), ClientCounts> {
             e.active += 1;
         }
     }
-    for ((db, user), [waiting, sent]) in app.cancels.in_flight() {
+    for (target, [waiting, sent]) in app.cancels.in_flight() {
+        let Target::Pool((db, user)) = target else {
+            continue;
+        };
         let e = m.entry((db.to_string(), user.to_string())).or_default();
         e.cancels_waiting += waiting;
         e.cancels_sent += sent;

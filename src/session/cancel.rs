@@ -30,9 +30,11 @@ pub struct CancelRegistry {
     // Fx: the keys are ours (random), a peer only looks them up.
     map: Mutex<FxHashMap<(u32, u32), Arc<ClientInfo>>>,
     /// Cancel requests on their way, per (database, pool user) of the client they
-    /// are for: waiting for their connection to the server, and sent (SHOW POOLS).
-    /// Kept here rather than on each client, which would cost every idle one.
-    in_flight: Mutex<FxHashMap<PoolKey, [u32; 2]>>,
+    /// are for or per peer they are passed on to: waiting for their connection, and
+    /// sent (SHOW POOLS, SHOW PEER_POOLS). Kept here rather than on each client,
+    /// which would cost every idle one. A peer's entry stays once made, as
+    /// PgBouncer's peer pools do.
+    in_flight: Mutex<FxHashMap<Target, [u32; 2]>>,
     /// This process's `peer_id` (0: no peering).
     peer_id: u16,
 }
@@ -70,9 +72,9 @@ impl CancelRegistry {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Cancel requests on their way for the clients of the pool of (database, user):
-    /// waiting for their connection, and sent.
-    pub fn in_flight(&self) -> FxHashMap<PoolKey, [u32; 2]> {
+    /// Cancel requests on their way, waiting for their connection and sent: for the
+    /// clients of each pool, and passed on to each peer.
+    pub fn in_flight(&self) -> FxHashMap<Target, [u32; 2]> {
         self.in_flight
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -81,17 +83,17 @@ impl CancelRegistry {
 
     /// A cancel request moves on: `from` waiting (0) or sent (1), or none when it
     /// starts; `to` the same, or none when it ends.
-    fn step(&self, pool: &PoolKey, from: Option<usize>, to: Option<usize>) {
+    fn step(&self, target: &Target, from: Option<usize>, to: Option<usize>) {
         let mut m = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        let counts = m.entry(pool.clone()).or_default();
+        let counts = m.entry(target.clone()).or_default();
         if let Some(to) = to {
             counts[to] += 1;
         }
         if let Some(from) = from {
             counts[from] = counts[from].saturating_sub(1);
         }
-        if *counts == [0, 0] {
-            m.remove(pool);
+        if *counts == [0, 0] && matches!(target, Target::Pool(_)) {
+            m.remove(target);
         }
     }
 
@@ -158,7 +160,7 @@ impl CancelRegistry {
                 };
                 let pool = (client.meta.database.clone(), client.meta.pool_user.clone());
                 drop(client);
-                let req = CancelReq::new(self, pool);
+                let req = CancelReq::new(self, Target::Pool(pool));
                 let (spid, skey) = (server.backend_pid, server.backend_key);
                 // Over TLS when the server connection is, as libpq 17 does: the key
                 // would otherwise cross the network in clear.
@@ -176,7 +178,8 @@ impl CancelRegistry {
                         addr: &addr,
                         ip: None,
                     };
-                    send_cancel(to, pid, key, timeout, None, None).await
+                    let req = CancelReq::new(self, Target::Peer(peer));
+                    send_cancel(to, pid, key, timeout, None, Some(&req)).await
                 }
                 None => {
                     tracing::debug!("cancel request for unknown peer {peer} ignored");
@@ -194,22 +197,31 @@ impl CancelRegistry {
 /// (database, pool user).
 pub type PoolKey = (Arc<str>, Arc<str>);
 
-/// A cancel request for a client of this process, counted for the client's pool
-/// (SHOW POOLS `cl_waiting_cancel_req` while its connection to the server is made,
-/// then `cl_active_cancel_req` and `sv_active_cancel` until the server has answered)
-/// until dropped.
+/// What a cancel request is counted for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// The pool of the client it cancels for (this process's own).
+    Pool(PoolKey),
+    /// The peer it is passed on to.
+    Peer(u16),
+}
+
+/// A cancel request, counted for the pool of the client it is for or the peer it is
+/// passed on to (`cl_waiting_cancel_req` while its connection is made, then
+/// `cl_active_cancel_req` and `sv_active_cancel` until the other end has answered by
+/// closing it) until dropped.
 struct CancelReq<'a> {
     reg: &'a CancelRegistry,
-    pool: PoolKey,
+    target: Target,
     sent: std::sync::atomic::AtomicBool,
 }
 
 impl CancelReq<'_> {
-    fn new(reg: &CancelRegistry, pool: PoolKey) -> CancelReq<'_> {
-        reg.step(&pool, None, Some(0));
+    fn new(reg: &CancelRegistry, target: Target) -> CancelReq<'_> {
+        reg.step(&target, None, Some(0));
         CancelReq {
             reg,
-            pool,
+            target,
             sent: Default::default(),
         }
     }
@@ -218,7 +230,7 @@ impl CancelReq<'_> {
     /// awaited.
     fn sent(&self) {
         if !self.sent.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            self.reg.step(&self.pool, Some(0), Some(1));
+            self.reg.step(&self.target, Some(0), Some(1));
         }
     }
 }
@@ -226,7 +238,7 @@ impl CancelReq<'_> {
 impl Drop for CancelReq<'_> {
     fn drop(&mut self) {
         let from = usize::from(*self.sent.get_mut());
-        self.reg.step(&self.pool, Some(from), None);
+        self.reg.step(&self.target, Some(from), None);
     }
 }
 
@@ -311,7 +323,7 @@ mod tests {
     #[test]
     fn cancels_on_their_way_are_counted_per_pool_until_dropped() {
         let reg = CancelRegistry::new(0);
-        let pool: PoolKey = ("d".into(), "u".into());
+        let pool = Target::Pool(("d".into(), "u".into()));
         let a = CancelReq::new(&reg, pool.clone());
         let b = CancelReq::new(&reg, pool.clone());
         assert_eq!(reg.in_flight().get(&pool), Some(&[2, 0]));
@@ -322,6 +334,9 @@ mod tests {
         assert_eq!(reg.in_flight().get(&pool), Some(&[0, 1]));
         drop(a);
         assert!(reg.in_flight().is_empty());
+        // A peer's entry stays, as a peer pool would.
+        drop(CancelReq::new(&reg, Target::Peer(3)));
+        assert_eq!(reg.in_flight().get(&Target::Peer(3)), Some(&[0, 0]));
     }
 
     #[test]

@@ -209,20 +209,32 @@ async fn cancel_reaches_a_server_named_by_host_name() {
     cancel_and_check(&c).await;
 }
 
+/// The unix socket of `s`, once it is there.
+fn bound_socket(s: &Sluice) -> std::path::PathBuf {
+    let path = s.socket_dir().join(format!(".s.PGSQL.{}", s.port()));
+    assert!(
+        support::wait_until(Duration::from_secs(10), || path.exists()),
+        "never bound\n{}",
+        s.diagnostics()
+    );
+    path
+}
+
+/// A Sluice sharing its port (`so_reuseport`) as peer `id`.
+fn peered(id: u16) -> SluiceBuilder {
+    SluiceBuilder::new()
+        .userlist(MD5_USER, MD5_PASSWORD)
+        .setting("so_reuseport", "1")
+        .setting("peer_id", &id.to_string())
+}
+
 /// Two processes on one port (`so_reuseport`), peered: a cancel that reaches the
 /// process which did not issue the key is passed on to the one that did.
 #[tokio::test]
 async fn a_peer_passes_on_a_cancel_for_the_process_that_issued_the_key() {
-    let a = SluiceBuilder::new()
-        .userlist(MD5_USER, MD5_PASSWORD)
-        .setting("so_reuseport", "1")
-        .setting("peer_id", "1")
-        .start();
+    let a = peered(1).start();
     let port = a.port();
-    let b = SluiceBuilder::new()
-        .userlist(MD5_USER, MD5_PASSWORD)
-        .setting("so_reuseport", "1")
-        .setting("peer_id", "2")
+    let b = peered(2)
         .setting("listen_port", &port.to_string())
         .raw_ini(&format!(
             "[peers]\n1 = host={} port={port}\n2 = host={} port={port}\n",
@@ -230,12 +242,7 @@ async fn a_peer_passes_on_a_cancel_for_the_process_that_issued_the_key() {
             "/nonexistent"
         ))
         .start();
-    let b_socket = b.socket_dir().join(format!(".s.PGSQL.{port}"));
-    assert!(
-        support::wait_until(Duration::from_secs(10), || b_socket.exists()),
-        "B never bound\n{}",
-        b.diagnostics()
-    );
+    let b_socket = bound_socket(&b);
     // The client is A's (through A's own socket); its cancel goes to B's.
     let c = connect(&a.socket_config(MD5_USER, MD5_PASSWORD, TEST_DB)).await;
     let h = start_query(&c, "SELECT pg_sleep(30)").await;

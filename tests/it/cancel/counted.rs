@@ -1,13 +1,15 @@
 //! SHOW POOLS counts the cancel requests on their way (`cl_active_cancel_req`,
-//! `sv_active_cancel`): the server side here is a gate in front of the real
-//! PostgreSQL, which passes server connections straight through and holds a cancel
-//! request until the test opens it, so the cancel stays in flight long enough to see.
+//! `sv_active_cancel`), and SHOW PEER_POOLS those passed on to a peer: the other
+//! end here is a gate in front of the real PostgreSQL (or the peer), which passes
+//! other connections straight through and holds a cancel request until the test
+//! opens it, so the cancel stays in flight long enough to see.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::sync::Notify;
 use tokio_postgres::{NoTls, SimpleQueryMessage};
 
@@ -18,26 +20,48 @@ use crate::support::{self, pg, SluiceBuilder, MD5_PASSWORD, MD5_USER, TEST_DB};
 const T: Duration = Duration::from_secs(30);
 const CANCEL_CODE: u32 = 80_877_102;
 
-/// Accepts connections for PostgreSQL at `pg_port`: a cancel request is held until
+/// Where a gate passes connections on to.
+#[derive(Clone)]
+enum Behind {
+    Tcp(u16),
+    Unix(PathBuf),
+}
+
+/// Accepts connections for what is `behind` it: a cancel request is held until
 /// `open` is notified, then delivered; anything else is relayed both ways.
-async fn gate(listener: TcpListener, pg_port: u16, open: Arc<Notify>) {
+async fn gate(listener: TcpListener, behind: Behind, open: Arc<Notify>) {
     while let Ok((mut client, _)) = listener.accept().await {
-        let open = open.clone();
+        let (open, behind) = (open.clone(), behind.clone());
         tokio::spawn(async move {
             let mut head = [0u8; 8];
             if client.read_exact(&mut head).await.is_err() {
                 return;
             }
-            let Ok(mut server) = TcpStream::connect(("127.0.0.1", pg_port)).await else {
-                return;
-            };
             if u32::from_be_bytes([head[4], head[5], head[6], head[7]]) == CANCEL_CODE {
                 open.notified().await;
             }
-            if server.write_all(&head).await.is_ok() {
-                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+            match behind {
+                Behind::Tcp(port) => {
+                    if let Ok(server) = TcpStream::connect(("127.0.0.1", port)).await {
+                        relay(client, server, &head).await;
+                    }
+                }
+                Behind::Unix(path) => {
+                    if let Ok(server) = UnixStream::connect(path).await {
+                        relay(client, server, &head).await;
+                    }
+                }
             }
         });
+    }
+}
+
+async fn relay<S>(mut client: TcpStream, mut server: S, head: &[u8])
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    if server.write_all(head).await.is_ok() {
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
     }
 }
 
@@ -62,16 +86,29 @@ async fn cancel_columns(admin: &tokio_postgres::Client, db: &str) -> (String, St
         .unwrap_or_else(|| panic!("no pool for {db}"))
 }
 
-/// The columns once they read `want`, or as they read after 10 s.
-async fn settle(
-    admin: &tokio_postgres::Client,
-    want: &(String, String, String),
-) -> (String, String, String) {
+/// Waits for the query to end cancelled, and for the client's cancel call.
+async fn cancelled<E: std::fmt::Debug>(
+    query: tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
+    cancel: tokio::task::JoinHandle<Result<(), E>>,
+) {
+    let err = within(T, "the cancelled query", query)
+        .await
+        .expect("join")
+        .expect_err("the query was cancelled");
+    assert_eq!(err.code().map(|c| c.code()), Some("57014"), "{err}");
+    let _ = within(T, "cancel_query", cancel).await;
+}
+
+/// What `read` returns once it equals `want`, or after 10 s.
+async fn settle<T: PartialEq, F: std::future::Future<Output = T>>(
+    want: &T,
+    mut read: impl FnMut() -> F,
+) -> T {
     let deadline = Instant::now() + Duration::from_secs(10);
-    let mut seen = cancel_columns(admin, "gated").await;
+    let mut seen = read().await;
     while seen != *want && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        seen = cancel_columns(admin, "gated").await;
+        seen = read().await;
     }
     seen
 }
@@ -81,7 +118,7 @@ async fn a_cancel_on_its_way_is_counted_in_show_pools() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let port = listener.local_addr().expect("addr").port();
     let open = Arc::new(Notify::new());
-    let gate_task = tokio::spawn(gate(listener, pg().port(), open.clone()));
+    let gate_task = tokio::spawn(gate(listener, Behind::Tcp(pg().port()), open.clone()));
     let s = SluiceBuilder::new()
         .userlist(MD5_USER, MD5_PASSWORD)
         .userlist(ADMIN, ADMIN_PW)
@@ -111,7 +148,7 @@ async fn a_cancel_on_its_way_is_counted_in_show_pools() {
     let token = c.cancel_token();
     let cancel = tokio::spawn(async move { token.cancel_query(NoTls).await });
     let one = ("1".to_owned(), "0".to_owned(), "1".to_owned());
-    let seen = settle(&admin, &one).await;
+    let seen = settle(&one, || cancel_columns(&admin, "gated")).await;
     assert_eq!(seen, one, "the held cancel\n{}", s.diagnostics());
     assert!(
         !query.is_finished(),
@@ -120,13 +157,84 @@ async fn a_cancel_on_its_way_is_counted_in_show_pools() {
 
     // Let it through: the query is cancelled, and nothing is on its way any more.
     open.notify_one();
-    let err = within(T, "the cancelled query", query)
-        .await
-        .expect("join")
-        .expect_err("the query was cancelled");
-    assert_eq!(err.code().map(|c| c.code()), Some("57014"), "{err}");
-    let _ = within(T, "cancel_query", cancel).await;
-    let seen = settle(&admin, &none).await;
+    cancelled(query, cancel).await;
+    let seen = settle(&none, || cancel_columns(&admin, "gated")).await;
     assert_eq!(seen, none, "after the cancel\n{}", s.diagnostics());
+    gate_task.abort();
+}
+
+/// SHOW PEER_POOLS' rows, as `peer_id|cl_active_cancel_req|cl_waiting_cancel_req|
+/// sv_active_cancel|sv_login`.
+async fn peer_pools(admin: &tokio_postgres::Client) -> Vec<String> {
+    let msgs = within(T, "SHOW PEER_POOLS", admin.simple_query("SHOW PEER_POOLS"))
+        .await
+        .expect("SHOW PEER_POOLS");
+    msgs.iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(
+                (0..r.len())
+                    .map(|i| r.get(i).unwrap_or("?"))
+                    .collect::<Vec<_>>()
+                    .join("|"),
+            ),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A cancel passed on to a peer (two `so_reuseport` processes; the gate stands
+/// between B and the peer A that issued the key) is counted in B's SHOW PEER_POOLS
+/// while on its way, and the peer's row stays afterwards, as PgBouncer's peer pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_passed_to_a_peer_is_counted_in_show_peer_pools() {
+    let a = super::peered(1).start();
+    let port = a.port();
+    let a_socket = a.socket_dir().join(format!(".s.PGSQL.{port}"));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let gate_port = listener.local_addr().expect("addr").port();
+    let open = Arc::new(Notify::new());
+    let gate_task = tokio::spawn(gate(listener, Behind::Unix(a_socket), open.clone()));
+    let b = super::peered(2)
+        .userlist(ADMIN, ADMIN_PW)
+        .setting("listen_port", &port.to_string())
+        .raw_ini(&format!("[peers]\n1 = host=127.0.0.1 port={gate_port}\n"))
+        .start();
+    let b_socket = super::bound_socket(&b);
+    let admin = within(
+        T,
+        "B's console",
+        support::connect(&b.socket_config(ADMIN, ADMIN_PW, "pgbouncer")),
+    )
+    .await;
+    assert!(peer_pools(&admin).await.is_empty());
+
+    // A's client; its cancel sent to B, which passes it on through the gate.
+    let c = Arc::new(
+        within(
+            T,
+            "connect",
+            support::connect(&a.socket_config(MD5_USER, MD5_PASSWORD, TEST_DB)),
+        )
+        .await,
+    );
+    let query = {
+        let c = c.clone();
+        tokio::spawn(async move { c.batch_execute("SELECT pg_sleep(30)").await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let to_b = within(T, "connect to B", UnixStream::connect(&b_socket))
+        .await
+        .expect("B's socket");
+    let token = c.cancel_token();
+    let cancel = tokio::spawn(async move { token.cancel_query_raw(to_b, NoTls).await });
+    let held = vec!["1|1|0|1|0".to_owned()];
+    let seen = settle(&held, || peer_pools(&admin)).await;
+    assert_eq!(seen, held, "B:\n{}", b.diagnostics());
+
+    open.notify_one();
+    cancelled(query, cancel).await;
+    let after = vec!["1|0|0|0|0".to_owned()];
+    let seen = settle(&after, || peer_pools(&admin)).await;
+    assert_eq!(seen, after, "B:\n{}", b.diagnostics());
     gate_task.abort();
 }
