@@ -16,6 +16,13 @@ pub const TAG_COPY_OUT_RESPONSE: u8 = b'H';
 pub const TAG_COPY_BOTH_RESPONSE: u8 = b'W';
 pub const TAG_NEGOTIATE_PROTOCOL_VERSION: u8 = b'v';
 pub const TAG_DATA_ROW: u8 = b'D';
+pub const TAG_PARSE_COMPLETE: u8 = b'1';
+pub const TAG_BIND_COMPLETE: u8 = b'2';
+pub const TAG_CLOSE_COMPLETE: u8 = b'3';
+pub const TAG_EMPTY_QUERY_RESPONSE: u8 = b'I';
+pub const TAG_PORTAL_SUSPENDED: u8 = b's';
+pub const TAG_ROW_DESCRIPTION: u8 = b'T';
+pub const TAG_NO_DATA: u8 = b'n';
 
 // Frontend (F) tags the relay looks at.
 pub const TAG_QUERY: u8 = b'Q';

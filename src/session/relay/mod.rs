@@ -12,6 +12,7 @@ use bytes::{Buf, BytesMut};
 
 mod copy;
 mod count;
+mod midbatch;
 mod parked;
 mod prepared;
 mod spare;
@@ -34,6 +35,7 @@ use crate::protocol::ProtocolError;
 use crate::stats::{PoolStats, StatsDelta};
 use copy::CopyWatch;
 use count::count_client_tag;
+use midbatch::MidBatch;
 use wake::{next_wake, Wake, Want};
 
 /// The notice of a client queued past `query_wait_notify` (PgBouncer's text).
@@ -107,6 +109,9 @@ pub struct Relay {
     status: u8,
     /// The client's Syncs around a COPY, which the server may ignore (copy.rs).
     copy: CopyWatch,
+    /// A simple Query inside an extended batch, which the server may skip
+    /// (midbatch.rs; the plain path only).
+    mid: MidBatch,
     /// A COPY by Execute failed: the server skips to the client's next Sync, and is
     /// not idle before a ReadyForQuery whatever `pending` says.
     await_ready: bool,
@@ -365,6 +370,8 @@ impl Relay {
         );
         let (mut desync, mut refused) = (false, false);
         let no_simple_query = self.no_simple_query;
+        let mid = &mut self.mid;
+        mid.new_read();
         let r = self
             .client_framer
             .feed(&self.c2s[start..], self.max_packet, |e| {
@@ -373,6 +380,7 @@ impl Relay {
                         return Body::Skip;
                     }
                     refused |= no_simple_query && tag == TAG_QUERY;
+                    mid.client(tag, *pending);
                     if count_client_tag(tag, pending, unsynced, (parses, binds), copy) {
                         *terminated = true;
                         match at {
@@ -421,7 +429,7 @@ impl Relay {
         // What the end of a COPY in this chunk would mean, for the response tracker
         // (which sees that end before `on_event` does).
         let copy_ignores = (self.copy.ignores(), self.copy.in_copy());
-        let (copy, await_ready) = (&mut self.copy, &mut self.await_ready);
+        let (copy, await_ready, mid) = (&mut self.copy, &mut self.await_ready, &mut self.mid);
         *saw_ready = false;
         *readies = 0;
         *xacts_done = 0;
@@ -430,25 +438,32 @@ impl Relay {
         let server = &mut **server;
         let (server_params, close_needed) = (&mut server.params, &mut server.close_needed);
         let on_event = |e: Event<'_>| match e {
-            Event::Start { tag, .. } => match tag {
-                TAG_READY_FOR_QUERY | TAG_PARAMETER_STATUS => Body::Capture,
-                TAG_COPY_IN_RESPONSE => {
-                    copy.server_copy_in();
-                    Body::Skip
+            Event::Start { tag, .. } => {
+                if mid.server(tag) {
+                    // The Query inside the batch was skipped: no ReadyForQuery for it.
+                    *pending = pending.saturating_sub(1);
                 }
-                TAG_COMMAND_COMPLETE | TAG_ERROR_RESPONSE if copy.in_copy() => {
-                    let end = copy.server_copy_end(tag == TAG_COMMAND_COMPLETE);
-                    *pending = pending.saturating_sub(end.ignored);
-                    if end.failed_execute {
-                        *await_ready = true;
-                        // One ReadyForQuery more than counted may still come (copy.rs):
-                        // the server is not handed to another client after this.
-                        *close_needed = true;
+                match tag {
+                    TAG_READY_FOR_QUERY | TAG_PARAMETER_STATUS => Body::Capture,
+                    TAG_COPY_IN_RESPONSE => {
+                        copy.server_copy_in();
+                        Body::Skip
                     }
-                    Body::Skip
+                    TAG_COMMAND_COMPLETE | TAG_ERROR_RESPONSE if copy.in_copy() => {
+                        let end = copy.server_copy_end(tag == TAG_COMMAND_COMPLETE);
+                        *pending = pending.saturating_sub(end.ignored);
+                        if end.failed_execute {
+                            *await_ready = true;
+                            // One ReadyForQuery more than counted may still come
+                            // (copy.rs): the server is not handed to another client
+                            // after this.
+                            *close_needed = true;
+                        }
+                        Body::Skip
+                    }
+                    _ => Body::Skip,
                 }
-                _ => Body::Skip,
-            },
+            }
             Event::Complete {
                 tag: TAG_READY_FOR_QUERY,
                 body,

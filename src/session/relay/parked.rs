@@ -322,6 +322,7 @@ impl Relay {
             unsynced,
             status,
             copy,
+            mid,
             await_ready,
             terminated,
             desync,
@@ -348,6 +349,7 @@ impl Relay {
         *unsynced = false;
         *status = b'I';
         *copy = Default::default();
+        *mid = Default::default();
         *await_ready = false;
         *terminated = false;
         *desync = false;

@@ -37,17 +37,6 @@ const POOL: u32 = 2;
 /// Below the five statement names a client uses, so servers evict statements.
 const CACHE: u32 = 3;
 
-/// What a run's conversations may contain, by how Sluice is set up.
-#[derive(Clone, Copy)]
-struct Flavor {
-    /// Named statements, of either kind (not without prepared-statement tracking in
-    /// transaction mode, where they stay on the server that made them).
-    named: bool,
-    /// A Query or FunctionCall inside an extended batch (skipped after an error: not
-    /// followed without tracking, docs/prepared-statements.md).
-    mid_batch: bool,
-}
-
 /// What one client believes exists, to make most requests meaningful. It may be
 /// wrong after an error (a skipped Parse); the direct connection is the judge.
 struct Model {
@@ -65,7 +54,9 @@ struct Model {
     /// describes it), so no Describe of a statement is sent; and a PREPARE of a
     /// name in use gets 42P05 (PostgreSQL: 25P02), so no PREPARE is sent.
     aborted: bool,
-    flavor: Flavor,
+    /// Named statements, of either kind (not without prepared-statement tracking in
+    /// transaction mode, where they stay on the server that made them).
+    named: bool,
 }
 
 impl Model {
@@ -83,7 +74,7 @@ impl Model {
 
     /// Parse under a name; a name in use is mostly closed first, as drivers do.
     fn parse(&mut self, b: &mut Batch) -> (String, usize) {
-        let name = if self.rng.below(10) < 3 || !self.flavor.named {
+        let name = if self.rng.below(10) < 3 || !self.named {
             String::new()
         } else {
             format!("s{}", self.rng.below(5))
@@ -212,7 +203,7 @@ impl Model {
             self.unnamed = None;
             self.portals.remove("");
             b.copy = Some(Vec::new());
-        } else if b.parts.len() == 1 && self.flavor.mid_batch && self.rng.below(8) == 0 {
+        } else if b.parts.len() == 1 && self.rng.below(8) == 0 {
             let answered = b.parts[0].1;
             if self.rng.below(3) == 0 {
                 self.function_call(&mut b);
@@ -290,7 +281,7 @@ impl Model {
             2 => "COMMIT".to_owned(),
             3 => "ROLLBACK".to_owned(),
             4 => format!("SELECT '{tag}'; SELECT 1/0; SELECT 2"),
-            5 | 6 if !self.aborted && self.flavor.named => {
+            5 | 6 if !self.aborted && self.named => {
                 self.sql_level.insert(k);
                 format!("PREPARE q{k} AS SELECT $1::int4 * {}", k + 2)
             }
@@ -386,7 +377,7 @@ fn seed_base() -> u64 {
 
 /// Runs one client's conversation; then, still connected, waits at `done` while the
 /// test checks that no server is held, and at `done` again before it leaves.
-async fn run_client(id: u64, port: u16, db: String, flavor: Flavor, done: Arc<Barrier>) {
+async fn run_client(id: u64, port: u16, db: String, named: bool, done: Arc<Barrier>) {
     let mut direct = RawClient::login(pg().port(), MD5_USER, MD5_PASSWORD, &db, &[])
         .await
         .expect("direct login");
@@ -401,7 +392,7 @@ async fn run_client(id: u64, port: u16, db: String, flavor: Flavor, done: Arc<Ba
         sql_level: HashSet::new(),
         in_tx: false,
         aborted: false,
-        flavor,
+        named,
     };
     let mut history: Vec<String> = Vec::new();
     for n in 0..=BATCHES {
@@ -467,7 +458,7 @@ async fn servers_lent(s: &crate::support::Sluice, db: &str) -> String {
 async fn differential(
     prefix: &str,
     setup: impl FnOnce(SluiceBuilder) -> SluiceBuilder,
-    flavor: Flavor,
+    named: bool,
     lent_after: &str,
 ) {
     let db = fresh_db(prefix);
@@ -490,7 +481,7 @@ async fn differential(
     let s = setup(txn_sluice(&db).userlist(crate::admin::ADMIN, crate::admin::ADMIN_PW)).start();
     let done = Arc::new(Barrier::new(CLIENTS as usize + 1));
     let tasks: Vec<_> = (0..CLIENTS)
-        .map(|id| tokio::spawn(run_client(id, s.port(), db.clone(), flavor, done.clone())))
+        .map(|id| tokio::spawn(run_client(id, s.port(), db.clone(), named, done.clone())))
         .collect();
     // Every client has ended its conversation (its last request a ROLLBACK) and is
     // still connected: in transaction mode none may hold a server (a ReadyForQuery
@@ -514,26 +505,19 @@ async fn an_extended_protocol_conversation_is_answered_as_postgres_answers_it() 
         b.setting("default_pool_size", &POOL.to_string())
             .setting("max_prepared_statements", &CACHE.to_string())
     };
-    let all = Flavor {
-        named: true,
-        mid_batch: true,
-    };
-    differential("txn_diff", setup, all, "0").await;
+    differential("txn_diff", setup, true, "0").await;
 }
 
 /// Transaction mode without statement tracking (`max_prepared_statements = 0`, the
-/// relay's plain path only): unnamed statements and portals, COPY, FunctionCalls.
+/// relay's plain path only): unnamed statements and portals, COPY, FunctionCalls,
+/// Queries inside batches.
 #[tokio::test]
 async fn without_statement_tracking_the_unnamed_conversation_is_answered_the_same() {
     let setup = |b: SluiceBuilder| {
         b.setting("default_pool_size", &POOL.to_string())
             .setting("max_prepared_statements", "0")
     };
-    let unnamed = Flavor {
-        named: false,
-        mid_batch: false,
-    };
-    differential("txn_diff_plain", setup, unnamed, "0").await;
+    differential("txn_diff_plain", setup, false, "0").await;
 }
 
 /// Session mode: each client keeps its server, so everything goes, through the
@@ -544,9 +528,5 @@ async fn in_session_mode_the_conversation_is_answered_the_same() {
         b.setting("pool_mode", "session")
             .setting("default_pool_size", &CLIENTS.to_string())
     };
-    let all = Flavor {
-        named: true,
-        mid_batch: true,
-    };
-    differential("session_diff", setup, all, &CLIENTS.to_string()).await;
+    differential("session_diff", setup, true, &CLIENTS.to_string()).await;
 }

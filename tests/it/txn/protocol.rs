@@ -483,10 +483,18 @@ async fn late_copy_messages_after_a_failed_copy_hold_no_server() {
 /// otherwise. Either way the server goes back after the Sync's ReadyForQuery.
 #[tokio::test]
 async fn a_query_inside_an_extended_batch_is_skipped_after_an_error() {
+    // Followed by the response tracker, and without it by the relay (midbatch.rs).
+    for max_prepared in ["200", "0"] {
+        query_inside_an_extended_batch(max_prepared).await;
+    }
+}
+
+async fn query_inside_an_extended_batch(max_prepared: &str) {
     let db = fresh_db("txn_mixed_q");
     let s = txn_sluice(&db)
         .setting("default_pool_size", "1")
         .setting("query_wait_timeout", "10")
+        .setting("max_prepared_statements", max_prepared)
         .start();
     let mut a = raw(&s, &db, &[]).await;
     let b = client(&s, &db).await;
@@ -518,4 +526,26 @@ async fn a_query_inside_an_extended_batch_is_skipped_after_an_error() {
     assert_eq!(second.len(), 1, "{second:?}");
     assert_eq!(one(&b, "SELECT 2").await, "2");
     assert_eq!(col(&a.simple("SELECT 7", STEP).await), ["7"]);
+}
+
+/// Session mode, `query_timeout` set: a client idle after a Query skipped inside its
+/// batch is not taken for one whose query still runs (the relay counted a
+/// ReadyForQuery for it).
+#[tokio::test]
+async fn an_idle_client_after_a_skipped_query_is_not_in_a_query() {
+    let db = fresh_db("sess_mixed_q");
+    let s = txn_sluice(&db)
+        .setting("pool_mode", "session")
+        .setting("query_timeout", "1")
+        .start();
+    let mut a = raw(&s, &db, &[]).await;
+    let mut bytes = extended("SELEC 1");
+    bytes.extend(crate::support::wire::query_msg("SELECT 'skipped'"));
+    bytes.extend(sync_msg());
+    a.send(&bytes).await.unwrap();
+    let r = a.until_ready(STEP).await;
+    assert!(first_error(&r).is_some(), "{r:?}");
+    // Idle for longer than query_timeout (a bound wait, not a timing assertion).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(col(&a.simple("SELECT 8", STEP).await), ["8"]);
 }
