@@ -7,71 +7,69 @@
 //! client would keep it until it left). With tracking, the response tracker follows
 //! this (`prepared::undo`); here the relay does, for one such Query at a time:
 //!
-//! - the client side notes how many extended messages before the Query end in an
-//!   answer of their own (Parse, Bind, Describe, Execute, Close; not Flush), and how
-//!   many ReadyForQuery the server owed for earlier requests when the batch began;
+//! - the client side, at such a Query (rare, so nothing is noted before it), reads
+//!   back over the headers of the batch before it: how many of its messages end in
+//!   an answer of their own (Parse, Bind, Describe, Execute, Close; not Flush), and
+//!   how many ReadyForQuery the server owed for earlier requests when it began;
 //! - the server side lets those ReadyForQuery pass, then counts the answers' ends:
 //!   all of them before any error, and the Query runs; an error first, and it is
 //!   skipped, so its ReadyForQuery is not owed.
 //!
-//! Only a batch that began in the same client read as the Query is followed: the
-//! server has answered none of it then. Otherwise, or with a second such Query under
-//! way, the count stays high (the server is kept), as before; a count already too
-//! high can only make a wrong guess that leaves it less high, never too low.
+//! Only a batch that began in the same client read as the Query is followed (the
+//! server has answered none of it then), and none while a COPY is under way or in
+//! the read (the Syncs it may swallow change the count). Otherwise, or with a
+//! second such Query under way, the count stays high (the server is kept), as
+//! before; a count already too high can only make a wrong guess that leaves it less
+//! high, never too low.
 
 use crate::protocol::header::*;
 
 /// What the relay follows of one batch's simple Query (see the module docs).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct MidBatch {
-    /// Answered extended messages since the client's last Sync.
-    answered: u32,
-    /// ReadyForQuery messages owed for earlier requests when the batch began.
-    owed_before: u32,
-    /// Extended messages were sent since the last Sync.
-    in_batch: bool,
-    /// The batch began in the client read being scanned.
-    began_here: bool,
     /// The Query being followed: ReadyForQuery messages still to let pass, and
     /// answers still to come before it runs.
     watch: Option<(u32, u32)>,
 }
 
 impl MidBatch {
-    /// A new client read is about to be scanned.
+    /// Whether a Query may be followed now.
     #[inline]
-    pub fn new_read(&mut self) {
-        self.began_here = false;
+    pub fn idle(&self) -> bool {
+        self.watch.is_none()
     }
 
-    /// Follows one client message; `pending` is the count of ReadyForQuery owed
-    /// before it. Returns nothing: the count changes only on the server's side.
-    #[inline]
-    pub fn client(&mut self, tag: u8, pending: u32) {
-        match tag {
-            TAG_SYNC => {
-                self.answered = 0;
-                self.in_batch = false;
-            }
-            TAG_PARSE | TAG_BIND | TAG_DESCRIBE | TAG_EXECUTE | TAG_CLOSE | TAG_FLUSH => {
-                if !self.in_batch {
-                    self.in_batch = true;
-                    self.began_here = true;
-                    self.owed_before = pending;
+    /// A client read brought, at the end of `read` (whole messages from the read's
+    /// start, where no batch was open), a Query or FunctionCall inside a batch;
+    /// `pending` is the count of ReadyForQuery owed before the read.
+    #[cold]
+    pub fn query_in_batch(&mut self, mut read: &[u8], mut pending: u32) {
+        if self.watch.is_some() {
+            return;
+        }
+        let (mut answered, mut owed_before, mut in_batch) = (0u32, 0u32, false);
+        while let Some((tag, len)) = parse(read) {
+            let Some(rest) = read.get(len as usize + 1..) else {
+                return;
+            };
+            read = rest;
+            match tag {
+                TAG_QUERY | TAG_FUNCTION_CALL | TAG_SYNC => {
+                    pending = pending.saturating_add(1);
+                    (answered, in_batch) = (0, false);
                 }
-                if tag != TAG_FLUSH {
-                    self.answered = self.answered.saturating_add(1);
+                TAG_PARSE | TAG_BIND | TAG_DESCRIBE | TAG_EXECUTE | TAG_CLOSE | TAG_FLUSH => {
+                    if !in_batch {
+                        (in_batch, owed_before) = (true, pending);
+                    }
+                    answered += u32::from(tag != TAG_FLUSH);
                 }
+                // COPY messages, or anything else: not followed.
+                _ => return,
             }
-            TAG_QUERY | TAG_FUNCTION_CALL
-                if self.in_batch
-                    && self.began_here
-                    && self.answered > 0
-                    && self.watch.is_none() =>
-            {
-                self.watch = Some((self.owed_before, self.answered));
-            }
-            _ => {}
+        }
+        if in_batch && answered > 0 {
+            self.watch = Some((owed_before, answered));
         }
     }
 
@@ -122,12 +120,18 @@ impl MidBatch {
 mod tests {
     use super::*;
 
-    fn client(m: &mut MidBatch, tags: &[u8], pending: &mut u32) {
+    /// The messages of `tags` (empty bodies) as one client read, up to its first
+    /// Query or FunctionCall after an extended message, as the relay hands them over.
+    fn client(m: &mut MidBatch, tags: &[u8], pending: u32) {
+        let mut read = Vec::new();
+        let mut unsynced = false;
         for &t in tags {
-            m.client(t, *pending);
-            if matches!(t, TAG_QUERY | TAG_SYNC | TAG_FUNCTION_CALL) {
-                *pending += 1;
+            if unsynced && matches!(t, TAG_QUERY | TAG_FUNCTION_CALL) {
+                m.query_in_batch(&read, pending);
+                return;
             }
+            unsynced = !matches!(t, TAG_SYNC | TAG_QUERY | TAG_FUNCTION_CALL);
+            read.extend_from_slice(&[t, 0, 0, 0, 4]);
         }
     }
 
@@ -137,53 +141,43 @@ mod tests {
 
     #[test]
     fn an_error_before_the_query_means_it_is_skipped() {
-        let (mut m, mut pending) = (MidBatch::default(), 0);
-        m.new_read();
-        client(&mut m, b"PBDEQS", &mut pending);
-        assert_eq!(pending, 2);
+        let mut m = MidBatch::default();
+        client(&mut m, b"PBDEQS", 0);
         assert_eq!(skipped(&mut m, b"12EZ"), 1);
         // Without an error it runs, whatever its own answer.
-        m.new_read();
-        client(&mut m, b"PBEQS", &mut pending);
+        client(&mut m, b"PBEQS", 0);
         assert_eq!(skipped(&mut m, b"12DCTDCZZ"), 0);
-        m.new_read();
-        client(&mut m, b"PBEQS", &mut pending);
+        client(&mut m, b"PBEQS", 0);
         assert_eq!(skipped(&mut m, b"12CEZZ"), 0);
     }
 
     #[test]
     fn earlier_requests_answers_pass_first() {
-        let (mut m, mut pending) = (MidBatch::default(), 0);
-        m.new_read();
+        let mut m = MidBatch::default();
         // An earlier Query, failing: its error is not the batch's.
-        client(&mut m, b"QPBEFS", &mut pending);
+        client(&mut m, b"QPBEFS", 0);
         assert_eq!(skipped(&mut m, b"EZ12C"), 0);
-        let (mut m, mut pending) = (MidBatch::default(), 0);
-        m.new_read();
-        client(&mut m, b"QPBEFS", &mut pending);
-        assert_eq!(skipped(&mut m, b"TDCZ1EZ"), 1);
+        assert!(m.idle());
+        // One from an earlier read too.
+        client(&mut m, b"QPBEFS", 1);
+        assert_eq!(skipped(&mut m, b"ZTDCZ1EZ"), 1);
     }
 
     #[test]
-    fn a_batch_begun_in_an_earlier_read_is_not_followed() {
-        let (mut m, mut pending) = (MidBatch::default(), 0);
-        m.new_read();
-        client(&mut m, b"PB", &mut pending);
-        m.new_read();
-        client(&mut m, b"EQS", &mut pending);
-        assert_eq!(skipped(&mut m, b"12EZ"), 0);
+    fn copy_messages_are_not_followed() {
+        let mut m = MidBatch::default();
+        client(&mut m, b"PBEdcQS", 0);
+        assert!(m.idle());
     }
 
     #[test]
     fn one_query_at_a_time_and_none_without_an_answered_message_before_it() {
-        let (mut m, mut pending) = (MidBatch::default(), 0);
-        m.new_read();
-        client(&mut m, b"HQS", &mut pending);
-        assert_eq!(skipped(&mut m, b"EZZ"), 0);
-        let (mut m, mut pending) = (MidBatch::default(), 0);
-        m.new_read();
-        client(&mut m, b"PQEQS", &mut pending);
-        // The first is followed; the second is left counted.
+        let mut m = MidBatch::default();
+        client(&mut m, b"HQS", 0);
+        assert!(m.idle());
+        client(&mut m, b"PQS", 0);
+        // A second while the first is followed: left counted.
+        m.query_in_batch(&[b'B', 0, 0, 0, 4], 0);
         assert_eq!(skipped(&mut m, b"EZ"), 1);
     }
 }

@@ -361,6 +361,13 @@ impl Relay {
     /// cuts Terminate off.
     fn scan_client(&mut self, start: usize) -> Result<(), ProtocolError> {
         let mut cut = None;
+        // A Query inside a batch is followed if the batch began in this read.
+        let follow_mid = !self.unsynced
+            && self.client_framer.at_boundary()
+            && !self.copy.in_copy()
+            && self.mid.idle();
+        let pending_before = self.pending;
+        let mut mid_at = None;
         let (pending, unsynced, terminated) =
             (&mut self.pending, &mut self.unsynced, &mut self.terminated);
         let (parses, binds, copy) = (
@@ -370,8 +377,6 @@ impl Relay {
         );
         let (mut desync, mut refused) = (false, false);
         let no_simple_query = self.no_simple_query;
-        let mid = &mut self.mid;
-        mid.new_read();
         let r = self
             .client_framer
             .feed(&self.c2s[start..], self.max_packet, |e| {
@@ -380,7 +385,10 @@ impl Relay {
                         return Body::Skip;
                     }
                     refused |= no_simple_query && tag == TAG_QUERY;
-                    mid.client(tag, *pending);
+                    if *unsynced && matches!(tag, TAG_QUERY | TAG_FUNCTION_CALL) && mid_at.is_none()
+                    {
+                        mid_at = Some(at);
+                    }
                     if count_client_tag(tag, pending, unsynced, (parses, binds), copy) {
                         *terminated = true;
                         match at {
@@ -392,6 +400,10 @@ impl Relay {
                 Body::Skip
             });
         self.desync |= desync;
+        if let (true, Some(Some(at))) = (follow_mid, mid_at) {
+            self.mid
+                .query_in_batch(&self.c2s[start..start + at], pending_before);
+        }
         if refused {
             // None of it goes to a server: the session ends on this error.
             self.c2s.clear();
