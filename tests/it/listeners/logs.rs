@@ -188,13 +188,26 @@ async fn log_disconnections_off_suppresses_closing_lines() {
     );
 }
 
+/// Waits for a server connection's closing line with `reason`.
+fn await_server_closing(s: &Sluice, reason: &str) {
+    let server = format!("{}/{}@", support::TEST_DB, support::MD5_USER);
+    let line = || log_lines(s, &format!("closing because: {reason} (age="));
+    assert!(
+        wait_until(Duration::from_secs(10), || line()
+            .iter()
+            .any(|l| l.contains(" LOG S-") && l.contains(&server))),
+        "{:?}\n{}",
+        line(),
+        s.diagnostics()
+    );
+}
+
 /// The pool's other closing reasons, PgBouncer's words: a server marked by RECONNECT
 /// closes at release as `db conf changed`; one past `server_lifetime` closes while
 /// idle as `server lifetime over`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconnect_and_server_lifetime_closes_are_logged() {
     use crate::admin::{builder, psql_ok};
-    let server = format!("{}/{}@", support::TEST_DB, support::MD5_USER);
     let cfg = |s: &Sluice| s.config(support::MD5_USER, support::MD5_PASSWORD, support::TEST_DB);
 
     // Session mode: the client holds its server through RECONNECT, and the server
@@ -205,15 +218,7 @@ async fn reconnect_and_server_lifetime_closes_are_logged() {
     psql_ok(&s, &format!("RECONNECT {}", support::TEST_DB));
     assert!(log_lines(&s, "closing because: db conf changed").is_empty());
     drop(c);
-    let line = || log_lines(&s, "closing because: db conf changed (age=");
-    assert!(
-        wait_until(Duration::from_secs(10), || line()
-            .iter()
-            .any(|l| l.contains(" LOG S-") && l.contains(&server))),
-        "{:?}\n{}",
-        line(),
-        s.diagnostics()
-    );
+    await_server_closing(&s, "db conf changed");
     // No other reason was given for it.
     assert!(
         log_lines(&s, "closing because: server").is_empty(),
@@ -225,15 +230,7 @@ async fn reconnect_and_server_lifetime_closes_are_logged() {
     let c = support::connect(&cfg(&s)).await;
     select(&c, 1).await;
     drop(c);
-    let line = || log_lines(&s, "closing because: server lifetime over (age=");
-    assert!(
-        wait_until(Duration::from_secs(10), || line()
-            .iter()
-            .any(|l| l.contains(" LOG S-") && l.contains(&server))),
-        "{:?}\n{}",
-        line(),
-        s.diagnostics()
-    );
+    await_server_closing(&s, "server lifetime over");
     assert!(
         log_lines(&s, "closing because: server idle timeout").is_empty(),
         "{}",

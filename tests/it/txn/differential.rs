@@ -29,7 +29,7 @@ mod converse;
 mod msgs;
 use converse::{converse, part_sizes, Batch};
 use msgs::*;
-pub(super) use msgs::{bind, execute, parse};
+pub(super) use msgs::{bind, execute, function_call, parse};
 
 const CLIENTS: u64 = 8;
 const BATCHES: u64 = 120;

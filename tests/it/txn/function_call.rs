@@ -6,23 +6,10 @@
 use std::time::Duration;
 
 use super::common::*;
+use super::differential::function_call;
 use crate::support::run_bounded;
-use crate::support::wire::{frame, TAG_ERROR};
+use crate::support::wire::TAG_ERROR;
 use crate::support::{MD5_PASSWORD, MD5_USER};
-
-/// A FunctionCall of function `oid` with text arguments and a text result.
-fn function_call(oid: u32, args: &[&str]) -> Vec<u8> {
-    let mut b = oid.to_be_bytes().to_vec();
-    b.extend_from_slice(&1u16.to_be_bytes());
-    b.extend_from_slice(&0u16.to_be_bytes());
-    b.extend_from_slice(&(args.len() as u16).to_be_bytes());
-    for a in args {
-        b.extend_from_slice(&(a.len() as u32).to_be_bytes());
-        b.extend_from_slice(a.as_bytes());
-    }
-    b.extend_from_slice(&0u16.to_be_bytes());
-    frame(b'F', &b)
-}
 
 /// The result of a FunctionCallResponse among `msgs` (`None` for NULL or none).
 fn call_result(msgs: &[RawMsg]) -> Option<String> {

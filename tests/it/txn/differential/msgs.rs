@@ -84,12 +84,13 @@ pub(super) const INT4PL: u32 = 177;
 pub(super) const INT4DIV: u32 = 154;
 
 /// A FunctionCall (libpq's `PQfn`) with text arguments and a text result.
-pub(super) fn function_call(oid: u32, args: &[String]) -> Vec<u8> {
+pub(in crate::txn) fn function_call(oid: u32, args: &[impl AsRef<str>]) -> Vec<u8> {
     let mut b = oid.to_be_bytes().to_vec();
     b.extend_from_slice(&1u16.to_be_bytes());
     b.extend_from_slice(&0u16.to_be_bytes());
     b.extend_from_slice(&(args.len() as u16).to_be_bytes());
     for a in args {
+        let a = a.as_ref();
         b.extend_from_slice(&(a.len() as u32).to_be_bytes());
         b.extend_from_slice(a.as_bytes());
     }
