@@ -1,9 +1,13 @@
 //! What the server owes for each client message the relay passes on: one
 //! ReadyForQuery per Query, FunctionCall and Sync (less the Syncs a COPY swallows,
-//! copy.rs), and whether extended-protocol messages wait for a Sync.
+//! copy.rs), and whether extended-protocol messages wait for a Sync; the scan of a
+//! client read that does it, and notices a Query inside a batch (midbatch.rs).
 
 use super::copy::CopyWatch;
+use super::{Relay, PQEXEC_DISALLOWED};
 use crate::protocol::header::*;
+use crate::protocol::ProtocolError;
+use crate::session::framer::{Body, Event};
 
 /// Counts one client message: what the server will owe for it and the parse/bind
 /// statistics. Returns true for Terminate.
@@ -42,4 +46,65 @@ pub(in crate::session::relay) fn count_client_tag(
         _ => {}
     }
     false
+}
+
+impl Relay {
+    /// Follows the client messages in `c2s[start..]`: counts what the server owes and
+    /// cuts Terminate off.
+    pub(super) fn scan_client(&mut self, start: usize) -> Result<(), ProtocolError> {
+        let mut cut = None;
+        // A Query inside a batch is followed if the batch began in this read.
+        let follow_mid = !self.unsynced
+            && self.client_framer.at_boundary()
+            && !self.copy.in_copy()
+            && self.mid.idle();
+        let pending_before = self.pending;
+        let mut mid_at = None;
+        let (pending, unsynced, terminated) =
+            (&mut self.pending, &mut self.unsynced, &mut self.terminated);
+        let (parses, binds, copy) = (
+            &mut self.stats.counts.client_parses,
+            &mut self.stats.counts.binds,
+            &mut self.copy,
+        );
+        let (mut desync, mut refused) = (false, false);
+        let no_simple_query = self.no_simple_query;
+        let r = self
+            .client_framer
+            .feed(&self.c2s[start..], self.max_packet, |e| {
+                if let Event::Start { tag, at, .. } = e {
+                    if *terminated {
+                        return Body::Skip;
+                    }
+                    refused |= no_simple_query && tag == TAG_QUERY;
+                    if *unsynced && matches!(tag, TAG_QUERY | TAG_FUNCTION_CALL) && mid_at.is_none()
+                    {
+                        mid_at = Some(at);
+                    }
+                    if count_client_tag(tag, pending, unsynced, (parses, binds), copy) {
+                        *terminated = true;
+                        match at {
+                            Some(at) => cut = Some(start + at),
+                            None => desync = true,
+                        }
+                    }
+                }
+                Body::Skip
+            });
+        self.desync |= desync;
+        if let (true, Some(Some(at))) = (follow_mid, mid_at) {
+            self.mid
+                .query_in_batch(&self.c2s[start..start + at], pending_before);
+        }
+        if refused {
+            // None of it goes to a server: the session ends on this error.
+            self.c2s.clear();
+            return Err(ProtocolError::Refused(PQEXEC_DISALLOWED));
+        }
+        if let Some(cut) = cut {
+            // Terminate is the pooler's business, not the server's.
+            self.c2s.truncate(cut);
+        }
+        r
+    }
 }
