@@ -18,7 +18,17 @@ pub fn list_rows(app: &App) -> Vec<(&'static str, u64)> {
     let pools = app.pools.all();
     let used_clients = u64::from(app.clients.load(std::sync::atomic::Ordering::Relaxed));
     let logged_in = app.client_reg.len() as u64;
-    let used_servers: u64 = pools.iter().map(|p| u64::from(p.counts().total)).sum();
+    // Cancel requests on their way are neither logging in nor logged in; their
+    // connections onwards are servers, as PgBouncer counts both.
+    let (cancels, cancel_conns) = app
+        .cancels
+        .in_flight()
+        .values()
+        .fold((0u64, 0u64), |(n, c), [w, s]| {
+            (n + u64::from(w + s), c + u64::from(*s))
+        });
+    let pool_servers: u64 = pools.iter().map(|p| u64::from(p.counts().total)).sum();
+    let used_servers = pool_servers + cancel_conns;
     let (dns_names, dns_queries) = app.config().dns.counts();
     vec![
         ("databases", database_rows(app).len() as u64),
@@ -28,7 +38,10 @@ pub fn list_rows(app: &App) -> Vec<(&'static str, u64)> {
         ("peer_pools", peer_pool_rows(app).len() as u64),
         ("free_clients", 0),
         ("used_clients", used_clients),
-        ("login_clients", used_clients.saturating_sub(logged_in)),
+        (
+            "login_clients",
+            used_clients.saturating_sub(logged_in + cancels),
+        ),
         ("free_servers", 0),
         ("used_servers", used_servers),
         ("dns_names", dns_names),

@@ -17,6 +17,7 @@ use crate::app::App;
 use crate::clock::Tick;
 use crate::net::PeerAddr;
 use crate::pool::{ServerAddr, ServerIdent};
+use crate::session::cancel::{CancelView, Target};
 use crate::stats::conns::{ClientInfo, ClientState, CompactAddr};
 
 const COLUMNS: [(&str, Ty); 21] = [
@@ -286,21 +287,109 @@ fn unlinked_view(
     }
 }
 
-/// SHOW CLIENTS.
+/// A cancel request's database and user as PgBouncer shows them: its client's, or
+/// none for one passed on to a peer.
+fn cancel_names(r: &CancelView) -> (String, String) {
+    match (&r.target, &r.user) {
+        (Target::Pool((db, _)), Some(user)) => (db.to_string(), user.to_string()),
+        (Target::Pool((db, _)), None) => (db.to_string(), "(nouser)".to_owned()),
+        (Target::Peer(_), _) => ("(nodb)".to_owned(), "(nouser)".to_owned()),
+    }
+}
+
+/// A cancel request as a client row: waiting for its connection onwards, or sent
+/// on it (and linked to it).
+fn cancel_client_row(r: &CancelView, listen_port: u16) -> Vec<Cell> {
+    let (database, user) = cancel_names(r);
+    let (addr, port) = peer_text(&r.peer, listen_port);
+    let (laddr, lport) = local_text(r.local.map(Into::into), listen_port);
+    let state = match r.sent {
+        Some(_) => "active_cancel_req",
+        None => "waiting_cancel_req",
+    };
+    let link = r.sent.map(|_| server_ptr(r.server_id)).unwrap_or_default();
+    vec![
+        "C".into(),
+        user.into(),
+        database.into(),
+        "none".into(),
+        state.into(),
+        addr.into(),
+        port.into(),
+        laddr.into(),
+        lport.into(),
+        time_text(r.arrived).into(),
+        time_text(r.arrived).into(),
+        0u32.into(),
+        0u32.into(),
+        0u32.into(),
+        client_ptr(r.client_id).into(),
+        link.into(),
+        0u32.into(),
+        r.tls.to_string().into(),
+        String::new().into(),
+        0u32.into(),
+        r.client_id.into(),
+    ]
+}
+
+/// The connection a sent cancel request went on, as a server row.
+fn cancel_server_row(r: &CancelView) -> Option<Vec<Cell>> {
+    let (sent_at, local) = r.sent?;
+    let (database, user) = cancel_names(r);
+    let (addr, port) = match &r.to {
+        ServerAddr::Tcp(h, p) => (h.clone(), *p),
+        ServerAddr::Unix(_, p) => ("unix".to_owned(), *p),
+    };
+    let (laddr, lport) = local_text(local.map(Into::into), 0);
+    Some(vec![
+        "S".into(),
+        user.into(),
+        database.into(),
+        "none".into(),
+        "active_cancel".into(),
+        addr.into(),
+        port.into(),
+        laddr.into(),
+        lport.into(),
+        time_text(sent_at).into(),
+        time_text(sent_at).into(),
+        0u32.into(),
+        0u32.into(),
+        0u32.into(),
+        server_ptr(r.server_id).into(),
+        client_ptr(r.client_id).into(),
+        r.backend_pid.into(),
+        r.server_tls.to_string().into(),
+        String::new().into(),
+        0u32.into(),
+        r.server_id.into(),
+    ])
+}
+
+/// SHOW CLIENTS: logged-in clients, then cancel requests on their way.
 pub fn clients(app: &App, out: &mut BytesMut) {
     let port = app.config().settings.listen_port;
     let mut t = header(out, false);
     for c in app.client_reg.all() {
         t.row(client_row(&c, c.state().as_str(), port, false));
     }
+    for r in app.cancels.on_way() {
+        t.row(cancel_client_row(&r, port));
+    }
     t.finish();
 }
 
-/// SHOW SERVERS.
+/// SHOW SERVERS: pool servers, then the connections cancel requests went on.
 pub fn servers(app: &App, out: &mut BytesMut) {
     let mut t = header(out, false);
     for s in server_views(app) {
         t.row(server_row(&s, false));
+    }
+    for r in app.cancels.on_way() {
+        if let Some(row) = cancel_server_row(&r) {
+            t.row(row);
+        }
     }
     t.finish();
 }

@@ -185,6 +185,12 @@ impl Pools {
         pool
     }
 
+    /// A fresh server connection id (`S-<id>`), for a connection no pool owns: a
+    /// cancel request's.
+    pub fn next_server_id(&self) -> u64 {
+        self.ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The welcome parameters of another pool reaching the same server database, for
     /// a new pool that cannot open a connection yet (a shared limit is full). The
     /// client's own server values are applied when it gets a server.

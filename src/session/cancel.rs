@@ -7,8 +7,10 @@
 //! in bits 30-31 how many more times it may be passed on (3 as issued), so that peers
 //! that disagree about who is who cannot pass one around for ever.
 
+mod on_way;
+
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use rustc_hash::FxHashMap;
 
@@ -17,6 +19,10 @@ use crate::pool::ServerAddr;
 use crate::protocol::startup::cancel_request;
 use crate::stats::conns::ClientInfo;
 use crate::tls::server::ServerTls;
+use crate::tls::TlsInfo;
+use on_way::CancelReq;
+use on_way::OnWay;
+pub use on_way::{CameOn, CancelView, Target};
 
 const PEER_SHIFT: u32 = 16;
 const PEER_MASK: u32 = 0x3fff;
@@ -29,12 +35,8 @@ const HOPS_AS_ISSUED: u32 = 0b11;
 pub struct CancelRegistry {
     // Fx: the keys are ours (random), a peer only looks them up.
     map: Mutex<FxHashMap<(u32, u32), Arc<ClientInfo>>>,
-    /// Cancel requests on their way, per (database, pool user) of the client they
-    /// are for or per peer they are passed on to: waiting for their connection, and
-    /// sent (SHOW POOLS, SHOW PEER_POOLS). Kept here rather than on each client,
-    /// which would cost every idle one. A peer's entry stays once made, as
-    /// PgBouncer's peer pools do.
-    in_flight: Mutex<FxHashMap<Target, [u32; 2]>>,
+    /// Cancel requests on their way (SHOW CLIENTS, SERVERS, POOLS, PEER_POOLS).
+    on_way: OnWay,
     /// This process's `peer_id` (0: no peering).
     peer_id: u16,
 }
@@ -63,7 +65,7 @@ impl CancelRegistry {
     pub fn new(peer_id: u16) -> CancelRegistry {
         CancelRegistry {
             map: Mutex::default(),
-            in_flight: Mutex::default(),
+            on_way: OnWay::default(),
             peer_id,
         }
     }
@@ -75,26 +77,12 @@ impl CancelRegistry {
     /// Cancel requests on their way, waiting for their connection and sent: for the
     /// clients of each pool, and passed on to each peer.
     pub fn in_flight(&self) -> FxHashMap<Target, [u32; 2]> {
-        self.in_flight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.on_way.counts()
     }
 
-    /// A cancel request moves on: `from` waiting (0) or sent (1), or none when it
-    /// starts; `to` the same, or none when it ends.
-    fn step(&self, target: &Target, from: Option<usize>, to: Option<usize>) {
-        let mut m = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        let counts = m.entry(target.clone()).or_default();
-        if let Some(to) = to {
-            counts[to] += 1;
-        }
-        if let Some(from) = from {
-            counts[from] = counts[from].saturating_sub(1);
-        }
-        if *counts == [0, 0] && matches!(target, Target::Pool(_)) {
-            m.remove(target);
-        }
+    /// Cancel requests on their way, as SHOW CLIENTS and SERVERS list them.
+    pub fn on_way(&self) -> Vec<CancelView> {
+        self.on_way.views()
     }
 
     /// Forgets a client's key.
@@ -143,11 +131,32 @@ impl CancelRegistry {
         }
     }
 
-    /// Handles a CancelRequest for (pid, key): forwards it to the backend of the local
-    /// client holding it, if that client holds a server, or to the peer whose key it
-    /// is. Returns whether a cancel was sent.
-    pub async fn cancel(&self, pid: u32, key: u32, cfg: &Config) -> bool {
+    /// Handles a CancelRequest for (pid, key) that came on `came`: forwards it to the
+    /// backend of the local client holding it, if that client holds a server, or to
+    /// the peer whose key it is, on a connection numbered `server_id`. Returns whether
+    /// a cancel was sent.
+    pub async fn cancel(
+        &self,
+        (pid, key): (u32, u32),
+        cfg: &Config,
+        came: CameOn<'_>,
+        server_id: u64,
+    ) -> bool {
         let timeout = cfg.settings.cancel_wait_timeout;
+        let view = |target, user, to: &ServerAddr, backend_pid, server_tls| CancelView {
+            target,
+            user,
+            client_id: came.id,
+            peer: came.peer.clone(),
+            local: came.local,
+            tls: came.tls,
+            arrived: SystemTime::now(),
+            server_id,
+            to: to.clone(),
+            backend_pid,
+            server_tls,
+            sent: None,
+        };
         match self.route(pid, key) {
             Route::Local { pid, key } => {
                 let Some(client) = self.lock().get(&(pid, key)).cloned() else {
@@ -158,18 +167,26 @@ impl CancelRegistry {
                 let Some(server) = client.aim_cancel() else {
                     return false;
                 };
-                let pool = (client.meta.database.clone(), client.meta.pool_user.clone());
-                drop(client);
-                let req = CancelReq::new(self, Target::Pool(pool));
-                let (spid, skey) = (server.backend_pid, server.backend_key);
                 // Over TLS when the server connection is, as libpq 17 does: the key
                 // would otherwise cross the network in clear.
                 let tls = cfg.server_tls.as_deref().filter(|_| server.tls.is_tls());
+                let pool = (client.meta.database.clone(), client.meta.pool_user.clone());
+                let user = Some(client.meta.user.clone());
+                drop(client);
+                let (spid, skey) = (server.backend_pid, server.backend_key);
+                let stls = if tls.is_some() {
+                    server.tls
+                } else {
+                    TlsInfo::default()
+                };
+                let req =
+                    self.on_way
+                        .start(view(Target::Pool(pool), user, &server.addr, spid, stls));
                 let to = Dest {
                     addr: &server.addr,
                     ip: server.peer_addr,
                 };
-                send_cancel(to, spid, skey, timeout, tls, Some(&req)).await
+                send_cancel(to, spid, skey, timeout, tls, &req).await
             }
             Route::Peer { peer, pid, key } => match cfg.peers.get(&peer) {
                 Some(p) => {
@@ -178,8 +195,11 @@ impl CancelRegistry {
                         addr: &addr,
                         ip: None,
                     };
-                    let req = CancelReq::new(self, Target::Peer(peer));
-                    send_cancel(to, pid, key, timeout, None, Some(&req)).await
+                    let target = Target::Peer(peer);
+                    let req = self
+                        .on_way
+                        .start(view(target, None, &addr, pid, TlsInfo::default()));
+                    send_cancel(to, pid, key, timeout, None, &req).await
                 }
                 None => {
                     tracing::debug!("cancel request for unknown peer {peer} ignored");
@@ -191,54 +211,6 @@ impl CancelRegistry {
                 false
             }
         }
-    }
-}
-
-/// (database, pool user).
-pub type PoolKey = (Arc<str>, Arc<str>);
-
-/// What a cancel request is counted for.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Target {
-    /// The pool of the client it cancels for (this process's own).
-    Pool(PoolKey),
-    /// The peer it is passed on to.
-    Peer(u16),
-}
-
-/// A cancel request, counted for the pool of the client it is for or the peer it is
-/// passed on to (`cl_waiting_cancel_req` while its connection is made, then
-/// `cl_active_cancel_req` and `sv_active_cancel` until the other end has answered by
-/// closing it) until dropped.
-struct CancelReq<'a> {
-    reg: &'a CancelRegistry,
-    target: Target,
-    sent: std::sync::atomic::AtomicBool,
-}
-
-impl CancelReq<'_> {
-    fn new(reg: &CancelRegistry, target: Target) -> CancelReq<'_> {
-        reg.step(&target, None, Some(0));
-        CancelReq {
-            reg,
-            target,
-            sent: Default::default(),
-        }
-    }
-
-    /// The request went out; the server's answer (its closing the connection) is
-    /// awaited.
-    fn sent(&self) {
-        if !self.sent.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            self.reg.step(&self.target, Some(0), Some(1));
-        }
-    }
-}
-
-impl Drop for CancelReq<'_> {
-    fn drop(&mut self) {
-        let from = usize::from(*self.sent.get_mut());
-        self.reg.step(&self.target, Some(from), None);
     }
 }
 
@@ -260,7 +232,7 @@ async fn send_cancel(
     key: u32,
     timeout: Duration,
     tls: Option<&ServerTls>,
-    req: Option<&CancelReq<'_>>,
+    req: &CancelReq<'_>,
 ) -> bool {
     let addr = to.addr;
     let send = async {
@@ -276,9 +248,7 @@ async fn send_cancel(
                 .map_err(|e| std::io::Error::other(e.to_string()))?;
         }
         stream.write_all(&cancel_request(pid, key)).await?;
-        if let Some(req) = req {
-            req.sent();
-        }
+        req.sent(stream.local_addr());
         let mut buf = bytes::BytesMut::with_capacity(16);
         let _ = stream.read_buf(&mut buf).await;
         Ok::<_, std::io::Error>(())
@@ -318,25 +288,6 @@ mod tests {
             tls: Default::default(),
         }));
         reg.register(&info)
-    }
-
-    #[test]
-    fn cancels_on_their_way_are_counted_per_pool_until_dropped() {
-        let reg = CancelRegistry::new(0);
-        let pool = Target::Pool(("d".into(), "u".into()));
-        let a = CancelReq::new(&reg, pool.clone());
-        let b = CancelReq::new(&reg, pool.clone());
-        assert_eq!(reg.in_flight().get(&pool), Some(&[2, 0]));
-        a.sent();
-        a.sent();
-        assert_eq!(reg.in_flight().get(&pool), Some(&[1, 1]));
-        drop(b);
-        assert_eq!(reg.in_flight().get(&pool), Some(&[0, 1]));
-        drop(a);
-        assert!(reg.in_flight().is_empty());
-        // A peer's entry stays, as a peer pool would.
-        drop(CancelReq::new(&reg, Target::Peer(3)));
-        assert_eq!(reg.in_flight().get(&Target::Peer(3)), Some(&[0, 0]));
     }
 
     #[test]

@@ -1,18 +1,20 @@
 //! Client login: the startup packet (with TLS, the GSS refusal and CancelRequest), startup
 //! parameters and database lookup; the `auth_type` exchanges are `authenticate.rs`.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::{Buf, BytesMut};
 
 use super::authenticate::{authenticate, Proof};
+use super::cancel::CameOn;
 use super::identity::Came;
 use super::params::{self, ClientParams, StartupTracked};
 use super::ClientError;
 use crate::app::App;
 use crate::auth::Secret;
 use crate::config::{AuthType, SslMode};
-use crate::net::Stream;
+use crate::net::{PeerAddr, Stream};
 use crate::pool::{Pool, PoolConfig};
 use crate::protocol::backend;
 use crate::protocol::sqlstate::*;
@@ -45,13 +47,15 @@ pub enum Startup {
 /// Reads startup-family packets until a StartupMessage or CancelRequest arrives.
 /// An SSLRequest from a TCP client is taken up when `client_tls_sslmode` allows TLS:
 /// `stream` then carries the client's TLS session, and `tls` tells what was
-/// negotiated. GSS encryption is always refused.
+/// negotiated. GSS encryption is always refused. `from` is the connection's id and
+/// ends, for a cancel request's listing.
 pub async fn read_startup(
     app: &App,
     stream: &mut Stream,
     buf: &mut BytesMut,
     (read_at_once, tcp): (bool, bool),
     tls: &mut TlsPeer,
+    from: (u64, &PeerAddr, Option<SocketAddr>),
 ) -> Result<Startup, ClientError> {
     let mut at_once = read_at_once;
     loop {
@@ -130,8 +134,15 @@ pub async fn read_startup(
             }
             StartupPacket::Cancel { pid, key } => {
                 let cfg = app.config();
+                let came = CameOn {
+                    id: from.0,
+                    peer: from.1,
+                    local: from.2,
+                    tls: tls.info,
+                };
+                let server_id = app.pools.next_server_id();
                 // Boxed: a cancel's future is large and rare.
-                Box::pin(app.cancels.cancel(pid, key, &cfg)).await;
+                Box::pin(app.cancels.cancel((pid, key), &cfg, came, server_id)).await;
                 return Ok(Startup::Cancel);
             }
             StartupPacket::Startup { minor, params } => {

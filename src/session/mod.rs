@@ -163,7 +163,8 @@ async fn serve_client(app: Arc<App>, mut stream: Stream, origin: Origin) {
     let login = Box::pin(async {
         let stream = &mut stream;
         let how = (read_at_once, tcp);
-        match login::read_startup(&app, stream, &mut buf, how, &mut tls).await? {
+        let from = (id, &peer, local);
+        match login::read_startup(&app, stream, &mut buf, how, &mut tls, from).await? {
             Startup::Cancel => Ok(None),
             Startup::Login { minor, params } => {
                 if cfg.settings.log_connections {

@@ -86,6 +86,31 @@ async fn cancel_columns(admin: &tokio_postgres::Client, db: &str) -> (String, St
         .unwrap_or_else(|| panic!("no pool for {db}"))
 }
 
+/// The rows of SHOW `what` (CLIENTS or SERVERS) in `state`, each as its columns by
+/// name.
+async fn socket_rows(
+    admin: &tokio_postgres::Client,
+    what: &str,
+    state: &str,
+) -> Vec<std::collections::HashMap<String, String>> {
+    let q = format!("SHOW {what}");
+    let msgs = within(T, "SHOW", admin.simple_query(&q))
+        .await
+        .expect("SHOW");
+    msgs.iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) if r.get("state") == Some(state) => Some(
+                r.columns()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (c.name().to_owned(), r.get(i).unwrap_or("").to_owned()))
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Waits for the query to end cancelled, and for the client's cancel call.
 async fn cancelled<E: std::fmt::Debug>(
     query: tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
@@ -155,11 +180,44 @@ async fn a_cancel_on_its_way_is_counted_in_show_pools() {
         "the query ended before its cancel arrived"
     );
 
+    // SHOW CLIENTS lists the request, SHOW SERVERS the connection it went on, each
+    // linked to the other, naming the backend of the server it cancels.
+    let reqs = socket_rows(&admin, "CLIENTS", "active_cancel_req").await;
+    let conns = socket_rows(&admin, "SERVERS", "active_cancel").await;
+    let busy = socket_rows(&admin, "SERVERS", "active").await;
+    assert_eq!(
+        (reqs.len(), conns.len(), busy.len()),
+        (1, 1, 1),
+        "{reqs:?} {conns:?}"
+    );
+    let (req, conn, busy) = (&reqs[0], &conns[0], &busy[0]);
+    for row in [req, conn] {
+        assert_eq!(row["database"], "gated", "{row:?}");
+        assert_eq!(row["user"], MD5_USER, "{row:?}");
+    }
+    assert_eq!(req["link"], conn["ptr"]);
+    assert_eq!(conn["link"], req["ptr"]);
+    assert_eq!(conn["remote_pid"], busy["remote_pid"]);
+    assert_eq!(
+        (conn["addr"].as_str(), conn["port"].clone()),
+        ("127.0.0.1", port.to_string())
+    );
+    assert_ne!(
+        req["ptr"], busy["link"],
+        "the request is not the client it cancels"
+    );
+
     // Let it through: the query is cancelled, and nothing is on its way any more.
     open.notify_one();
     cancelled(query, cancel).await;
     let seen = settle(&none, || cancel_columns(&admin, "gated")).await;
     assert_eq!(seen, none, "after the cancel\n{}", s.diagnostics());
+    assert!(socket_rows(&admin, "CLIENTS", "active_cancel_req")
+        .await
+        .is_empty());
+    assert!(socket_rows(&admin, "SERVERS", "active_cancel")
+        .await
+        .is_empty());
     gate_task.abort();
 }
 
@@ -230,6 +288,18 @@ async fn a_cancel_passed_to_a_peer_is_counted_in_show_peer_pools() {
     let held = vec!["1|1|0|1|0".to_owned()];
     let seen = settle(&held, || peer_pools(&admin)).await;
     assert_eq!(seen, held, "B:\n{}", b.diagnostics());
+    // B lists the request and its connection to the peer, with no pool's names.
+    let reqs = socket_rows(&admin, "CLIENTS", "active_cancel_req").await;
+    let conns = socket_rows(&admin, "SERVERS", "active_cancel").await;
+    assert_eq!((reqs.len(), conns.len()), (1, 1), "{reqs:?} {conns:?}");
+    for row in [&reqs[0], &conns[0]] {
+        assert_eq!(
+            (row["database"].as_str(), row["user"].as_str()),
+            ("(nodb)", "(nouser)")
+        );
+    }
+    assert_eq!(conns[0]["port"], gate_port.to_string());
+    assert_eq!(reqs[0]["link"], conns[0]["ptr"]);
 
     open.notify_one();
     cancelled(query, cancel).await;
