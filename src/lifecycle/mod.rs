@@ -177,8 +177,8 @@ async fn run(
             tracing::info!("listening on {a}");
         }
     }
-    if let Some(p) = listeners.unix_path() {
-        tracing::info!("listening on unix:{}", p.display());
+    if let Some(name) = listeners.unix_name() {
+        tracing::info!("listening on {name}");
     }
     tracing::info!(
         "process up: {}, libc, tokio",

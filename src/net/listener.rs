@@ -7,7 +7,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use socket2::{Domain, Protocol, Socket, Type};
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
@@ -25,8 +25,11 @@ pub struct Listeners {
     pub tcp: Vec<TcpListener>,
     /// The socket in `unix_socket_dir`, or those the service manager passed.
     pub unix: Vec<UnixListener>,
-    /// The socket file Sluice made (and removes); none for passed sockets.
+    /// The socket file Sluice made (and removes); none for passed sockets and for
+    /// one in the abstract namespace.
     unix_path: Option<PathBuf>,
+    /// The socket Sluice made, for the log: `unix:<path>`.
+    unix_name: Option<String>,
 }
 
 /// A listening socket's accept, for [`Acceptor`].
@@ -100,9 +103,15 @@ impl Listeners {
         self.tcp.clear();
     }
 
-    /// The UNIX socket path, if any.
+    /// The UNIX socket file, if Sluice made one.
     pub fn unix_path(&self) -> Option<&PathBuf> {
         self.unix_path.as_ref()
+    }
+
+    /// The UNIX socket Sluice made, as the log names it (`unix:<path>`, an abstract
+    /// one's starting with `@`).
+    pub fn unix_name(&self) -> Option<&str> {
+        self.unix_name.as_deref()
     }
 }
 
@@ -117,6 +126,36 @@ impl Drop for Listeners {
 /// The path of the UNIX socket for a directory and port, as libpq names it.
 pub fn unix_socket_path(dir: &str, port: u16) -> PathBuf {
     PathBuf::from(dir).join(format!(".s.PGSQL.{port}"))
+}
+
+/// The socket for a "directory" that starts with `@`: a name in Linux's abstract
+/// namespace, no file, as PostgreSQL 14, libpq and PgBouncer 1.16 read such a value
+/// (`@dir` is `\0dir/.s.PGSQL.<port>`). None for a real directory.
+pub fn abstract_socket(dir: &str, port: u16) -> Option<io::Result<SockAddr>> {
+    let name = dir.strip_prefix('@')?;
+    let path = format!("\0{name}/.s.PGSQL.{port}");
+    Some(SockAddr::unix(path))
+}
+
+/// Connects to the abstract-namespace socket `addr` without blocking: a UNIX
+/// socket's connect is done or refused at once (a full backlog refuses it too).
+pub fn connect_abstract(addr: &SockAddr) -> io::Result<std::os::unix::net::UnixStream> {
+    let sock = Socket::new(Domain::UNIX, Type::STREAM, None)?;
+    sock.set_nonblocking(true)?;
+    sock.connect(addr)?;
+    Ok(OwnedFd::from(sock).into())
+}
+
+/// Binds and listens on the abstract-namespace socket `addr`. Nothing is left to
+/// remove afterwards, nor any file to apply `unix_socket_mode` and
+/// `unix_socket_group` to: anyone in the network namespace may connect.
+fn bind_abstract(addr: &SockAddr, s: &Settings) -> io::Result<UnixListener> {
+    let sock = Socket::new(Domain::UNIX, Type::STREAM, None)?;
+    sock.set_nonblocking(true)?;
+    sock.bind(addr)?;
+    sock.listen(s.listen_backlog.min(i32::MAX as u32) as i32)?;
+    let l = std::os::unix::net::UnixListener::from(OwnedFd::from(sock));
+    register(mio::net::UnixListener::from_std(l), Interest::READABLE)
 }
 
 /// Binds every configured listener; fails if any cannot be bound. With sockets
@@ -134,9 +173,15 @@ pub fn bind_listeners(s: &Settings, passed: Vec<OwnedFd>) -> io::Result<Listener
             tcp.push(bind_tcp(sa, s)?);
         }
     }
-    let mut unix = None;
-    let mut unix_path = None;
-    if !s.unix_socket_dir.is_empty() {
+    let (mut unix, mut unix_path, mut unix_name) = (None, None, None);
+    if let Some(addr) = abstract_socket(&s.unix_socket_dir, s.listen_port) {
+        let name = format!("unix:{}/.s.PGSQL.{}", s.unix_socket_dir, s.listen_port);
+        let l = addr
+            .and_then(|a| bind_abstract(&a, s))
+            .map_err(|e| io::Error::new(e.kind(), format!("bind {name}: {e}")))?;
+        unix = Some(l);
+        unix_name = Some(name);
+    } else if !s.unix_socket_dir.is_empty() {
         let path = unix_socket_path(&s.unix_socket_dir, s.listen_port);
         if path.exists() {
             // A live socket means another pooler owns this port; a stale file is removed.
@@ -160,6 +205,7 @@ pub fn bind_listeners(s: &Settings, passed: Vec<OwnedFd>) -> io::Result<Listener
             return Err(e);
         }
         unix = Some(l);
+        unix_name = Some(format!("unix:{}", path.display()));
         unix_path = Some(path);
     }
     if tcp.is_empty() && unix.is_none() {
@@ -172,6 +218,7 @@ pub fn bind_listeners(s: &Settings, passed: Vec<OwnedFd>) -> io::Result<Listener
         tcp,
         unix: unix.into_iter().collect(),
         unix_path,
+        unix_name,
     })
 }
 
@@ -214,6 +261,7 @@ fn use_passed(s: &Settings, passed: Vec<OwnedFd>) -> io::Result<Listeners> {
         tcp,
         unix,
         unix_path: None,
+        unix_name: None,
     })
 }
 

@@ -20,6 +20,10 @@ pub(crate) async fn connect_to(addr: &ServerAddr, tcp: &TcpTuning) -> std::io::R
             tcp_stream(TcpStream::connect((host.as_str(), *port)).await?, tcp)
         }
         ServerAddr::Unix(dir, port) => {
+            if let Some(addr) = crate::net::listener::abstract_socket(dir, *port) {
+                let s = crate::net::listener::connect_abstract(&addr?)?;
+                return Stream::from_std(StdStream::Unix(s));
+            }
             let path = crate::net::listener::unix_socket_path(dir, *port);
             let s = UnixStream::connect(path).await?;
             Stream::from_std(StdStream::Unix(s.into_std()?))

@@ -11,15 +11,17 @@ use crate::net::TcpTuning;
 pub enum ServerAddr {
     /// Host name or IP, and port.
     Tcp(String, u16),
-    /// A socket directory and port (`<dir>/.s.PGSQL.<port>`).
+    /// A socket directory and port (`<dir>/.s.PGSQL.<port>`); a "directory" starting
+    /// with `@` is in the abstract namespace.
     Unix(String, u16),
 }
 
 impl ServerAddr {
     /// A `host=` value as libpq reads it: a directory (starting with `/`) holds the
-    /// UNIX socket, anything else is a host name or address.
+    /// UNIX socket, one starting with `@` names it in the abstract namespace, anything
+    /// else is a host name or address.
     pub fn for_host(host: &str, port: u16) -> ServerAddr {
-        if host.starts_with('/') {
+        if host.starts_with('/') || host.starts_with('@') {
             ServerAddr::Unix(host.to_owned(), port)
         } else {
             ServerAddr::Tcp(host.to_owned(), port)

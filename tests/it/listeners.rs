@@ -1,6 +1,7 @@
 //! Listening sockets (TCP addresses, the unix socket, `max_client_conn`), and the
 //! connection log lines (`logs.rs`), against the real `sluice` binary and PostgreSQL.
 
+mod abstract_ns;
 mod logs;
 mod reuseport;
 mod tcp_options;

@@ -131,6 +131,20 @@ impl Drop for TempDir {
 /// A TCP port on 127.0.0.1 that was free a moment ago. Never hands out the same
 /// port twice within one process, which keeps parallel tests from racing each
 /// other; a race with another process is still possible, so starters retry.
+/// Connects to the UNIX socket for `dir` and `port` as libpq would: a `dir` starting
+/// with `@` names it in Linux's abstract namespace (`\0dir/.s.PGSQL.<port>`).
+pub fn unix_connect(dir: &Path, port: u16) -> std::io::Result<std::os::unix::net::UnixStream> {
+    use std::os::linux::net::SocketAddrExt;
+    let name = format!(".s.PGSQL.{port}");
+    match dir.to_str().and_then(|d| d.strip_prefix('@')) {
+        Some(abs) => {
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(format!("{abs}/{name}"))?;
+            std::os::unix::net::UnixStream::connect_addr(&addr)
+        }
+        None => std::os::unix::net::UnixStream::connect(dir.join(name)),
+    }
+}
+
 pub fn free_port() -> u16 {
     static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
     for _ in 0..200 {

@@ -247,7 +247,7 @@ impl PgServer {
         let conf = format!(
             "\n# --- sluice test harness ---\n\
              listen_addresses = '127.0.0.1'\n\
-             unix_socket_directories = '{}'\n\
+             unix_socket_directories = '{}, @{}'\n\
              max_connections = 300\n\
              fsync = off\n\
              synchronous_commit = off\n\
@@ -256,6 +256,7 @@ impl PgServer {
              password_encryption = 'scram-sha-256'\n\
              wal_level = logical\n\
              log_line_prefix = '%m [%p] %q%u@%d '\n",
+            self.sock_dir.display(),
             self.sock_dir.display()
         );
         append(&self.data_dir.join("postgresql.conf"), &conf)?;
@@ -367,6 +368,12 @@ impl PgServer {
     /// Unix-socket directory (`host=<this>` for libpq / Sluice).
     pub fn socket_dir(&self) -> &Path {
         &self.sock_dir
+    }
+
+    /// The same socket in the abstract namespace (`host=@...`): `@` and the
+    /// directory's path, which makes the name unique.
+    pub fn abstract_socket_dir(&self) -> String {
+        format!("@{}", self.sock_dir.display())
     }
 
     pub fn data_dir(&self) -> &Path {

@@ -413,7 +413,7 @@ impl Sluice {
             .filter(|d| !d.as_os_str().is_empty());
         let unix_ready = || {
             unix_dir.is_some_and(|d| {
-                std::os::unix::net::UnixStream::connect(d.join(format!(".s.PGSQL.{}", self.port)))
+                super::unix_connect(d, self.port)
                     .map(leave_uncounted)
                     .is_ok()
             })
@@ -545,7 +545,7 @@ impl Sluice {
     }
 
     /// Port, user, database and password, but no host yet.
-    fn login_config(&self, user: &str, password: &str, db: &str) -> tokio_postgres::Config {
+    pub fn login_config(&self, user: &str, password: &str, db: &str) -> tokio_postgres::Config {
         let mut cfg = tokio_postgres::Config::new();
         cfg.port(self.port)
             .user(user)
