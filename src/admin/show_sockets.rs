@@ -168,7 +168,11 @@ fn server_row(s: &ServerView, debug: bool) -> Vec<Cell> {
         ServerAddr::Tcp(h, p) => (h.clone(), *p),
         ServerAddr::Unix(_, p) => ("unix".to_owned(), *p),
     };
-    let (laddr, lport) = local_text(s.local_addr.map(Into::into), 0);
+    let (laddr, lport) = match (&s.addr, s.local_addr) {
+        // A TCP connection not yet made has no local end.
+        (ServerAddr::Tcp(..), None) => (String::new(), 0),
+        (_, local) => local_text(local.map(Into::into), 0),
+    };
     let mut row = vec![
         "S".into(),
         s.user.clone().into(),
@@ -240,6 +244,26 @@ fn server_views(app: &App) -> Vec<ServerView> {
             views.push(unlinked_view(
                 &row, &ident, state, since, prepared, generation,
             ));
+        }
+        // Being opened: no backend yet, and no local end known.
+        for o in pool.openings() {
+            views.push(ServerView {
+                id: o.id,
+                user: row.user.clone(),
+                database: row.database.clone(),
+                state: "new",
+                addr: o.addr,
+                local_addr: None,
+                created: o.since,
+                request_time: wall(o.since),
+                close_needed: false,
+                link: None,
+                backend_pid: 0,
+                application_name: String::new(),
+                prepared: 0,
+                tls: Default::default(),
+                replication: "none",
+            });
         }
         let now = Tick::now();
         for s in pool.idle_servers() {
@@ -417,6 +441,7 @@ pub fn sockets(app: &App, out: &mut BytesMut, only_active: bool) {
         s.state = match s.state {
             "active" => "sv_active",
             "used" => "sv_used",
+            "new" => "sv_login",
             _ => "sv_idle",
         };
         t.row(server_row(&s, true));

@@ -402,6 +402,7 @@ impl Pool {
                 key_cache: &self.server_keys,
                 extra,
             };
+            let _listed = self.opening(id, addr);
             match server::connect(cfg, dial, id, generation, slot).await {
                 Ok(conn) => {
                     self.log_server_login(&conn);

@@ -13,6 +13,7 @@ mod idle_pools;
 pub mod limits;
 mod line;
 pub mod lookup;
+pub mod opening;
 pub mod registry;
 pub mod server;
 mod server_tls;
@@ -180,6 +181,8 @@ pub struct Pool {
     next_host: std::sync::atomic::AtomicUsize,
     /// When each host of a list last failed, if it has not worked since.
     host_failures: Mutex<Vec<Option<Tick>>>,
+    /// Connections being opened (SHOW SERVERS `new`).
+    openings: opening::Openings,
 }
 
 impl Pool {
@@ -206,6 +209,7 @@ impl Pool {
             server_keys: Default::default(),
             next_host: Default::default(),
             host_failures: Default::default(),
+            openings: Default::default(),
         }
     }
 

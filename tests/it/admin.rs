@@ -11,6 +11,7 @@ mod autodb;
 mod control;
 mod idle_pools;
 mod metrics;
+mod opening;
 mod show;
 mod values;
 
