@@ -342,8 +342,8 @@ fn cancel_client_row(r: &CancelView, listen_port: u16) -> Vec<Cell> {
         port.into(),
         laddr.into(),
         lport.into(),
-        time_text(r.arrived).into(),
-        time_text(r.arrived).into(),
+        time_text(wall(r.arrived)).into(),
+        time_text(wall(r.arrived)).into(),
         0u32.into(),
         0u32.into(),
         0u32.into(),
@@ -357,38 +357,31 @@ fn cancel_client_row(r: &CancelView, listen_port: u16) -> Vec<Cell> {
     ]
 }
 
-/// The connection a sent cancel request went on, as a server row.
-fn cancel_server_row(r: &CancelView) -> Option<Vec<Cell>> {
-    let (sent_at, local) = r.sent?;
+/// The connection a cancel request goes on, as a server: `new` while it is made,
+/// then `active_cancel`, linked to the request, until the other end closes it.
+fn cancel_server_view(r: &CancelView) -> ServerView {
     let (database, user) = cancel_names(r);
-    let (addr, port) = match &r.to {
-        ServerAddr::Tcp(h, p) => (h.clone(), *p),
-        ServerAddr::Unix(_, p) => ("unix".to_owned(), *p),
+    let (state, since, local, link) = match r.sent {
+        Some((at, local)) => ("active_cancel", at, local, Some(r.client_id)),
+        None => ("new", r.arrived, None, None),
     };
-    let (laddr, lport) = local_text(local.map(Into::into), 0);
-    Some(vec![
-        "S".into(),
-        user.into(),
-        database.into(),
-        "none".into(),
-        "active_cancel".into(),
-        addr.into(),
-        port.into(),
-        laddr.into(),
-        lport.into(),
-        time_text(sent_at).into(),
-        time_text(sent_at).into(),
-        0u32.into(),
-        0u32.into(),
-        0u32.into(),
-        server_ptr(r.server_id).into(),
-        client_ptr(r.client_id).into(),
-        r.backend_pid.into(),
-        r.server_tls.to_string().into(),
-        String::new().into(),
-        0u32.into(),
-        r.server_id.into(),
-    ])
+    ServerView {
+        id: r.server_id,
+        user,
+        database,
+        state,
+        addr: r.to.clone(),
+        local_addr: local,
+        created: since,
+        request_time: wall(since),
+        close_needed: false,
+        link,
+        backend_pid: r.backend_pid,
+        application_name: String::new(),
+        prepared: 0,
+        tls: r.server_tls,
+        replication: "none",
+    }
 }
 
 /// SHOW CLIENTS: logged-in clients, then cancel requests on their way.
@@ -411,9 +404,7 @@ pub fn servers(app: &App, out: &mut BytesMut) {
         t.row(server_row(&s, false));
     }
     for r in app.cancels.on_way() {
-        if let Some(row) = cancel_server_row(&r) {
-            t.row(row);
-        }
+        t.row(server_row(&cancel_server_view(&r), false));
     }
     t.finish();
 }
@@ -447,4 +438,46 @@ pub fn sockets(app: &App, out: &mut BytesMut, only_active: bool) {
         t.row(server_row(&s, true));
     }
     t.finish();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::Tick;
+
+    #[test]
+    fn a_cancel_connection_is_new_until_the_request_is_sent_on_it() {
+        let mut r = CancelView {
+            target: Target::Pool(("db".into(), "pool_user".into())),
+            user: Some("alice".into()),
+            client_id: 5,
+            peer: PeerAddr::Unix,
+            local: None,
+            tls: Default::default(),
+            arrived: Tick::now(),
+            server_id: 9,
+            to: ServerAddr::for_host("127.0.0.1", 5432),
+            backend_pid: 4242,
+            server_tls: Default::default(),
+            sent: None,
+        };
+        let v = cancel_server_view(&r);
+        assert_eq!((v.state, v.link, v.id), ("new", None, 9));
+        assert_eq!((v.database.as_str(), v.user.as_str()), ("db", "alice"));
+        let local = "127.0.0.1:40000".parse().ok();
+        r.sent = Some((Tick::now(), local));
+        let v = cancel_server_view(&r);
+        assert_eq!(
+            (v.state, v.link, v.local_addr),
+            ("active_cancel", Some(5), local)
+        );
+        assert_eq!(v.backend_pid, 4242);
+        // One passed on to a peer has no pool's names.
+        r.target = Target::Peer(3);
+        let v = cancel_server_view(&r);
+        assert_eq!(
+            (v.database.as_str(), v.user.as_str()),
+            ("(nodb)", "(nouser)")
+        );
+    }
 }

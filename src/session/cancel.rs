@@ -10,7 +10,7 @@
 mod on_way;
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use rustc_hash::FxHashMap;
 
@@ -150,7 +150,7 @@ impl CancelRegistry {
             peer: came.peer.clone(),
             local: came.local,
             tls: came.tls,
-            arrived: SystemTime::now(),
+            arrived: crate::clock::Tick::now(),
             server_id,
             to: to.clone(),
             backend_pid,

@@ -8,10 +8,10 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::SystemTime;
 
 use rustc_hash::FxHashMap;
 
+use crate::clock::Tick;
 use crate::net::PeerAddr;
 use crate::pool::ServerAddr;
 use crate::tls::TlsInfo;
@@ -49,7 +49,7 @@ pub struct CancelView {
     pub peer: PeerAddr,
     pub local: Option<SocketAddr>,
     pub tls: TlsInfo,
-    pub arrived: SystemTime,
+    pub arrived: Tick,
     /// Its own connection onwards: `S-<id>`, where it goes, the backend pid it
     /// names, and what TLS it uses.
     pub server_id: u64,
@@ -57,7 +57,7 @@ pub struct CancelView {
     pub backend_pid: u32,
     pub server_tls: TlsInfo,
     /// Set once the request went out: when, and that connection's local end.
-    pub sent: Option<(SystemTime, Option<SocketAddr>)>,
+    pub sent: Option<(Tick, Option<SocketAddr>)>,
 }
 
 /// Every cancel request on its way, by the id of the connection it came on, and the
@@ -128,7 +128,7 @@ impl CancelReq<'_> {
     /// end's closing it is awaited.
     pub fn sent(&self, local: Option<SocketAddr>) {
         if let Some(r) = self.on_way.lock().requests.get_mut(&self.id) {
-            r.sent.get_or_insert((SystemTime::now(), local));
+            r.sent.get_or_insert((Tick::now(), local));
         }
     }
 }
@@ -152,7 +152,7 @@ mod tests {
             peer: PeerAddr::Unix,
             local: None,
             tls: TlsInfo::default(),
-            arrived: SystemTime::now(),
+            arrived: Tick::now(),
             server_id: 100 + id,
             to: ServerAddr::for_host("127.0.0.1", 5432),
             backend_pid: 42,
