@@ -358,14 +358,16 @@ fn cancel_client_row(r: &CancelView, listen_port: u16) -> Vec<Cell> {
 }
 
 /// The connection a cancel request goes on, as a server: `new` while it is made,
-/// then `active_cancel`, linked to the request, until the other end closes it.
-fn cancel_server_view(r: &CancelView) -> ServerView {
+/// then `active_cancel`, linked to the request, until the other end closes it; none
+/// while the request waits for its turn.
+fn cancel_server_view(r: &CancelView) -> Option<ServerView> {
     let (database, user) = cancel_names(r);
     let (state, since, local, link) = match r.sent {
         Some((at, local)) => ("active_cancel", at, local, Some(r.client_id)),
-        None => ("new", r.arrived, None, None),
+        None if r.connecting => ("new", r.arrived, None, None),
+        None => return None,
     };
-    ServerView {
+    Some(ServerView {
         id: r.server_id,
         user,
         database,
@@ -381,7 +383,7 @@ fn cancel_server_view(r: &CancelView) -> ServerView {
         prepared: 0,
         tls: r.server_tls,
         replication: "none",
-    }
+    })
 }
 
 /// SHOW CLIENTS: logged-in clients, then cancel requests on their way.
@@ -403,8 +405,8 @@ pub fn servers(app: &App, out: &mut BytesMut) {
     for s in server_views(app) {
         t.row(server_row(&s, false));
     }
-    for r in app.cancels.on_way() {
-        t.row(server_row(&cancel_server_view(&r), false));
+    for v in app.cancels.on_way().iter().filter_map(cancel_server_view) {
+        t.row(server_row(&v, false));
     }
     t.finish();
 }
@@ -459,14 +461,17 @@ mod tests {
             to: ServerAddr::for_host("127.0.0.1", 5432),
             backend_pid: 4242,
             server_tls: Default::default(),
+            connecting: false,
             sent: None,
         };
-        let v = cancel_server_view(&r);
+        assert!(cancel_server_view(&r).is_none(), "waiting for its turn");
+        r.connecting = true;
+        let v = cancel_server_view(&r).expect("a connection");
         assert_eq!((v.state, v.link, v.id), ("new", None, 9));
         assert_eq!((v.database.as_str(), v.user.as_str()), ("db", "alice"));
         let local = "127.0.0.1:40000".parse().ok();
         r.sent = Some((Tick::now(), local));
-        let v = cancel_server_view(&r);
+        let v = cancel_server_view(&r).expect("a connection");
         assert_eq!(
             (v.state, v.link, v.local_addr),
             ("active_cancel", Some(5), local)
@@ -474,7 +479,7 @@ mod tests {
         assert_eq!(v.backend_pid, 4242);
         // One passed on to a peer has no pool's names.
         r.target = Target::Peer(3);
-        let v = cancel_server_view(&r);
+        let v = cancel_server_view(&r).expect("a connection");
         assert_eq!(
             (v.database.as_str(), v.user.as_str()),
             ("(nodb)", "(nouser)")

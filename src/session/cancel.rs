@@ -13,11 +13,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rustc_hash::FxHashMap;
+use tokio::sync::Semaphore;
 
 use crate::config::Config;
 use crate::pool::ServerAddr;
 use crate::protocol::startup::cancel_request;
 use crate::stats::conns::ClientInfo;
+use crate::timer;
 use crate::tls::server::ServerTls;
 use crate::tls::TlsInfo;
 use on_way::CancelReq;
@@ -37,6 +39,8 @@ pub struct CancelRegistry {
     map: Mutex<FxHashMap<(u32, u32), Arc<ClientInfo>>>,
     /// Cancel requests on their way (SHOW CLIENTS, SERVERS, POOLS, PEER_POOLS).
     on_way: OnWay,
+    /// Slots for the cancels in flight to each peer, and their number.
+    peer_slots: Mutex<FxHashMap<u16, (u32, Arc<Semaphore>)>>,
     /// This process's `peer_id` (0: no peering).
     peer_id: u16,
 }
@@ -66,6 +70,7 @@ impl CancelRegistry {
         CancelRegistry {
             map: Mutex::default(),
             on_way: OnWay::default(),
+            peer_slots: Mutex::default(),
             peer_id,
         }
     }
@@ -83,6 +88,20 @@ impl CancelRegistry {
     /// Cancel requests on their way, as SHOW CLIENTS and SERVERS list them.
     pub fn on_way(&self) -> Vec<CancelView> {
         self.on_way.views()
+    }
+
+    /// The slots for cancels in flight to `peer`: `size` of them (at least one),
+    /// made anew when the peer's `pool_size` changed (those in flight keep theirs).
+    fn peer_slots(&self, peer: u16, size: u32) -> Arc<Semaphore> {
+        let size = size.max(1);
+        let mut m = self.peer_slots.lock().unwrap_or_else(|p| p.into_inner());
+        let e = m
+            .entry(peer)
+            .or_insert_with(|| (size, Arc::new(Semaphore::new(size as usize))));
+        if e.0 != size {
+            *e = (size, Arc::new(Semaphore::new(size as usize)));
+        }
+        e.1.clone()
     }
 
     /// Forgets a client's key.
@@ -155,6 +174,7 @@ impl CancelRegistry {
             to: to.clone(),
             backend_pid,
             server_tls,
+            connecting: false,
             sent: None,
         };
         match self.route(pid, key) {
@@ -199,6 +219,17 @@ impl CancelRegistry {
                     let req = self
                         .on_way
                         .start(view(target, None, &addr, pid, TlsInfo::default()));
+                    // At most the peer's `pool_size` at once, as PgBouncer's peer pool
+                    // has; the others wait their turn (`waiting_cancel_req`).
+                    let size = p.pool_size.unwrap_or(cfg.settings.default_pool_size);
+                    let slots = self.peer_slots(peer, size);
+                    let Ok(Ok(_slot)) = timer::timeout(limit(timeout), slots.acquire_owned()).await
+                    else {
+                        tracing::warn!(
+                            "cancel request to peer {peer} timed out waiting for a slot (pool_size {size})"
+                        );
+                        return false;
+                    };
                     send_cancel(to, pid, key, timeout, None, &req).await
                 }
                 None => {
@@ -211,6 +242,16 @@ impl CancelRegistry {
                 false
             }
         }
+    }
+}
+
+/// How long a cancel may wait for its turn, and then for its delivery:
+/// `cancel_wait_timeout`, or 15 s when that is 0 (a cancel never waits for ever).
+fn limit(timeout: Duration) -> Duration {
+    if timeout.is_zero() {
+        Duration::from_secs(15)
+    } else {
+        timeout
     }
 }
 
@@ -236,6 +277,7 @@ async fn send_cancel(
 ) -> bool {
     let addr = to.addr;
     let send = async {
+        req.connecting();
         // A connection that lives for one packet: no keepalive or buffer options.
         let tcp = crate::net::TcpTuning::default();
         let mut stream = match to.ip {
@@ -253,12 +295,7 @@ async fn send_cancel(
         let _ = stream.read_buf(&mut buf).await;
         Ok::<_, std::io::Error>(())
     };
-    let limit = if timeout.is_zero() {
-        Duration::from_secs(15)
-    } else {
-        timeout
-    };
-    match crate::timer::timeout(limit, send).await {
+    match timer::timeout(limit(timeout), send).await {
         Ok(Ok(())) => true,
         Ok(Err(e)) => {
             tracing::warn!("cancel request to {addr} failed: {e}");

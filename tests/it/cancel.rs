@@ -3,6 +3,7 @@
 //! nobody else's; unknown keys are ignored.
 
 mod counted;
+mod peer_pools;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -56,6 +56,9 @@ pub struct CancelView {
     pub to: ServerAddr,
     pub backend_pid: u32,
     pub server_tls: TlsInfo,
+    /// Whether its connection onwards is being made (or was): a request passed on
+    /// to a peer may first wait for its turn.
+    pub connecting: bool,
     /// Set once the request went out: when, and that connection's local end.
     pub sent: Option<(Tick, Option<SocketAddr>)>,
 }
@@ -124,6 +127,13 @@ pub struct CancelReq<'a> {
 }
 
 impl CancelReq<'_> {
+    /// Its connection onwards is being made.
+    pub fn connecting(&self) {
+        if let Some(r) = self.on_way.lock().requests.get_mut(&self.id) {
+            r.connecting = true;
+        }
+    }
+
     /// The request went out on a connection whose local end is `local`; the other
     /// end's closing it is awaited.
     pub fn sent(&self, local: Option<SocketAddr>) {
@@ -157,6 +167,7 @@ mod tests {
             to: ServerAddr::for_host("127.0.0.1", 5432),
             backend_pid: 42,
             server_tls: TlsInfo::default(),
+            connecting: false,
             sent: None,
         }
     }

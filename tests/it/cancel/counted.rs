@@ -17,19 +17,19 @@ use crate::admin::{console, ADMIN, ADMIN_PW};
 use crate::support::probe::within;
 use crate::support::{self, pg, SluiceBuilder, MD5_PASSWORD, MD5_USER, TEST_DB};
 
-const T: Duration = Duration::from_secs(30);
+pub(super) const T: Duration = Duration::from_secs(30);
 const CANCEL_CODE: u32 = 80_877_102;
 
 /// Where a gate passes connections on to.
 #[derive(Clone)]
-enum Behind {
+pub(super) enum Behind {
     Tcp(u16),
     Unix(PathBuf),
 }
 
 /// Accepts connections for what is `behind` it: a cancel request is held until
 /// `open` is notified, then delivered; anything else is relayed both ways.
-async fn gate(listener: TcpListener, behind: Behind, open: Arc<Notify>) {
+pub(super) async fn gate(listener: TcpListener, behind: Behind, open: Arc<Notify>) {
     while let Ok((mut client, _)) = listener.accept().await {
         let (open, behind) = (open.clone(), behind.clone());
         tokio::spawn(async move {
@@ -88,7 +88,7 @@ async fn cancel_columns(admin: &tokio_postgres::Client, db: &str) -> (String, St
 
 /// The rows of SHOW `what` (CLIENTS or SERVERS) in `state`, each as its columns by
 /// name.
-async fn socket_rows(
+pub(super) async fn socket_rows(
     admin: &tokio_postgres::Client,
     what: &str,
     state: &str,
@@ -112,7 +112,7 @@ async fn socket_rows(
 }
 
 /// Waits for the query to end cancelled, and for the client's cancel call.
-async fn cancelled<E: std::fmt::Debug>(
+pub(super) async fn cancelled<E: std::fmt::Debug>(
     query: tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
     cancel: tokio::task::JoinHandle<Result<(), E>>,
 ) {
@@ -125,7 +125,7 @@ async fn cancelled<E: std::fmt::Debug>(
 }
 
 /// What `read` returns once it equals `want`, or after 10 s.
-async fn settle<T: PartialEq, F: std::future::Future<Output = T>>(
+pub(super) async fn settle<T: PartialEq, F: std::future::Future<Output = T>>(
     want: &T,
     mut read: impl FnMut() -> F,
 ) -> T {
@@ -218,93 +218,5 @@ async fn a_cancel_on_its_way_is_counted_in_show_pools() {
     assert!(socket_rows(&admin, "SERVERS", "active_cancel")
         .await
         .is_empty());
-    gate_task.abort();
-}
-
-/// SHOW PEER_POOLS' rows, as `peer_id|cl_active_cancel_req|cl_waiting_cancel_req|
-/// sv_active_cancel|sv_login`.
-async fn peer_pools(admin: &tokio_postgres::Client) -> Vec<String> {
-    let msgs = within(T, "SHOW PEER_POOLS", admin.simple_query("SHOW PEER_POOLS"))
-        .await
-        .expect("SHOW PEER_POOLS");
-    msgs.iter()
-        .filter_map(|m| match m {
-            SimpleQueryMessage::Row(r) => Some(
-                (0..r.len())
-                    .map(|i| r.get(i).unwrap_or("?"))
-                    .collect::<Vec<_>>()
-                    .join("|"),
-            ),
-            _ => None,
-        })
-        .collect()
-}
-
-/// A cancel passed on to a peer (two `so_reuseport` processes; the gate stands
-/// between B and the peer A that issued the key) is counted in B's SHOW PEER_POOLS
-/// while on its way, and the peer's row stays afterwards, as PgBouncer's peer pool.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancel_passed_to_a_peer_is_counted_in_show_peer_pools() {
-    let a = super::peered(1).start();
-    let port = a.port();
-    let a_socket = a.socket_dir().join(format!(".s.PGSQL.{port}"));
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let gate_port = listener.local_addr().expect("addr").port();
-    let open = Arc::new(Notify::new());
-    let gate_task = tokio::spawn(gate(listener, Behind::Unix(a_socket), open.clone()));
-    let b = super::peered(2)
-        .userlist(ADMIN, ADMIN_PW)
-        .setting("listen_port", &port.to_string())
-        .raw_ini(&format!("[peers]\n1 = host=127.0.0.1 port={gate_port}\n"))
-        .start();
-    let b_socket = super::bound_socket(&b);
-    let admin = within(
-        T,
-        "B's console",
-        support::connect(&b.socket_config(ADMIN, ADMIN_PW, "pgbouncer")),
-    )
-    .await;
-    assert!(peer_pools(&admin).await.is_empty());
-
-    // A's client; its cancel sent to B, which passes it on through the gate.
-    let c = Arc::new(
-        within(
-            T,
-            "connect",
-            support::connect(&a.socket_config(MD5_USER, MD5_PASSWORD, TEST_DB)),
-        )
-        .await,
-    );
-    let query = {
-        let c = c.clone();
-        tokio::spawn(async move { c.batch_execute("SELECT pg_sleep(30)").await })
-    };
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let to_b = within(T, "connect to B", UnixStream::connect(&b_socket))
-        .await
-        .expect("B's socket");
-    let token = c.cancel_token();
-    let cancel = tokio::spawn(async move { token.cancel_query_raw(to_b, NoTls).await });
-    let held = vec!["1|1|0|1|0".to_owned()];
-    let seen = settle(&held, || peer_pools(&admin)).await;
-    assert_eq!(seen, held, "B:\n{}", b.diagnostics());
-    // B lists the request and its connection to the peer, with no pool's names.
-    let reqs = socket_rows(&admin, "CLIENTS", "active_cancel_req").await;
-    let conns = socket_rows(&admin, "SERVERS", "active_cancel").await;
-    assert_eq!((reqs.len(), conns.len()), (1, 1), "{reqs:?} {conns:?}");
-    for row in [&reqs[0], &conns[0]] {
-        assert_eq!(
-            (row["database"].as_str(), row["user"].as_str()),
-            ("(nodb)", "(nouser)")
-        );
-    }
-    assert_eq!(conns[0]["port"], gate_port.to_string());
-    assert_eq!(reqs[0]["link"], conns[0]["ptr"]);
-
-    open.notify_one();
-    cancelled(query, cancel).await;
-    let after = vec!["1|0|0|0|0".to_owned()];
-    let seen = settle(&after, || peer_pools(&admin)).await;
-    assert_eq!(seen, after, "B:\n{}", b.diagnostics());
     gate_task.abort();
 }
