@@ -152,16 +152,21 @@ impl CancelRegistry {
 
     /// Handles a CancelRequest for (pid, key) that came on `came`: forwards it to the
     /// backend of the local client holding it, if that client holds a server, or to
-    /// the peer whose key it is, on a connection numbered `server_id`. Returns whether
-    /// a cancel was sent.
+    /// the peer whose key it is, on a connection numbered `server_id`. Returns how it
+    /// ended, in PgBouncer's words for the request's `closing because:` line.
     pub async fn cancel(
         &self,
         (pid, key): (u32, u32),
         cfg: &Config,
         came: CameOn<'_>,
         server_id: u64,
-    ) -> bool {
+    ) -> &'static str {
         let timeout = cfg.settings.cancel_wait_timeout;
+        let logs = |names: &dyn std::fmt::Display, addr: &ServerAddr| ServerLog {
+            tag: format!("S-{server_id}: {names}@{addr}"),
+            connections: cfg.settings.log_connections,
+            disconnections: cfg.settings.log_disconnections,
+        };
         let view = |target, user, to: &ServerAddr, backend_pid, server_tls| CancelView {
             target,
             user,
@@ -180,17 +185,18 @@ impl CancelRegistry {
         match self.route(pid, key) {
             Route::Local { pid, key } => {
                 let Some(client) = self.lock().get(&(pid, key)).cloned() else {
-                    return false;
+                    return FAILED;
                 };
                 // Held off the pool until the cancel is done, so that it cannot cancel
                 // the query of a client the server went to meanwhile.
                 let Some(server) = client.aim_cancel() else {
-                    return false;
+                    return "cancel request for idle client";
                 };
                 // Over TLS when the server connection is, as libpq 17 does: the key
                 // would otherwise cross the network in clear.
                 let tls = cfg.server_tls.as_deref().filter(|_| server.tls.is_tls());
                 let pool = (client.meta.database.clone(), client.meta.pool_user.clone());
+                let pool_names = pool.clone();
                 let user = Some(client.meta.user.clone());
                 drop(client);
                 let (spid, skey) = (server.backend_pid, server.backend_key);
@@ -206,7 +212,8 @@ impl CancelRegistry {
                     addr: &server.addr,
                     ip: server.peer_addr,
                 };
-                send_cancel(to, spid, skey, timeout, tls, &req).await
+                let log = logs(&format_args!("{}/{}", pool_names.0, pool_names.1), to.addr);
+                send_cancel(to, (spid, skey), timeout, tls, &req, log).await
             }
             Route::Peer { peer, pid, key } => match cfg.peers.get(&peer) {
                 Some(p) => {
@@ -228,21 +235,36 @@ impl CancelRegistry {
                         tracing::warn!(
                             "cancel request to peer {peer} timed out waiting for a slot (pool_size {size})"
                         );
-                        return false;
+                        return TIMED_OUT;
                     };
-                    send_cancel(to, pid, key, timeout, None, &req).await
+                    let log = logs(&"(nodb)/(nouser)", to.addr);
+                    send_cancel(to, (pid, key), timeout, None, &req, log).await
                 }
                 None => {
                     tracing::debug!("cancel request for unknown peer {peer} ignored");
-                    false
+                    FAILED
                 }
             },
             Route::Spent => {
                 tracing::debug!("cancel request passed on too often; ignored");
-                false
+                FAILED
             }
         }
     }
+}
+
+/// A cancel request's end when it was delivered, when it could not be, and when
+/// `cancel_wait_timeout` passed first (PgBouncer's reasons).
+const SENT: &str = "successfully sent cancel request";
+const FAILED: &str = "failed cancel request";
+const TIMED_OUT: &str = "cancel_wait_timeout";
+
+/// The log lines of a cancel request's connection onwards, as for a server
+/// connection: `tag` is `S-<id>: db/user@addr`.
+struct ServerLog {
+    tag: String,
+    connections: bool,
+    disconnections: bool,
 }
 
 /// How long a cancel may wait for its turn, and then for its delivery:
@@ -269,13 +291,14 @@ struct Dest<'a> {
 /// With `tls`, the server is asked for TLS first, as for a server connection.
 async fn send_cancel(
     to: Dest<'_>,
-    pid: u32,
-    key: u32,
+    (pid, key): (u32, u32),
     timeout: Duration,
     tls: Option<&ServerTls>,
     req: &CancelReq<'_>,
-) -> bool {
+    log: ServerLog,
+) -> &'static str {
     let addr = to.addr;
+    let started = crate::clock::Tick::now();
     let send = async {
         req.connecting();
         // A connection that lives for one packet: no keepalive or buffer options.
@@ -284,6 +307,9 @@ async fn send_cancel(
             Some(ip) => crate::pool::connect_ip(ip, &tcp).await?,
             None => crate::pool::connect_to(addr, &tcp).await?,
         };
+        if log.connections {
+            tracing::info!("{} new connection to server", log.tag);
+        }
         if let Some(tls) = tls {
             crate::pool::negotiate_tls(&mut stream, addr, tls)
                 .await
@@ -296,14 +322,20 @@ async fn send_cancel(
         Ok::<_, std::io::Error>(())
     };
     match timer::timeout(limit(timeout), send).await {
-        Ok(Ok(())) => true,
+        Ok(Ok(())) => {
+            if log.disconnections {
+                let age = started.elapsed().as_secs();
+                tracing::info!("{} closing because: {SENT} (age={age}s)", log.tag);
+            }
+            SENT
+        }
         Ok(Err(e)) => {
             tracing::warn!("cancel request to {addr} failed: {e}");
-            false
+            FAILED
         }
         Err(_) => {
             tracing::warn!("cancel request to {addr} timed out");
-            false
+            TIMED_OUT
         }
     }
 }

@@ -141,8 +141,15 @@ pub async fn read_startup(
                     tls: tls.info,
                 };
                 let server_id = app.pools.next_server_id();
+                let started = crate::clock::Tick::now();
                 // Boxed: a cancel's future is large and rare.
-                Box::pin(app.cancels.cancel((pid, key), &cfg, came, server_id)).await;
+                let end = Box::pin(app.cancels.cancel((pid, key), &cfg, came, server_id)).await;
+                if cfg.settings.log_disconnections {
+                    let (id, peer, age) = (from.0, from.1, started.elapsed().as_secs());
+                    tracing::info!(
+                        "C-{id}: (nodb)/(nouser)@{peer} closing because: {end} (age={age}s)"
+                    );
+                }
                 return Ok(Startup::Cancel);
             }
             StartupPacket::Startup { minor, params } => {

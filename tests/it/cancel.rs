@@ -144,6 +144,20 @@ async fn cancel_hits_only_its_own_client() {
         .expect("send cancel");
     assert_eq!(outcome(ha, Duration::from_secs(10)).await, "57014");
     assert_eq!(outcome(hb, Duration::from_secs(10)).await, "ok");
+    // PgBouncer's lines: the request's client, and the connection it went on.
+    let sent = "closing because: successfully sent cancel request (age=";
+    let request = "(nodb)/(nouser)@127.0.0.1:";
+    let onwards = format!("{TEST_DB}/{MD5_USER}@127.0.0.1:{}", support::pg().port());
+    let logged = |want: &[&str]| s.log().lines().any(|l| want.iter().all(|w| l.contains(w)));
+    assert!(
+        support::wait_until(Duration::from_secs(5), || {
+            logged(&[" LOG C-", request, sent])
+                && logged(&[" LOG S-", &onwards, "new connection to server"])
+                && logged(&[" LOG S-", &onwards, sent])
+        }),
+        "{}",
+        s.diagnostics()
+    );
 }
 
 #[tokio::test]
@@ -178,6 +192,19 @@ async fn stale_and_idle_cancels_are_harmless() {
         .await
         .expect("send stale cancel");
     assert_eq!(outcome(h, Duration::from_secs(10)).await, "ok");
+    // Each request's closing line says why nothing was cancelled.
+    for why in ["cancel request for idle client", "failed cancel request"] {
+        let line = "(nodb)/(nouser)@127.0.0.1:";
+        assert!(
+            support::wait_until(Duration::from_secs(5), || {
+                s.log()
+                    .lines()
+                    .any(|l| l.contains(line) && l.contains(&format!("closing because: {why}")))
+            }),
+            "{why}\n{}",
+            s.diagnostics()
+        );
+    }
 }
 
 #[tokio::test]
