@@ -3,9 +3,13 @@
 //!
 //! With `peer_id` set, processes sharing a port (`so_reuseport`) pass each other the
 //! cancels meant for one another: the kernel may hand a cancel's new connection to
-//! any of them. A key then carries its process's peer id in bits 16-29 of `key`, and
-//! in bits 30-31 how many more times it may be passed on (3 as issued), so that peers
-//! that disagree about who is who cannot pass one around for ever.
+//! any of them. A key then carries its process's peer id and how many more times it
+//! may be passed on (3 as issued, so that peers that disagree about who is who cannot
+//! pass one around for ever), where PgBouncer 1.21 and later put them, so that Sluice
+//! and such PgBouncers can be each other's peers. Of the eight bytes the client sees
+//! (the pid's four, then the key's, each big-endian), the second and third hold the
+//! peer id, low byte first (bits 16-23 and 8-15 of `pid`), and the last byte's two
+//! low bits the hops left (bits 0-1 of `key`). 45 bits stay random, as in PgBouncer.
 
 mod on_way;
 
@@ -26,10 +30,22 @@ use on_way::CancelReq;
 use on_way::OnWay;
 pub use on_way::{CameOn, CancelView, Target};
 
-const PEER_SHIFT: u32 = 16;
-const PEER_MASK: u32 = 0x3fff;
-const HOPS_SHIFT: u32 = 30;
-const HOPS_AS_ISSUED: u32 = 0b11;
+/// The bits of `pid` that carry the peer id (its second and third bytes).
+const PEER_BITS: u32 = 0x00ff_ff00;
+/// The bits of `key` that count the hops left (its last byte's low two), all set as
+/// issued.
+const HOPS: u32 = 0b11;
+
+/// `pid` with `peer` in PgBouncer's place: low byte in bits 16-23, high in 8-15.
+fn with_peer(pid: u32, peer: u16) -> u32 {
+    let [lo, hi] = peer.to_le_bytes();
+    (pid & !PEER_BITS) | (u32::from(lo) << 16) | (u32::from(hi) << 8)
+}
+
+/// The peer id a `pid` carries.
+fn peer_of(pid: u32) -> u16 {
+    u16::from_le_bytes([(pid >> 16) as u8, (pid >> 8) as u8])
+}
 
 /// All live client cancel keys, each with its client's console entry, which knows the
 /// server the client is linked to right now (if any).
@@ -113,11 +129,11 @@ impl CancelRegistry {
     pub fn register(&self, client: &Arc<ClientInfo>) -> CancelKey {
         let mut map = self.lock();
         loop {
-            let (pid, mut key) = (rand::random::<u32>() & 0x7fff_ffff, rand::random::<u32>());
+            // A positive pid, as PostgreSQL's are (some clients mind).
+            let (mut pid, mut key) = (rand::random::<u32>() & 0x7fff_ffff, rand::random::<u32>());
             if self.peer_id != 0 {
-                key = (HOPS_AS_ISSUED << HOPS_SHIFT)
-                    | (u32::from(self.peer_id) << PEER_SHIFT)
-                    | (key & 0xffff);
+                pid = with_peer(pid, self.peer_id);
+                key |= HOPS;
             }
             if let std::collections::hash_map::Entry::Vacant(e) = map.entry((pid, key)) {
                 e.insert(client.clone());
@@ -131,13 +147,13 @@ impl CancelRegistry {
         if self.peer_id == 0 {
             return Route::Local { pid, key };
         }
-        let peer = ((key >> PEER_SHIFT) & PEER_MASK) as u16;
-        let hops = key >> HOPS_SHIFT;
-        let rest = key & !(HOPS_AS_ISSUED << HOPS_SHIFT);
+        let peer = peer_of(pid);
+        let hops = key & HOPS;
         if peer == self.peer_id {
+            // As issued: the hops it has used are put back.
             Route::Local {
                 pid,
-                key: rest | (HOPS_AS_ISSUED << HOPS_SHIFT),
+                key: key | HOPS,
             }
         } else if hops == 0 {
             Route::Spent
@@ -145,7 +161,7 @@ impl CancelRegistry {
             Route::Peer {
                 peer,
                 pid,
-                key: rest | ((hops - 1) << HOPS_SHIFT),
+                key: key - 1,
             }
         }
     }
@@ -240,15 +256,9 @@ impl CancelRegistry {
                     let log = logs(&"(nodb)/(nouser)", to.addr);
                     send_cancel(to, (pid, key), timeout, None, &req, log).await
                 }
-                None => {
-                    tracing::debug!("cancel request for unknown peer {peer} ignored");
-                    FAILED
-                }
+                None => "could not find peer to forward request to",
             },
-            Route::Spent => {
-                tracing::debug!("cancel request passed on too often; ignored");
-                FAILED
-            }
+            Route::Spent => "failed to forward cancel request because its TTL was exhausted",
         }
     }
 }
@@ -380,11 +390,40 @@ mod tests {
         );
     }
 
+    /// The eight bytes of BackendKeyData as PgBouncer 1.21+ fills them for a peer:
+    /// the peer id in the second and third, low byte first; the hops in the last
+    /// byte's low bits.
+    #[test]
+    fn keys_are_laid_out_as_pgbouncer_lays_out_its_peers() {
+        // PgBouncer with peer_id 258 (0x0102), its key as it sends it.
+        let bytes: [u8; 8] = [0x3a, 0x02, 0x01, 0x9c, 0x11, 0x22, 0x33, 0x47];
+        let pid = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        let key = u32::from_be_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+        // A Sluice peer of it passes the cancel on, one hop used in the last byte.
+        let ours = CancelRegistry::new(5);
+        let next = 0x1122_3346;
+        assert_eq!(
+            ours.route(pid, key),
+            Route::Peer {
+                peer: 258,
+                pid,
+                key: next
+            }
+        );
+        // And a Sluice with that id issues keys the PgBouncer peer reads the same way.
+        let k = key_of(&CancelRegistry::new(258));
+        let b = [k.pid.to_be_bytes(), k.key.to_be_bytes()].concat();
+        assert_eq!((b[1], b[2], b[7] & 0b11), (0x02, 0x01, 0b11));
+        assert!(b[0] < 0x80, "a positive pid");
+    }
+
     #[test]
     fn a_peer_key_names_its_process_and_loses_a_hop_per_pass() {
         let (a, b) = (CancelRegistry::new(7), CancelRegistry::new(16383));
         let k = key_of(&a);
-        assert_eq!((k.key >> PEER_SHIFT) & PEER_MASK, 7);
+        assert_eq!(peer_of(k.pid), 7);
+        assert_eq!(k.key & HOPS, HOPS);
+        assert!(k.pid < 1 << 31, "a positive pid");
         // Its own process finds it as issued.
         assert_eq!(
             a.route(k.pid, k.key),
@@ -403,8 +442,8 @@ mod tests {
                     key: next,
                 } => {
                     assert_eq!(pid, k.pid);
-                    assert_eq!(next & 0x3fff_ffff, k.key & 0x3fff_ffff);
-                    assert_eq!(next >> HOPS_SHIFT, (key >> HOPS_SHIFT) - 1);
+                    assert_eq!(next & !HOPS, k.key & !HOPS);
+                    assert_eq!(next & HOPS, (key & HOPS) - 1);
                     // Wherever it lands, its own process still knows it.
                     assert_eq!(
                         a.route(pid, next),

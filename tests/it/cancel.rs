@@ -296,3 +296,43 @@ async fn a_peer_passes_on_a_cancel_for_the_process_that_issued_the_key() {
         b.diagnostics()
     );
 }
+
+/// A key laid out as PgBouncer 1.21 lays out a peer's (the peer id in the pid's
+/// second and third bytes, low byte first; hops in the key's two low bits) is read
+/// the same way: one for a peer with no `[peers]` entry, and one with no hops left,
+/// end with PgBouncer's lines and disturb no one.
+#[tokio::test]
+async fn cancels_for_unknown_peers_and_spent_keys_get_pgbouncers_lines() {
+    let s = peered(2).start();
+    // Peer 0x0107 (263): bytes 0x01 0x07 0x01 0x00 ...; 3 hops left.
+    let pid = u32::from_be_bytes([0x01, 0x07, 0x01, 0x00]);
+    within(
+        T,
+        "unknown peer",
+        wire::send_cancel_tcp(s.port(), pid, 0x55aa_0003),
+    )
+    .await;
+    // The same with no hops left.
+    within(
+        T,
+        "spent",
+        wire::send_cancel_tcp(s.port(), pid, 0x55aa_0000),
+    )
+    .await;
+    for why in [
+        "could not find peer to forward request to",
+        "failed to forward cancel request because its TTL was exhausted",
+    ] {
+        assert!(
+            support::wait_until(Duration::from_secs(5), || s
+                .log()
+                .contains(&format!("closing because: {why}"))),
+            "{why}\n{}",
+            s.diagnostics()
+        );
+    }
+    let c = connect(&s.config(MD5_USER, MD5_PASSWORD, TEST_DB)).await;
+    within(T, "after", c.batch_execute("SELECT 1"))
+        .await
+        .expect("a query after");
+}
