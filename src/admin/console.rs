@@ -20,6 +20,7 @@ use crate::protocol::backend;
 use crate::protocol::header::*;
 use crate::protocol::sqlstate::PROTOCOL_VIOLATION;
 use crate::protocol::startup::StartupParams;
+use crate::session::cancel::CancelKey;
 use crate::session::ClientError;
 use crate::stats::conns::ClientMeta;
 use crate::stats::{StatsDelta, Totals};
@@ -117,7 +118,7 @@ pub async fn login(
 }
 
 /// The parameters a console client sees, as PgBouncer sends them.
-fn welcome(out: &mut BytesMut, notice: Option<&str>) {
+fn welcome(out: &mut BytesMut, notice: Option<&str>, key: CancelKey) {
     let server_version = format!("{}/bouncer", super::PGBOUNCER_VERSION);
     for (k, v) in [
         ("server_version", server_version.as_str()),
@@ -130,8 +131,8 @@ fn welcome(out: &mut BytesMut, notice: Option<&str>) {
     ] {
         backend::parameter_status(out, k, v);
     }
-    // A key nobody can use: the console has nothing to cancel.
-    backend::backend_key_data(out, rand::random::<u32>() & 0x7fff_ffff, rand::random());
+    // Its cancel (psql's ^C) lifts a pause, as PgBouncer's does (control.rs).
+    backend::backend_key_data(out, key.pid, key.key);
     if let Some(text) = notice {
         backend::notice_response(out, "NOTICE", "00000", text);
     }
@@ -166,10 +167,12 @@ pub async fn serve(
             ..Default::default()
         },
     });
+    let key = app.cancels.register(&info.info);
     let mut out = BytesMut::with_capacity(256);
     welcome(
         &mut out,
         app.config().settings.login_notify_message.as_deref(),
+        key,
     );
     let reason = match stream.write_all(&out).await {
         Err(e) => format!("client I/O error: {e}"),
@@ -185,6 +188,7 @@ pub async fn serve(
             }
         }
     };
+    app.cancels.remove(key.pid, key.key);
     if app.config().settings.log_disconnections {
         tracing::info!(
             "{tag} closing because: {reason} (age={}s)",

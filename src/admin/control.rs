@@ -15,6 +15,7 @@ use super::{CmdError, Ctx};
 use crate::app::{App, Shutdown};
 use crate::config::ADMIN_DB;
 use crate::pool::Pool;
+use crate::protocol::sqlstate::QUERY_CANCELED;
 
 const POLL: Duration = Duration::from_millis(50);
 
@@ -83,6 +84,16 @@ async fn drain(app: &App, db: Option<&str>) {
     }
 }
 
+/// A PAUSE or SUSPEND whose wait ended because it was lifted (a cancel request, or
+/// RESUME on another console) before it was complete.
+fn lifted(command: &str) -> CmdError {
+    CmdError {
+        code: QUERY_CANCELED,
+        message: format!("{command} canceled: the pooler was resumed before it was complete"),
+        detail: None,
+    }
+}
+
 /// `PAUSE [db]`.
 pub async fn pause(ctx: &mut Ctx<'_>, db: &str) -> Result<(), CmdError> {
     ctx.need_admin()?;
@@ -95,6 +106,9 @@ pub async fn pause(ctx: &mut Ctx<'_>, db: &str) -> Result<(), CmdError> {
         tracing::info!("PAUSE command issued");
         app.update_gate(|g| g.paused = true);
         drain(app, None).await;
+        if !app.gate().paused {
+            return Err(lifted("PAUSE"));
+        }
     } else {
         tracing::info!("PAUSE '{db}' command issued");
         check_db(app, db, "pause")?;
@@ -107,6 +121,20 @@ pub async fn pause(ctx: &mut Ctx<'_>, db: &str) -> Result<(), CmdError> {
     }
     rows::command_complete(&mut ctx.out, "PAUSE");
     Ok(())
+}
+
+/// A console client's cancel request (psql's ^C, most likely on a PAUSE or SUSPEND
+/// that waits): lifts the pooler-wide pause or suspend, as PgBouncer does; paused
+/// databases stay paused.
+pub fn resume_on_cancel(app: &App) {
+    let g = app.gate();
+    if g.paused || g.suspended {
+        tracing::info!("cancel request on the console: RESUME");
+        app.update_gate(|g| {
+            g.paused = false;
+            g.suspended = false;
+        });
+    }
 }
 
 /// `RESUME [db]`.
@@ -157,6 +185,9 @@ pub async fn suspend(ctx: &mut Ctx<'_>, arg: &str) -> Result<(), CmdError> {
     let limit = app.config().settings.suspend_timeout;
     let deadline = Instant::now() + limit;
     while busy_servers(&app.pools.all()) > 0 && (limit.is_zero() || Instant::now() < deadline) {
+        if !app.gate().suspended {
+            return Err(lifted("SUSPEND"));
+        }
         crate::timer::sleep(POLL).await;
     }
     rows::command_complete(&mut ctx.out, "SUSPEND");

@@ -30,6 +30,7 @@ use crate::app::{App, Shutdown};
 use crate::protocol::sqlstate::PROTOCOL_VIOLATION;
 use crate::stats::PoolStats;
 pub use console::{is_console, login, serve, AdminLogin};
+pub use control::resume_on_cancel;
 use parse::{ParseError, Parsed};
 
 /// The version PgBouncer-aware tools see: SHOW VERSION starts with the PgBouncer

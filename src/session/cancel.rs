@@ -203,6 +203,11 @@ impl CancelRegistry {
                 let Some(client) = self.lock().get(&(pid, key)).cloned() else {
                     return FAILED;
                 };
+                if client.meta.is_admin() {
+                    // Nothing to forward: the caller lifts a pause (PgBouncer's ^C on
+                    // the console).
+                    return FOR_CONSOLE;
+                }
                 // Held off the pool until the cancel is done, so that it cannot cancel
                 // the query of a client the server went to meanwhile.
                 let Some(server) = client.aim_cancel() else {
@@ -268,6 +273,8 @@ impl CancelRegistry {
 const SENT: &str = "successfully sent cancel request";
 const FAILED: &str = "failed cancel request";
 const TIMED_OUT: &str = "cancel_wait_timeout";
+/// A console client's cancel (psql's ^C), which lifts a pause or suspend.
+pub const FOR_CONSOLE: &str = "cancel request for console client";
 
 /// The log lines of a cancel request's connection onwards, as for a server
 /// connection: `tag` is `S-<id>: db/user@addr`.

@@ -144,6 +144,9 @@ pub async fn read_startup(
                 let started = crate::clock::Tick::now();
                 // Boxed: a cancel's future is large and rare.
                 let end = Box::pin(app.cancels.cancel((pid, key), &cfg, came, server_id)).await;
+                if end == super::cancel::FOR_CONSOLE {
+                    crate::admin::resume_on_cancel(app);
+                }
                 if cfg.settings.log_disconnections {
                     let (id, peer, age) = (from.0, from.1, started.elapsed().as_secs());
                     tracing::info!(

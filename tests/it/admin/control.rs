@@ -363,3 +363,60 @@ async fn shutdown_wait_for_servers_waits_for_the_transaction() {
     );
     assert!(started.elapsed() < Duration::from_secs(10));
 }
+
+/// psql's ^C on a PAUSE that waits: the console's cancel request lifts the pause,
+/// as PgBouncer's does; the PAUSE ends with 57014 and queries flow again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_on_the_console_lifts_a_waiting_pause() {
+    let s = builder().setting("pool_mode", "transaction").start();
+    let a = pooled(&s, None).await;
+    within(Duration::from_secs(10), "BEGIN", a.simple_query("BEGIN"))
+        .await
+        .expect("BEGIN");
+    let admin = std::sync::Arc::new(console(&s, ADMIN, ADMIN_PW).await);
+    let pause = {
+        let admin = admin.clone();
+        tokio::spawn(async move { admin.simple_query("PAUSE").await })
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || state(&s, "paused").as_deref()
+            == Some("yes")),
+        "{}",
+        s.diagnostics()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!pause.is_finished(), "PAUSE waits for the transaction");
+
+    within(
+        Duration::from_secs(10),
+        "cancel",
+        admin.cancel_token().cancel_query(tokio_postgres::NoTls),
+    )
+    .await
+    .expect("send the console's cancel");
+    let err = within(Duration::from_secs(10), "PAUSE", pause)
+        .await
+        .expect("join")
+        .expect_err("the PAUSE was canceled");
+    assert_eq!(err.code().map(|c| c.code()), Some("57014"), "{err}");
+    assert_eq!(state(&s, "paused").as_deref(), Some("no"));
+    // The console and the pool work on.
+    within(Duration::from_secs(10), "COMMIT", a.simple_query("COMMIT"))
+        .await
+        .expect("COMMIT");
+    select1(&pooled(&s, None).await).await;
+    within(
+        Duration::from_secs(10),
+        "SHOW",
+        admin.simple_query("SHOW STATE"),
+    )
+    .await
+    .expect("the console after its cancel");
+    assert!(
+        wait_until(Duration::from_secs(5), || s
+            .log()
+            .contains("closing because: cancel request for console client")),
+        "{}",
+        s.diagnostics()
+    );
+}
