@@ -167,12 +167,20 @@ pub async fn serve(
             ..Default::default()
         },
     });
-    let key = app.cancels.register(&info.info);
+    // Only an admin's cancel may lift a pause: a stats user's key is registered
+    // nowhere, so its cancel finds no one.
+    let key = match who.access {
+        Access::Admin => Some(app.cancels.register(&info.info)),
+        Access::Stats => None,
+    };
     let mut out = BytesMut::with_capacity(256);
     welcome(
         &mut out,
         app.config().settings.login_notify_message.as_deref(),
-        key,
+        key.unwrap_or(CancelKey {
+            pid: rand::random::<u32>() & 0x7fff_ffff,
+            key: rand::random(),
+        }),
     );
     let reason = match stream.write_all(&out).await {
         Err(e) => format!("client I/O error: {e}"),
@@ -188,7 +196,9 @@ pub async fn serve(
             }
         }
     };
-    app.cancels.remove(key.pid, key.key);
+    if let Some(key) = key {
+        app.cancels.remove(key.pid, key.key);
+    }
     if app.config().settings.log_disconnections {
         tracing::info!(
             "{tag} closing because: {reason} (age={}s)",

@@ -3,7 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::{builder, console, pooled, psql, psql_err, psql_ok, select1, ADMIN, ADMIN_PW};
+use super::{
+    builder, console, pooled, psql, psql_err, psql_ok, select1, ADMIN, ADMIN_PW, STATS, STATS_PW,
+};
 use crate::support::probe::within;
 use crate::support::{self, wait_until, MD5_PASSWORD, MD5_USER, TEST_DB};
 
@@ -386,6 +388,22 @@ async fn a_cancel_on_the_console_lifts_a_waiting_pause() {
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!pause.is_finished(), "PAUSE waits for the transaction");
+
+    // A stats user's ^C lifts nothing.
+    let stats = console(&s, STATS, STATS_PW).await;
+    within(
+        Duration::from_secs(10),
+        "stats cancel",
+        stats.cancel_token().cancel_query(tokio_postgres::NoTls),
+    )
+    .await
+    .expect("send the stats user's cancel");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(state(&s, "paused").as_deref(), Some("yes"));
+    assert!(
+        !pause.is_finished(),
+        "still waiting after the stats user's cancel"
+    );
 
     within(
         Duration::from_secs(10),
