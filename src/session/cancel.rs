@@ -26,9 +26,8 @@ use crate::stats::conns::ClientInfo;
 use crate::timer;
 use crate::tls::server::ServerTls;
 use crate::tls::TlsInfo;
-use on_way::CancelReq;
-use on_way::OnWay;
 pub use on_way::{CameOn, CancelView, Target};
+use on_way::{CancelReq, OnWay};
 
 /// The bits of `pid` that carry the peer id (its second and third bytes).
 const PEER_BITS: u32 = 0x00ff_ff00;
@@ -169,14 +168,14 @@ impl CancelRegistry {
     /// Handles a CancelRequest for (pid, key) that came on `came`: forwards it to the
     /// backend of the local client holding it, if that client holds a server, or to
     /// the peer whose key it is, on a connection numbered `server_id`. Returns how it
-    /// ended, in PgBouncer's words for the request's `closing because:` line.
+    /// ended.
     pub async fn cancel(
         &self,
         (pid, key): (u32, u32),
         cfg: &Config,
         came: CameOn<'_>,
         server_id: u64,
-    ) -> &'static str {
+    ) -> CancelEnd {
         let timeout = cfg.settings.cancel_wait_timeout;
         let logs = |names: &dyn std::fmt::Display, addr: &ServerAddr| ServerLog {
             tag: format!("S-{server_id}: {names}@{addr}"),
@@ -201,23 +200,23 @@ impl CancelRegistry {
         match self.route(pid, key) {
             Route::Local { pid, key } => {
                 let Some(client) = self.lock().get(&(pid, key)).cloned() else {
-                    return FAILED;
+                    return CancelEnd::NoClient;
                 };
                 if client.meta.is_admin() {
                     // Nothing to forward: the caller lifts a pause (PgBouncer's ^C on
                     // the console).
-                    return FOR_CONSOLE;
+                    return CancelEnd::Console;
                 }
                 // Held off the pool until the cancel is done, so that it cannot cancel
                 // the query of a client the server went to meanwhile.
                 let Some(server) = client.aim_cancel() else {
-                    return "cancel request for idle client";
+                    return CancelEnd::Idle;
                 };
                 // Over TLS when the server connection is, as libpq 17 does: the key
                 // would otherwise cross the network in clear.
                 let tls = cfg.server_tls.as_deref().filter(|_| server.tls.is_tls());
                 let pool = (client.meta.database.clone(), client.meta.pool_user.clone());
-                let pool_names = pool.clone();
+                let log = logs(&format_args!("{}/{}", pool.0, pool.1), &server.addr);
                 let user = Some(client.meta.user.clone());
                 drop(client);
                 let (spid, skey) = (server.backend_pid, server.backend_key);
@@ -233,7 +232,6 @@ impl CancelRegistry {
                     addr: &server.addr,
                     ip: server.peer_addr,
                 };
-                let log = logs(&format_args!("{}/{}", pool_names.0, pool_names.1), to.addr);
                 send_cancel(to, (spid, skey), timeout, tls, &req, log).await
             }
             Route::Peer { peer, pid, key } => match cfg.peers.get(&peer) {
@@ -256,25 +254,53 @@ impl CancelRegistry {
                         tracing::warn!(
                             "cancel request to peer {peer} timed out waiting for a slot (pool_size {size})"
                         );
-                        return TIMED_OUT;
+                        return CancelEnd::TimedOut;
                     };
                     let log = logs(&"(nodb)/(nouser)", to.addr);
                     send_cancel(to, (pid, key), timeout, None, &req, log).await
                 }
-                None => "could not find peer to forward request to",
+                None => CancelEnd::UnknownPeer,
             },
-            Route::Spent => "failed to forward cancel request because its TTL was exhausted",
+            Route::Spent => CancelEnd::Spent,
         }
     }
 }
 
-/// A cancel request's end when it was delivered, when it could not be, and when
-/// `cancel_wait_timeout` passed first (PgBouncer's reasons).
-const SENT: &str = "successfully sent cancel request";
-const FAILED: &str = "failed cancel request";
-const TIMED_OUT: &str = "cancel_wait_timeout";
-/// A console client's cancel (psql's ^C), which lifts a pause or suspend.
-pub const FOR_CONSOLE: &str = "cancel request for console client";
+/// How a cancel request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelEnd {
+    /// Delivered, and the other end closed the connection.
+    Sent,
+    /// No client holds the key.
+    NoClient,
+    /// Its client holds no server: nothing runs to cancel.
+    Idle,
+    /// A console client's (psql's ^C), which the caller answers by lifting a pause.
+    Console,
+    /// The connection onwards failed.
+    Failed,
+    /// `cancel_wait_timeout` passed first.
+    TimedOut,
+    /// The key names a peer that is not in `[peers]`.
+    UnknownPeer,
+    /// Passed on too often already.
+    Spent,
+}
+
+impl CancelEnd {
+    /// PgBouncer's words for it, for the request's `closing because:` line.
+    pub fn reason(self) -> &'static str {
+        match self {
+            CancelEnd::Sent => "successfully sent cancel request",
+            CancelEnd::NoClient | CancelEnd::Failed => "failed cancel request",
+            CancelEnd::Idle => "cancel request for idle client",
+            CancelEnd::Console => "cancel request for console client",
+            CancelEnd::TimedOut => "cancel_wait_timeout",
+            CancelEnd::UnknownPeer => "could not find peer to forward request to",
+            CancelEnd::Spent => "failed to forward cancel request because its TTL was exhausted",
+        }
+    }
+}
 
 /// The log lines of a cancel request's connection onwards, as for a server
 /// connection: `tag` is `S-<id>: db/user@addr`.
@@ -313,7 +339,7 @@ async fn send_cancel(
     tls: Option<&ServerTls>,
     req: &CancelReq<'_>,
     log: ServerLog,
-) -> &'static str {
+) -> CancelEnd {
     let addr = to.addr;
     let started = crate::clock::Tick::now();
     let send = async {
@@ -342,17 +368,18 @@ async fn send_cancel(
         Ok(Ok(())) => {
             if log.disconnections {
                 let age = started.elapsed().as_secs();
-                tracing::info!("{} closing because: {SENT} (age={age}s)", log.tag);
+                let why = CancelEnd::Sent.reason();
+                tracing::info!("{} closing because: {why} (age={age}s)", log.tag);
             }
-            SENT
+            CancelEnd::Sent
         }
         Ok(Err(e)) => {
             tracing::warn!("cancel request to {addr} failed: {e}");
-            FAILED
+            CancelEnd::Failed
         }
         Err(_) => {
             tracing::warn!("cancel request to {addr} timed out");
-            TIMED_OUT
+            CancelEnd::TimedOut
         }
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use bytes::{Buf, BytesMut};
 
 use super::authenticate::{authenticate, Proof};
-use super::cancel::CameOn;
+use super::cancel::{CameOn, CancelEnd};
 use super::identity::Came;
 use super::params::{self, ClientParams, StartupTracked};
 use super::ClientError;
@@ -144,11 +144,12 @@ pub async fn read_startup(
                 let started = crate::clock::Tick::now();
                 // Boxed: a cancel's future is large and rare.
                 let end = Box::pin(app.cancels.cancel((pid, key), &cfg, came, server_id)).await;
-                if end == super::cancel::FOR_CONSOLE {
+                if end == CancelEnd::Console {
                     crate::admin::resume_on_cancel(app);
                 }
                 if cfg.settings.log_disconnections {
                     let (id, peer, age) = (from.0, from.1, started.elapsed().as_secs());
+                    let end = end.reason();
                     tracing::info!(
                         "C-{id}: (nodb)/(nouser)@{peer} closing because: {end} (age={age}s)"
                     );
