@@ -22,7 +22,8 @@ LABEL = {"sluice": "Sluice", "pgbouncer": "PgBouncer", "direct": "PostgreSQL"}
 
 
 class Scenario:
-    def __init__(self, key, title, clients, args, via="tcp", connect=False, script=None, tls=False):
+    def __init__(self, key, title, clients, args, via="tcp", connect=False, script=None, tls=False,
+                 writes=False):
         self.key = key
         self.title = title
         self.clients = clients
@@ -31,6 +32,9 @@ class Scenario:
         self.connect = connect    # -C: a new connection per transaction
         self.script = script      # custom script text for -f, or None
         self.tls = tls            # sslmode=require, to poolers that offer TLS (servers.py)
+        # Updates pgbench's tables: each run starts from the same tables
+        # (Postgres.reset_tables), as pgbench's own pre-run vacuum does.
+        self.writes = writes
 
     def describe(self):
         a = ["-c %d" % self.clients, "-j %d" % OPT.jobs] + self.args
@@ -62,7 +66,7 @@ SCENARIOS = [
     Scenario("select_64", "select-only, 64 clients", 64, ["-S"]),
     Scenario("select_256", "select-only, 256 clients", 256, ["-S"]),
     Scenario("select_600", "select-only, 600 clients", 600, ["-S"]),
-    Scenario("tpcb_32", "TPC-B-like (default script), 32 clients", 32, []),
+    Scenario("tpcb_32", "TPC-B-like (default script), 32 clients", 32, [], writes=True),
     Scenario("extended_8", "select-only -M extended, 8 clients", 8, ["-S", "-M", "extended"]),
     Scenario("prepared_8", "select-only -M prepared, 8 clients", 8, ["-S", "-M", "prepared"]),
 ]

@@ -241,6 +241,8 @@ def run_rounds(pgbench, pg, poolers, work, rounds, seconds, tls_poolers=None):
                 else:
                     host = pooler.sockdir if scen.via == "unix" else "127.0.0.1"
                     port = pooler.port
+                if scen.writes:
+                    pg.reset_tables()
                 r = run_pgbench(pgbench, scen, host, port, seconds, work, pooler, pg)
                 if pooler is not None and not pooler.alive():
                     r = {"error": "%s exited during the run" % t, "wall": r.get("wall")}

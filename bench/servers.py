@@ -112,6 +112,21 @@ class Postgres:
                 return
         die("could not start PostgreSQL:\n" + tail(self.logfile, 30))
 
+    def reset_tables(self):
+        """What pgbench does before a run when told `-v` (the bench's runs are
+        told `-n`, so that no pooler has to carry it), plus a checkpoint: each
+        run that updates the tables starts from the same state whichever target
+        it measures, not on the dead rows its predecessors left. Straight to
+        PostgreSQL, outside the measured time."""
+        psql = which("psql", [self.bindir]) or die("psql not found; run 'make deps'")
+        out = subprocess.run(
+            [psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", self.sock, "-p", str(self.port), "-U", USER,
+             "-d", DB, "-c", "VACUUM pgbench_branches, pgbench_tellers, pgbench_accounts",
+             "-c", "TRUNCATE pgbench_history", "-c", "CHECKPOINT"],
+            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if out.returncode:
+            die("resetting pgbench's tables failed:\n" + out.stdout)
+
     def alive(self):
         """The postmaster is up (its pid file names a live process) and accepts."""
         try:
