@@ -9,6 +9,9 @@ pub mod app;
 pub mod auth;
 pub mod clock;
 pub mod config;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 #[cfg(test)]
 pub(crate) mod hostile;
 pub mod lifecycle;

@@ -13,7 +13,7 @@ pub mod control;
 mod hostile_tests;
 pub mod metrics;
 mod metrics_text;
-mod parse;
+pub(crate) mod parse;
 mod rows;
 mod show_config;
 mod show_misc;

@@ -17,7 +17,7 @@ fn dns_cache(s: &Settings) -> std::sync::Arc<crate::net::dns::DnsCache> {
 
 #[cfg(test)]
 mod hostile_tests;
-mod ini;
+pub(crate) mod ini;
 mod known;
 mod peers;
 mod settings;
