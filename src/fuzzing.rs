@@ -15,6 +15,9 @@ use crate::protocol::backend::{parse_error_fields, parse_parameter_status};
 use crate::protocol::startup::{self, StartupPacket, MAX_STARTUP_LEN};
 use crate::session::framer::{Body, Framer};
 
+mod relay;
+pub use relay::relay;
+
 /// A client's first packet: length check, then parse; what parses reads the same
 /// when written out and parsed again.
 pub fn startup(data: &[u8]) {
@@ -187,7 +190,7 @@ mod tests {
     #[test]
     fn the_seeds_pass_every_target() {
         type Target = fn(&[u8]);
-        let targets: [(&str, Target); 7] = [
+        let targets: [(&str, Target); 8] = [
             ("startup", super::startup),
             ("server_bodies", super::server_bodies),
             ("scram_server", super::scram_server),
@@ -195,6 +198,7 @@ mod tests {
             ("config", super::config),
             ("sql", super::sql),
             ("prepared", super::prepared),
+            ("relay", super::relay),
         ];
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
         for (name, target) in targets {

@@ -214,7 +214,7 @@ impl Pool {
     }
 
     /// A pool of one connection to a server nobody listens on, for unit tests.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn one_slot_for_tests() -> Arc<Pool> {
         let ini = "[databases]\ndb = host=127.0.0.1 port=1\n[pgbouncer]\ndefault_pool_size = 1\n";
         let cfg = crate::config::Config::from_ini_str(ini, std::path::Path::new("test.ini"))
@@ -223,8 +223,23 @@ impl Pool {
         Arc::new(Pool::for_tests(PoolConfig::new(&cfg, &entry, "db", "u")))
     }
 
+    /// A connection over `stream`, lent from a pool of one of its own, for tests and
+    /// the fuzz targets of what runs over a linked server.
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn lent_for_tests(stream: crate::net::Stream) -> ServerConn {
+        let pool = Pool::one_slot_for_tests();
+        let mut st = pool.lock_state();
+        st.total = 1;
+        st.active = 1;
+        drop(st);
+        let token = SlotToken::counted(pool.clone());
+        let mut conn = server::conn_for_tests(stream, token, pool.generation());
+        conn.lent = LentMark::lent_by(pool);
+        conn
+    }
+
     /// A pool of (`db`, `u`) counted against no shared limits, for unit tests.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn for_tests(cfg: PoolConfig) -> Pool {
         let key = PoolKey {
             database: "db".into(),

@@ -380,7 +380,7 @@ pub(crate) async fn connect(
 
 /// A connection over `stream` that never logged in to anything, for unit tests of
 /// what the pool does with connections.
-#[cfg(test)]
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn conn_for_tests(stream: Stream, slot: SlotToken, generation: u64) -> ServerConn {
     let addr = ServerAddr::for_host("127.0.0.1", 1);
     ServerConn(Box::new(ServerState {
