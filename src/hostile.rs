@@ -37,6 +37,14 @@ impl Rng {
 /// Length-like values that break parsers that trust them.
 const EXTREMES: [u32; 8] = [0, 1, 3, 4, 5, 0x7FFF_FFFF, 0x8000_0000, 0xFFFF_FFFF];
 
+/// One protocol message: `tag`, then the length, then `body`.
+pub fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut v = vec![tag];
+    v.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+    v.extend_from_slice(body);
+    v
+}
+
 /// `sample` bent one to four ways.
 pub fn mutate(rng: &mut Rng, sample: &[u8]) -> Vec<u8> {
     let mut v = sample.to_vec();

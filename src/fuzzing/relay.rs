@@ -127,12 +127,7 @@ async fn run(
 mod tests {
     use super::exchange;
 
-    fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
-        let mut v = vec![tag];
-        v.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
-        v.extend_from_slice(body);
-        v
-    }
+    use crate::hostile::msg;
 
     /// The harness relays: in every mode, two queries reach the server and their
     /// answers the client, byte for byte.

@@ -9,12 +9,7 @@ use super::rewrite::{plain_request, Ctx, Rewriter};
 use super::{sql, ClientStatements, Registry, ServerStatements};
 use crate::hostile;
 
-fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut v = vec![tag];
-    v.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
-    v.extend_from_slice(body);
-    v
-}
+use crate::hostile::msg;
 
 fn samples() -> Vec<Vec<u8>> {
     let named = [

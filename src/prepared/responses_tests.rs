@@ -5,12 +5,7 @@ use super::*;
 use crate::prepared::Registry;
 use crate::session::framer::{Body, Framer};
 
-fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut v = vec![tag];
-    v.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
-    v.extend_from_slice(body);
-    v
-}
+use crate::hostile::msg;
 
 /// Feeds `stream` split at `cuts` and returns what the client would receive.
 fn run(queue: Vec<Expect>, stream: &[u8], cuts: &[usize]) -> Vec<u8> {

@@ -2,12 +2,7 @@
 
 use super::*;
 
-fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut v = vec![tag];
-    v.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
-    v.extend_from_slice(body);
-    v
-}
+use crate::hostile::msg;
 
 struct World {
     registry: Registry,

@@ -156,12 +156,7 @@ impl Framer {
 mod tests {
     use super::*;
 
-    fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
-        let mut v = vec![tag];
-        v.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
-        v.extend_from_slice(body);
-        v
-    }
+    use crate::hostile::msg;
 
     #[test]
     fn knows_when_it_is_inside_a_body_whose_header_it_reported() {
