@@ -1,8 +1,9 @@
 //! Entry points for coverage-guided fuzzing (`fuzz/`, run with cargo fuzz): each
 //! takes the fuzzer's bytes, drives one reader of what a peer or a file controls, and
-//! panics only where an invariant breaks (the same ones the hostile tests check, with
-//! random mutations, in every `cargo test`). Built only with the `fuzzing` feature,
-//! so the readers stay private to the crate otherwise.
+//! panics only where an invariant breaks. The hostile tests call the same entry
+//! points on randomly bent samples in every `cargo test`, so the checks live here
+//! once. Built only with the `fuzzing` feature and for tests, so the readers stay
+//! private to the crate otherwise.
 
 use std::path::Path;
 

@@ -20,6 +20,6 @@ fn console_commands() {
         assert!(parse(c).is_ok(), "{c}");
     }
     hostile::run_text(41, 20_000, &commands, |text| {
-        let _ = parse(text);
+        crate::fuzzing::console(text.as_bytes())
     });
 }

@@ -6,7 +6,7 @@ use bytes::BytesMut;
 
 use super::responses::ResponseTracker;
 use super::rewrite::{plain_request, Ctx, Rewriter};
-use super::{sql, ClientStatements, Registry, ServerStatements};
+use super::{ClientStatements, Registry, ServerStatements};
 use crate::hostile;
 
 use crate::hostile::msg;
@@ -74,8 +74,6 @@ fn sql_commands() {
         "DISCARD ALL",
     ];
     hostile::run_text(32, 20_000, &texts, |text| {
-        let _ = sql::may_match(text.as_bytes());
-        let _ = sql::names_statements(text.as_bytes());
-        let _ = sql::parse(text);
+        crate::fuzzing::sql(text.as_bytes())
     });
 }
