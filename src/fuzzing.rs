@@ -17,7 +17,32 @@ use crate::protocol::startup::{self, StartupPacket, MAX_STARTUP_LEN};
 use crate::session::framer::{Body, Framer};
 
 mod relay;
-pub use relay::relay;
+pub use relay::{relay, relay_steps};
+
+/// Which peer a step of a two-sided input comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Client,
+    Server,
+}
+
+/// The steps of a two-sided input (`prepared`, `relay`, `relay_steps`): each is a
+/// byte, whose low bit picks the side (0: the client) and whose other bits, times 4,
+/// are how many of the following bytes it carries (fewer at the end), then the bytes.
+fn steps(mut data: &[u8]) -> impl Iterator<Item = (Side, &[u8])> {
+    std::iter::from_fn(move || {
+        let (&step, rest) = data.split_first()?;
+        let n = (usize::from(step >> 1) * 4).min(rest.len());
+        let (bytes, rest) = rest.split_at(n);
+        data = rest;
+        let side = if step & 1 == 0 {
+            Side::Client
+        } else {
+            Side::Server
+        };
+        Some((side, bytes))
+    })
+}
 
 /// A client's first packet: length check, then parse; what parses reads the same
 /// when written out and parsed again.
@@ -122,24 +147,19 @@ pub fn sql(data: &[u8]) {
 }
 
 /// Prepared-statement tracking in transaction mode, client and server bytes
-/// interleaved as the fuzzer chooses: each step is a byte (its low bit: from the
-/// client or the server; the rest: how many of the following bytes it carries,
-/// times 4), then those bytes. Client bytes go through the rewriter as one read, and
+/// interleaved as the fuzzer chooses ([`steps`]). Client bytes go through the rewriter as one read, and
 /// a request that needs no rewriting must go out as it came; server bytes through
 /// the response tracker. A rewrite error or a Terminate ends the run, as it ends the
 /// session.
-pub fn prepared(mut data: &[u8]) {
+pub fn prepared(data: &[u8]) {
     let registry = Registry::default();
     let (mut client, mut server) = (ClientStatements::default(), ServerStatements::default());
     let (mut tracker, mut parses) = (ResponseTracker::default(), 0u64);
     let mut rewriter = Rewriter::default();
     let mut framer = Framer::default();
     let mut pending = BytesMut::new();
-    while let Some((&step, rest)) = data.split_first() {
-        let n = (usize::from(step >> 1) * 4).min(rest.len());
-        let (bytes, rest) = rest.split_at(n);
-        data = rest;
-        if step & 1 == 0 {
+    for (side, bytes) in steps(data) {
+        if side == Side::Client {
             let fresh = pending.is_empty() && rewriter.at_boundary();
             let plain = fresh && plain_request(bytes, 1 << 20, !client.is_empty());
             pending.extend_from_slice(bytes);
@@ -191,7 +211,7 @@ mod tests {
     #[test]
     fn the_seeds_pass_every_target() {
         type Target = fn(&[u8]);
-        let targets: [(&str, Target); 8] = [
+        let targets: [(&str, Target); 9] = [
             ("startup", super::startup),
             ("server_bodies", super::server_bodies),
             ("scram_server", super::scram_server),
@@ -200,6 +220,7 @@ mod tests {
             ("sql", super::sql),
             ("prepared", super::prepared),
             ("relay", super::relay),
+            ("relay_steps", super::relay_steps),
         ];
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
         for (name, target) in targets {
