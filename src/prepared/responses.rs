@@ -178,7 +178,8 @@ impl ResponseTracker {
 
     /// Whether every request has been answered.
     pub fn is_idle(&self) -> bool {
-        self.queue.is_empty() && self.held.is_empty() && self.drop_left == 0
+        // Not while the server skips to a Sync the client has yet to send.
+        self.queue.is_empty() && self.held.is_empty() && self.drop_left == 0 && !self.skipping
     }
 
     /// The batch to send again after a stale-plan error was hidden from the client.
@@ -289,6 +290,8 @@ impl ResponseTracker {
     ) -> bool {
         // The previous message completed a request and ended at this boundary.
         let boundary = at.unwrap_or(0);
+        // A ReadyForQuery: whatever it answers, the server skips no more.
+        self.skipping &= tag != b'Z';
         if self.flush_after_current {
             self.flush_after_current = false;
             let mut synth = Vec::new();

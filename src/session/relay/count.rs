@@ -21,6 +21,11 @@ pub(in crate::session::relay) fn count_client_tag(
     match tag {
         TAG_QUERY | TAG_FUNCTION_CALL => {
             *pending += 1;
+            // Ends a batch as a Sync does, for the server's state: if it runs, the
+            // messages before it are done and its ReadyForQuery comes after them; if
+            // an error skips it, the server is not idle before the client's Sync
+            // (midbatch.rs, the tracker's `skipping`).
+            *unsynced = false;
             copy.start(false);
         }
         TAG_SYNC => {

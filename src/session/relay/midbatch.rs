@@ -13,7 +13,11 @@
 //!   how many ReadyForQuery the server owed for earlier requests when it began;
 //! - the server side lets those ReadyForQuery pass, then counts the answers' ends:
 //!   all of them before any error, and the Query runs; an error first, and it is
-//!   skipped, so its ReadyForQuery is not owed.
+//!   skipped, so its ReadyForQuery is not owed, and the server is not idle before
+//!   the ReadyForQuery of the client's Sync (`await_ready`).
+//!
+//! A Query that runs ends the batch for the server as a Sync would (count.rs): its
+//! ReadyForQuery `I` lets the server go.
 //!
 //! Only a batch that began in the same client read as the Query is followed (the
 //! server has answered none of it then), and none while a COPY is under way or in

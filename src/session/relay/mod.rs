@@ -112,8 +112,9 @@ pub struct Relay {
     /// A simple Query inside an extended batch, which the server may skip
     /// (midbatch.rs; the plain path only).
     mid: MidBatch,
-    /// A COPY by Execute failed: the server skips to the client's next Sync, and is
-    /// not idle before a ReadyForQuery whatever `pending` says.
+    /// A COPY by Execute failed, or a Query inside a batch was skipped: the server
+    /// skips to the client's next Sync, and is not idle before a ReadyForQuery
+    /// whatever `pending` says.
     await_ready: bool,
     /// Extended-protocol messages sent since the last Sync.
     unsynced: bool,
@@ -393,8 +394,10 @@ impl Relay {
         let on_event = |e: Event<'_>| match e {
             Event::Start { tag, .. } => {
                 if mid.server(tag) {
-                    // The Query inside the batch was skipped: no ReadyForQuery for it.
+                    // The Query inside the batch was skipped: no ReadyForQuery for it,
+                    // and the server skips on to the client's Sync.
                     *pending = pending.saturating_sub(1);
+                    *await_ready = true;
                 }
                 match tag {
                     TAG_READY_FOR_QUERY | TAG_PARAMETER_STATUS => Body::Capture,
