@@ -4,7 +4,7 @@ SHELL := bash
 CARGO ?= cargo
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps build pgo test lint demo clean bench bench-quick bench-scale
+.PHONY: all deps build pgo test lint demo clean bench bench-quick bench-scale fuzz
 
 all: build
 
@@ -53,6 +53,11 @@ bench-scale: deps
 	bench/install-deps.sh
 	$(CARGO) build --release
 	python3 bench/scale.py $(SCALE_ARGS)
+
+# Coverage-guided fuzzing (fuzz/README.md): every target for FUZZ_SECONDS (60) each,
+# or those in FUZZ_TARGETS. Not part of `make test`: it needs a nightly toolchain.
+fuzz:
+	fuzz/run.sh
 
 clean:
 	$(CARGO) clean

@@ -16,7 +16,10 @@ use crate::protocol::backend::{parse_error_fields, parse_parameter_status};
 use crate::protocol::startup::{self, StartupPacket, MAX_STARTUP_LEN};
 use crate::session::framer::{Body, Framer};
 
+mod conversation;
+mod model;
 mod relay;
+pub use conversation::conversation;
 pub use relay::{relay, relay_steps};
 
 /// Which peer a step of a two-sided input comes from.
@@ -211,7 +214,7 @@ mod tests {
     #[test]
     fn the_seeds_pass_every_target() {
         type Target = fn(&[u8]);
-        let targets: [(&str, Target); 9] = [
+        let targets: [(&str, Target); 10] = [
             ("startup", super::startup),
             ("server_bodies", super::server_bodies),
             ("scram_server", super::scram_server),
@@ -221,6 +224,7 @@ mod tests {
             ("prepared", super::prepared),
             ("relay", super::relay),
             ("relay_steps", super::relay_steps),
+            ("conversation", super::conversation),
         ];
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
         for (name, target) in targets {

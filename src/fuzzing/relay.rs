@@ -98,7 +98,7 @@ fn check(mode: u8, from_client: &[u8], from_server: &[u8], to_client: &[u8], to_
     }
 }
 
-fn release_at(mode: u8) -> ReleaseAt {
+pub(super) fn release_at(mode: u8) -> ReleaseAt {
     match mode & 3 {
         0 => ReleaseAt::TransactionEnd,
         1 => ReleaseAt::SessionEnd,
@@ -107,7 +107,7 @@ fn release_at(mode: u8) -> ReleaseAt {
     }
 }
 
-fn runtime() -> tokio::runtime::Runtime {
+pub(super) fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
@@ -150,10 +150,7 @@ pub fn converse(mode: u8, steps: &[(Side, &[u8])]) -> (Vec<u8>, Vec<u8>) {
                     },
                     bytes,
                 );
-                for _ in 0..SETTLE_ROUNDS {
-                    // Lets the runtime poll the sockets and run the relay once.
-                    tokio::task::yield_now().await;
-                }
+                settle().await;
                 drain(&client_end, &mut to_client);
                 drain(&server_end, &mut to_server);
             }
@@ -172,9 +169,16 @@ pub fn converse(mode: u8, steps: &[(Side, &[u8])]) -> (Vec<u8>, Vec<u8>) {
     (to_client, to_server)
 }
 
+/// Lets the runtime poll the sockets and run the relay [`SETTLE_ROUNDS`] times.
+pub(super) async fn settle() {
+    for _ in 0..SETTLE_ROUNDS {
+        tokio::task::yield_now().await;
+    }
+}
+
 /// Writes all of `bytes` to a peer's end (they fit its buffer). A relay that has
 /// closed its end makes the rest go nowhere, without a SIGPIPE.
-fn write(end: &UnixStream, mut bytes: &[u8]) {
+pub(super) fn write(end: &UnixStream, mut bytes: &[u8]) {
     while !bytes.is_empty() {
         match SockRef::from(end).send_with_flags(bytes, libc::MSG_NOSIGNAL) {
             Ok(n) if n > 0 => bytes = &bytes[n..],
@@ -187,7 +191,7 @@ fn write(end: &UnixStream, mut bytes: &[u8]) {
 
 /// Appends what has reached a peer's end so far (non-blocking), or, once the relay
 /// has closed its end, all of it.
-fn drain(mut end: &UnixStream, got: &mut Vec<u8>) {
+pub(super) fn drain(mut end: &UnixStream, got: &mut Vec<u8>) {
     let mut buf = [0u8; 4096];
     loop {
         match end.read(&mut buf) {
@@ -202,7 +206,7 @@ fn drain(mut end: &UnixStream, got: &mut Vec<u8>) {
 }
 
 /// One end of a socket pair for Sluice, and the other, non-blocking, for the peer.
-fn pair() -> (Stream, UnixStream) {
+pub(super) fn pair() -> (Stream, UnixStream) {
     let (ours, theirs) = UnixStream::pair().expect("a socket pair");
     for end in [&ours, &theirs] {
         end.set_nonblocking(true).expect("non-blocking");
@@ -211,8 +215,32 @@ fn pair() -> (Stream, UnixStream) {
     (stream, theirs)
 }
 
+/// How [`drive`] stopped.
+#[derive(Debug)]
+pub(super) enum Ended {
+    /// The client closed or terminated while it held no server.
+    Unlinked,
+    /// The relay stopped (for another reason than a release point) while linked.
+    Linked(Outcome),
+    /// The client failed while it held no server.
+    UnlinkedFailed,
+}
+
+impl Ended {
+    /// The client went away (all its bytes read), as opposed to the relay stopping
+    /// for a reason of its own.
+    pub(super) fn by_client(&self) -> bool {
+        matches!(self, Ended::Unlinked | Ended::Linked(Outcome::ClientClosed))
+    }
+}
+
 /// Relays until it stops, as the session does, then closes both of Sluice's ends.
-async fn drive(release: ReleaseAt, prepared: bool, client: Stream, server: Stream) {
+pub(super) async fn drive(
+    release: ReleaseAt,
+    prepared: bool,
+    client: Stream,
+    server: Stream,
+) -> Ended {
     let mut server = Pool::lent_for_tests(server);
     let mut parked = Parked::new(1 << 20, Timeouts::default());
     if prepared {
@@ -224,10 +252,12 @@ async fn drive(release: ReleaseAt, prepared: bool, client: Stream, server: Strea
     loop {
         // As the session does: a client without a server reads its request first.
         let relay = slot.get();
-        if !relay.has_request()
-            && !matches!(relay.read_client_unlinked(&client, &stats).await, Ok(true))
-        {
-            break;
+        if !relay.has_request() {
+            match relay.read_client_unlinked(&client, &stats).await {
+                Ok(true) => {}
+                Ok(false) => return Ended::Unlinked,
+                Err(_) => return Ended::UnlinkedFailed,
+            }
         }
         match relay
             .run(&client, &mut server, &mut params, release, &stats)
@@ -237,12 +267,12 @@ async fn drive(release: ReleaseAt, prepared: bool, client: Stream, server: Strea
                 // As the session does: the server went back first, then the client
                 // is paid, and the counts go in.
                 if relay.owes_client() && relay.send_to_client(&client, &[]).await.is_err() {
-                    break;
+                    return Ended::UnlinkedFailed;
                 }
                 stats.flush(&mut relay.stats);
                 slot.rest();
             }
-            _ => break,
+            other => return Ended::Linked(other),
         }
     }
 }
