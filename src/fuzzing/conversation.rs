@@ -130,6 +130,76 @@ fn unfollowed_query(acts: &[Act]) -> bool {
     false
 }
 
+/// Whether the script names a statement it closed before the server answered the
+/// Close. With tracking, the Close takes effect when the relay rewrites it (and is
+/// undone when the server skips it), so a use of the name already rewritten after it
+/// differs from PostgreSQL's answer if an error makes the server skip the Close.
+fn used_after_close(acts: &[Act]) -> bool {
+    let mut closed: Vec<&[u8]> = Vec::new();
+    for act in acts {
+        let mut bytes = match act {
+            Act::Send(bytes) => &bytes[..],
+            Act::Serve => {
+                closed.clear();
+                continue;
+            }
+        };
+        while let Some(head) = bytes.get(..5) {
+            let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+            let body = bytes.get(5..1 + len).unwrap_or(&[]);
+            bytes = bytes.get(1 + len..).unwrap_or(&[]);
+            let named = match head[0] {
+                b'P' => body,
+                b'B' => body.get(1..).unwrap_or(&[]),
+                b'C' | b'D' if body.first() == Some(&b'S') => &body[1..],
+                _ => continue,
+            };
+            let name = named.split(|&b| b == 0).next().unwrap_or(&[]);
+            if name.is_empty() {
+                continue;
+            }
+            if closed.contains(&name) {
+                return true;
+            }
+            if head[0] == b'C' {
+                closed.push(name);
+            }
+        }
+    }
+    false
+}
+
+/// Whether the script sends a named Parse of a text another named Parse sent it
+/// before the server answered that one. With tracking, the server is taken to hold
+/// the text from the first Parse on, and the second is answered ParseComplete at
+/// once; if the first fails, PostgreSQL would have failed the second too.
+fn parse_of_a_text_in_flight(acts: &[Act]) -> bool {
+    let mut texts: Vec<&[u8]> = Vec::new();
+    for act in acts {
+        let mut bytes = match act {
+            Act::Send(bytes) => &bytes[..],
+            Act::Serve => {
+                texts.clear();
+                continue;
+            }
+        };
+        while let Some(head) = bytes.get(..5) {
+            let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+            let body = bytes.get(5..1 + len).unwrap_or(&[]);
+            bytes = bytes.get(1 + len..).unwrap_or(&[]);
+            if head[0] != b'P' || body.first() == Some(&0) {
+                continue;
+            }
+            let text = body.split(|&b| b == 0).nth(1).unwrap_or(&[]);
+            if texts.contains(&text) {
+                return true;
+            }
+            texts.push(text);
+        }
+    }
+    false
+}
+
 /// What one run produced.
 struct Run {
     /// Everything the client sent, what reached the server, what the server sent and
@@ -149,7 +219,8 @@ struct Run {
 /// - without tracking, the server gets the start of the client's bytes, and the
 ///   client gets the server's unchanged, all of them if it was the client that left;
 /// - with tracking, the client gets the answers PostgreSQL would have sent it
-///   (their kinds and ReadyForQuery statuses), the model run on its bytes directly;
+///   (their kinds and ReadyForQuery statuses), the model run on its bytes directly
+///   (unless [`used_after_close`] or [`parse_of_a_text_in_flight`]);
 /// - in transaction and statement modes, a server idle when the client leaves was
 ///   let go: the client left while holding none (unless [`unfollowed_query`]).
 pub fn conversation(data: &[u8]) {
@@ -169,7 +240,7 @@ pub fn conversation(data: &[u8]) {
         } else {
             assert!(run.from_server.starts_with(&run.to_client), "other answers");
         }
-    } else if by_client {
+    } else if by_client && !used_after_close(&acts) && !parse_of_a_text_in_flight(&acts) {
         let mut direct = Vec::new();
         Model::default().feed(&run.sent, &mut direct);
         assert_eq!(
