@@ -130,17 +130,19 @@ fn unfollowed_query(acts: &[Act]) -> bool {
     false
 }
 
-/// Whether the script names a statement it closed before the server answered the
-/// Close. With tracking, the Close takes effect when the relay rewrites it (and is
-/// undone when the server skips it), so a use of the name already rewritten after it
-/// differs from PostgreSQL's answer if an error makes the server skip the Close.
+/// Whether the script names a statement it closed, or parses a name again, before
+/// the server answered the Close or the first Parse. With tracking, a Close or Parse
+/// takes effect for the client when the relay rewrites it (and is undone when the
+/// server skips it), so a request naming the statement rewritten after it differs
+/// from PostgreSQL's answer if an error makes the server skip the first.
 fn used_after_close(acts: &[Act]) -> bool {
-    let mut closed: Vec<&[u8]> = Vec::new();
+    let (mut closed, mut parsed): (Vec<&[u8]>, Vec<&[u8]>) = (Vec::new(), Vec::new());
     for act in acts {
         let mut bytes = match act {
             Act::Send(bytes) => &bytes[..],
             Act::Serve => {
                 closed.clear();
+                parsed.clear();
                 continue;
             }
         };
@@ -158,11 +160,13 @@ fn used_after_close(acts: &[Act]) -> bool {
             if name.is_empty() {
                 continue;
             }
-            if closed.contains(&name) {
+            if closed.contains(&name) || (head[0] == b'P' && parsed.contains(&name)) {
                 return true;
             }
-            if head[0] == b'C' {
-                closed.push(name);
+            match head[0] {
+                b'C' => closed.push(name),
+                b'P' => parsed.push(name),
+                _ => {}
             }
         }
     }
