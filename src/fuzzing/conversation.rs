@@ -130,19 +130,24 @@ fn unfollowed_query(acts: &[Act]) -> bool {
     false
 }
 
-/// Whether the script names a statement it closed, or parses a name again, before
-/// the server answered the Close or the first Parse. With tracking, a Close or Parse
-/// takes effect for the client when the relay rewrites it (and is undone when the
-/// server skips it), so a request naming the statement rewritten after it differs
-/// from PostgreSQL's answer if an error makes the server skip the first.
+/// Whether the script names a statement it closed or parsed, in a later batch or
+/// in a Parse, before the server answered the Close or the Parse. With tracking, a
+/// Close or Parse takes effect for the client when the relay rewrites it (and is
+/// undone when the server skips it), so a request naming the statement rewritten
+/// after it differs from PostgreSQL's answer if an error makes the server skip the
+/// first.
 fn used_after_close(acts: &[Act]) -> bool {
+    // Names closed, and names parsed then synced, in flight; names parsed in the
+    // open batch.
     let (mut closed, mut parsed): (Vec<&[u8]>, Vec<&[u8]>) = (Vec::new(), Vec::new());
+    let mut parsed_here: Vec<&[u8]> = Vec::new();
     for act in acts {
         let mut bytes = match act {
             Act::Send(bytes) => &bytes[..],
             Act::Serve => {
                 closed.clear();
                 parsed.clear();
+                parsed_here.clear();
                 continue;
             }
         };
@@ -150,6 +155,10 @@ fn used_after_close(acts: &[Act]) -> bool {
             let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
             let body = bytes.get(5..1 + len).unwrap_or(&[]);
             bytes = bytes.get(1 + len..).unwrap_or(&[]);
+            if head[0] == b'S' {
+                parsed.append(&mut parsed_here);
+                continue;
+            }
             let named = match head[0] {
                 b'P' => body,
                 b'B' => body.get(1..).unwrap_or(&[]),
@@ -160,12 +169,13 @@ fn used_after_close(acts: &[Act]) -> bool {
             if name.is_empty() {
                 continue;
             }
-            if closed.contains(&name) || (head[0] == b'P' && parsed.contains(&name)) {
+            let again = head[0] == b'P' && parsed_here.contains(&name);
+            if closed.contains(&name) || parsed.contains(&name) || again {
                 return true;
             }
             match head[0] {
                 b'C' => closed.push(name),
-                b'P' => parsed.push(name),
+                b'P' => parsed_here.push(name),
                 _ => {}
             }
         }

@@ -111,7 +111,9 @@ impl Model {
             b'P' => {
                 let (name, at) = cstr(body, 0);
                 let text = cstr(body, at).0;
-                if !name.is_empty() && self.statements.contains_key(name) {
+                if self.aborted(text) {
+                    self.fail(out, "25P02", "current transaction is aborted");
+                } else if !name.is_empty() && self.statements.contains_key(name) {
                     self.fail(out, "42P05", "prepared statement already exists");
                 } else if text.starts_with(b"ERR") {
                     self.fail(out, "42601", "syntax error");
@@ -124,6 +126,9 @@ impl Model {
                 let (_, at) = cstr(body, 0);
                 let stmt = cstr(body, at).0;
                 match self.statements.get(stmt) {
+                    Some(text) if self.aborted(text) => {
+                        self.fail(out, "25P02", "current transaction is aborted");
+                    }
                     Some(text) => {
                         self.portal = Some(text.clone());
                         message(out, b'2', b"");
@@ -178,6 +183,12 @@ impl Model {
                 self.closed = true;
             }
         }
+    }
+
+    /// PostgreSQL refuses a Parse or Bind in a failed transaction, but of a
+    /// statement that ends it.
+    fn aborted(&self, text: &[u8]) -> bool {
+        self.status == b'E' && !text.starts_with(b"COMMIT") && !text.starts_with(b"ROLLBACK")
     }
 
     /// An error in an extended-protocol message: skip to the next Sync.
