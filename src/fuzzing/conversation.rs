@@ -89,7 +89,8 @@ fn script(mut ops: &[u8]) -> Vec<Act> {
 
 /// Whether the script sends a simple Query or FunctionCall inside an extended batch
 /// that the relay does not follow without prepared-statement tracking (midbatch.rs:
-/// the batch began in an earlier read, a COPY message came before it in its read,
+/// the batch began in an earlier read, or its read began inside a batch, a COPY
+/// message came before it in its read,
 /// or another such Query may still be under way), or one after such a Query before
 /// the next Sync: if an error makes the server skip it, the relay keeps counting its
 /// ReadyForQuery and keeps the server.
@@ -103,6 +104,8 @@ fn unfollowed_query(acts: &[Act]) -> bool {
                 continue;
             }
         };
+        // midbatch.rs follows only in a read that begins outside a batch.
+        let began_synced = !unsynced;
         let (mut batch_began_here, mut copy_here) = (false, false);
         while let Some(head) = bytes.get(..5) {
             let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
@@ -111,7 +114,8 @@ fn unfollowed_query(acts: &[Act]) -> bool {
                 b'S' => (unsynced, after_batch_query) = (false, false),
                 b'Q' | b'F' => {
                     if after_batch_query
-                        || (unsynced && (!batch_began_here || copy_here || watched))
+                        || (unsynced
+                            && (!began_synced || !batch_began_here || copy_here || watched))
                     {
                         return true;
                     }
