@@ -87,6 +87,19 @@ fn script(mut ops: &[u8]) -> Vec<Act> {
     acts
 }
 
+/// The messages of `bytes` (whole ones, as the script and the model write them):
+/// each one's tag and body.
+fn messages(mut bytes: &[u8]) -> impl Iterator<Item = (u8, &[u8])> {
+    std::iter::from_fn(move || {
+        let head = bytes.get(..5)?;
+        let len = (u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize).max(4);
+        let body = bytes.get(5..1 + len).unwrap_or(&[]);
+        let tag = head[0];
+        bytes = bytes.get(1 + len..).unwrap_or(&[]);
+        Some((tag, body))
+    })
+}
+
 /// Whether the script sends a simple Query or FunctionCall inside an extended batch
 /// that the relay does not follow without prepared-statement tracking (midbatch.rs:
 /// the batch began in an earlier read, or its read began inside a batch, a COPY
@@ -97,7 +110,7 @@ fn script(mut ops: &[u8]) -> Vec<Act> {
 fn unfollowed_query(acts: &[Act]) -> bool {
     let (mut unsynced, mut watched, mut after_batch_query) = (false, false, false);
     for act in acts {
-        let mut bytes = match act {
+        let bytes = match act {
             Act::Send(bytes) => &bytes[..],
             Act::Serve => {
                 watched = false;
@@ -107,10 +120,8 @@ fn unfollowed_query(acts: &[Act]) -> bool {
         // midbatch.rs follows only in a read that begins outside a batch.
         let began_synced = !unsynced;
         let (mut batch_began_here, mut copy_here) = (false, false);
-        while let Some(head) = bytes.get(..5) {
-            let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-            bytes = bytes.get(1 + len..).unwrap_or(&[]);
-            match head[0] {
+        for (tag, _) in messages(bytes) {
+            match tag {
                 b'S' => (unsynced, after_batch_query) = (false, false),
                 b'Q' | b'F' => {
                     if after_batch_query
@@ -146,20 +157,18 @@ fn unfollowed_query(acts: &[Act]) -> bool {
 fn pipelined(acts: &[Act]) -> bool {
     let mut ended = false;
     for act in acts {
-        let mut bytes = match act {
+        let bytes = match act {
             Act::Send(bytes) => &bytes[..],
             Act::Serve => {
                 ended = false;
                 continue;
             }
         };
-        while let Some(head) = bytes.get(..5) {
+        for (tag, _) in messages(bytes) {
             if ended {
                 return true;
             }
-            let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-            bytes = bytes.get(1 + len..).unwrap_or(&[]);
-            ended = matches!(head[0], b'S' | b'Q' | b'F');
+            ended = matches!(tag, b'S' | b'Q' | b'F');
         }
     }
     false
@@ -229,33 +238,22 @@ pub fn conversation(data: &[u8]) {
 
 /// The tag of the last message the script sends.
 fn last_tag(acts: &[Act]) -> Option<u8> {
-    let mut last = None;
-    for act in acts {
-        if let Act::Send(bytes) = act {
-            let mut bytes = &bytes[..];
-            while let Some(head) = bytes.get(..5) {
-                let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-                last = Some(head[0]);
-                bytes = bytes.get(1 + len..).unwrap_or(&[]);
-            }
-        }
-    }
-    last
+    let sent = acts.iter().filter_map(|a| match a {
+        Act::Send(bytes) => Some(&bytes[..]),
+        Act::Serve => None,
+    });
+    sent.flat_map(messages).last().map(|(tag, _)| tag)
 }
 
 /// The answers' kinds, and ReadyForQuery's status byte.
-fn kinds(mut bytes: &[u8]) -> Vec<(u8, u8)> {
-    let mut v = Vec::new();
-    while let Some(head) = bytes.get(..5) {
-        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-        let status = match head[0] {
-            b'Z' => bytes.get(5).copied().unwrap_or(0),
-            _ => 0,
-        };
-        v.push((head[0], status));
-        bytes = bytes.get(1 + len.max(4)..).unwrap_or(&[]);
-    }
-    v
+fn kinds(bytes: &[u8]) -> Vec<(u8, u8)> {
+    let status = |tag, body: &[u8]| match tag {
+        b'Z' => body.first().copied().unwrap_or(0),
+        _ => 0,
+    };
+    messages(bytes)
+        .map(|(tag, body)| (tag, status(tag, body)))
+        .collect()
 }
 
 fn converse(mode: u8, script: &[Act]) -> Run {
