@@ -17,7 +17,7 @@ use crate::protocol::startup::{self, StartupPacket, MAX_STARTUP_LEN};
 use crate::session::framer::{Body, Framer};
 
 mod conversation;
-mod model;
+pub(crate) mod model;
 mod relay;
 pub use conversation::conversation;
 pub use relay::{relay, relay_steps};

@@ -100,51 +100,6 @@ fn messages(mut bytes: &[u8]) -> impl Iterator<Item = (u8, &[u8])> {
     })
 }
 
-/// Whether the script sends a simple Query or FunctionCall inside an extended batch
-/// that the relay does not follow without prepared-statement tracking (midbatch.rs:
-/// the batch began in an earlier read, or its read began inside a batch, a COPY
-/// message came before it in its read,
-/// or another such Query may still be under way), or one after such a Query before
-/// the next Sync: if an error makes the server skip it, the relay keeps counting its
-/// ReadyForQuery and keeps the server.
-fn unfollowed_query(acts: &[Act]) -> bool {
-    let (mut unsynced, mut watched, mut after_batch_query) = (false, false, false);
-    for act in acts {
-        let bytes = match act {
-            Act::Send(bytes) => &bytes[..],
-            Act::Serve => {
-                watched = false;
-                continue;
-            }
-        };
-        // midbatch.rs follows only in a read that begins outside a batch.
-        let began_synced = !unsynced;
-        let (mut batch_began_here, mut copy_here) = (false, false);
-        for (tag, _) in messages(bytes) {
-            match tag {
-                b'S' => (unsynced, after_batch_query) = (false, false),
-                b'Q' | b'F' => {
-                    if after_batch_query
-                        || (unsynced
-                            && (!began_synced || !batch_began_here || copy_here || watched))
-                    {
-                        return true;
-                    }
-                    watched |= unsynced;
-                    after_batch_query = unsynced;
-                    unsynced = false;
-                }
-                b'd' | b'c' | b'f' => copy_here = true,
-                _ => {
-                    batch_began_here |= !unsynced;
-                    unsynced = true;
-                }
-            }
-        }
-    }
-    false
-}
-
 /// Whether the script pipelines: sends a message after a request's end (a Sync,
 /// Query or FunctionCall) before the server has answered that request. With
 /// tracking, the relay rewrites a request from what it knows when the request comes
@@ -196,7 +151,7 @@ struct Run {
 ///   (their kinds and ReadyForQuery statuses), the model run on its bytes directly
 ///   (unless [`pipelined`]);
 /// - in transaction and statement modes, a server idle when the client leaves was
-///   let go: the client left while holding none (unless [`unfollowed_query`]).
+///   let go: the client left while holding none.
 pub fn conversation(data: &[u8]) {
     let Some((&mode, ops)) = data.split_first() else {
         return;
@@ -223,11 +178,10 @@ pub fn conversation(data: &[u8]) {
             "with tracking, other answers than PostgreSQL's to the client's bytes"
         );
     }
-    let followed = mode & 4 != 0 || !unfollowed_query(&acts);
     // With tracking a request may be answered without reaching the server: the
     // server is idle, but the client is still in a batch.
     let ended_request = matches!(last_tag(&acts), Some(b'S' | b'Q' | b'F'));
-    if mode & 1 == 0 && run.idle && by_client && followed && ended_request {
+    if mode & 1 == 0 && run.idle && by_client && ended_request {
         assert!(
             matches!(run.ended, Ended::Unlinked),
             "an idle server was kept: {:?}",

@@ -65,6 +65,12 @@ impl Model {
         !self.closed && self.unread.is_empty() && self.since_ready == 0 && self.status == b'I'
     }
 
+    /// Whether every message it read was answered up to a ReadyForQuery (whatever
+    /// the transaction status).
+    pub fn settled(&self) -> bool {
+        self.unread.is_empty() && self.since_ready == 0
+    }
+
     /// Reads `bytes` and appends its answers to `out`.
     pub fn feed(&mut self, bytes: &[u8], out: &mut Vec<u8>) {
         self.unread.extend_from_slice(bytes);

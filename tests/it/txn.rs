@@ -11,6 +11,7 @@ mod dirty;
 mod function_call;
 mod limits;
 mod load;
+mod midbatch;
 mod mixed;
 mod params;
 mod portals;

@@ -58,19 +58,19 @@ impl Relay {
     /// cuts Terminate off.
     pub(super) fn scan_client(&mut self, start: usize) -> Result<(), ProtocolError> {
         let mut cut = None;
-        // A Query inside a batch is followed if the batch began in this read.
-        let follow_mid = !self.unsynced
-            && self.client_framer.at_boundary()
-            && !self.copy.in_copy()
-            && self.mid.idle();
-        let pending_before = self.pending;
-        let mut mid_at = None;
-        let (pending, unsynced, terminated) =
-            (&mut self.pending, &mut self.unsynced, &mut self.terminated);
-        let (parses, binds, copy) = (
+        // A Query inside a batch may begin to be followed (midbatch.rs).
+        let fresh = !self.copy.in_copy() && !self.await_ready;
+        let (pending, unsynced, terminated, await_ready) = (
+            &mut self.pending,
+            &mut self.unsynced,
+            &mut self.terminated,
+            &mut self.await_ready,
+        );
+        let (parses, binds, copy, mid) = (
             &mut self.stats.counts.client_parses,
             &mut self.stats.counts.binds,
             &mut self.copy,
+            &mut self.mid,
         );
         let (mut desync, mut refused) = (false, false);
         let no_simple_query = self.no_simple_query;
@@ -82,10 +82,7 @@ impl Relay {
                         return Body::Skip;
                     }
                     refused |= no_simple_query && tag == TAG_QUERY;
-                    if *unsynced && matches!(tag, TAG_QUERY | TAG_FUNCTION_CALL) && mid_at.is_none()
-                    {
-                        mid_at = Some(at);
-                    }
+                    let skipped = mid.client(tag, *unsynced, *pending, fresh);
                     if count_client_tag(tag, pending, unsynced, (parses, binds), copy) {
                         *terminated = true;
                         match at {
@@ -93,14 +90,16 @@ impl Relay {
                             None => desync = true,
                         }
                     }
+                    if skipped {
+                        // The server skips it: no ReadyForQuery for it, and none other
+                        // before the client's Sync.
+                        *pending -= 1;
+                        *await_ready = true;
+                    }
                 }
                 Body::Skip
             });
         self.desync |= desync;
-        if let (true, Some(Some(at))) = (follow_mid, mid_at) {
-            self.mid
-                .query_in_batch(&self.c2s[start..start + at], pending_before);
-        }
         if refused {
             // None of it goes to a server: the session ends on this error.
             self.c2s.clear();

@@ -1,187 +1,362 @@
-//! A simple Query (or FunctionCall) sent inside an extended-protocol batch, without
+//! Simple Queries (and FunctionCalls) sent inside an extended-protocol batch, without
 //! prepared-statement tracking (session mode, `max_prepared_statements = 0`).
 //!
-//! PostgreSQL skips every message after an extended-protocol error up to the next
-//! Sync, such a Query included: it then gets no ReadyForQuery, and the relay, which
-//! counted one for it, would think the server busy for good (in transaction mode the
-//! client would keep it until it left). With tracking, the response tracker follows
-//! this (`prepared::undo`); here the relay does, for one such Query at a time:
+//! PostgreSQL runs a client's messages in order. After an error in an
+//! extended-protocol message (Parse, Bind, Describe, Execute, Close) it skips every
+//! message up to the next Sync, Queries and FunctionCalls included: those get no
+//! ReadyForQuery, and the relay, which counted one for each, would think the server
+//! busy for good (in transaction mode the client would keep it until it left). A
+//! Query that runs ends the batch for the server as a Sync does (count.rs). With
+//! tracking, the response tracker follows all this (`prepared::undo`); here the relay
+//! does:
 //!
-//! - the client side, at such a Query (rare, so nothing is noted before it), reads
-//!   back over the headers of the batch before it: how many of its messages end in
-//!   an answer of their own (Parse, Bind, Describe, Execute, Close; not Flush), and
-//!   how many ReadyForQuery the server owed for earlier requests when it began;
-//! - the server side lets those ReadyForQuery pass, then counts the answers' ends:
-//!   all of them before any error, and the Query runs; an error first, and it is
-//!   skipped, so its ReadyForQuery is not owed, and the server is not idle before
-//!   the ReadyForQuery of the client's Sync (`await_ready`).
+//! - The client side counts the messages that end in an answer of their own (all the
+//!   extended ones but Flush) since the last request end (Query, FunctionCall, Sync).
+//!   A Query inside a batch (rare, so nothing more is noted before one) opens a
+//!   *stretch*: the requests from its own up to the next Sync, each noted by how many
+//!   such messages came before its Query.
+//! - The server side lets the ReadyForQuery of the requests before the stretch pass,
+//!   then counts the ends of answers (ParseComplete, BindComplete, CloseComplete,
+//!   RowDescription or NoData, CommandComplete, EmptyQueryResponse, PortalSuspended)
+//!   request by request: all of a request's before any error, and its Query runs (its
+//!   ReadyForQuery ends it); an error first, and that Query and each later one of the
+//!   stretch are skipped: their ReadyForQuery is not owed, and the server is not idle
+//!   before the ReadyForQuery of the client's Sync (`await_ready`).
+//! - Stretches queue behind each other when a client pipelines.
+//! - A batch the server has partly answered when its Query comes (the client waited
+//!   for those answers, with a Flush) starts from the answers the server sent since
+//!   its last ReadyForQuery, counted while the client is inside a batch.
 //!
-//! A Query that runs ends the batch for the server as a Sync would (count.rs): its
-//! ReadyForQuery `I` lets the server go.
-//!
-//! Only a batch that began in the same client read as the Query is followed (the
-//! server has answered none of it then), and none while a COPY is under way or in
-//! the read (the Syncs it may swallow change the count). Otherwise, or with a
-//! second such Query under way, the count stays high (the server is kept), as
-//! before; a count already too high can only make a wrong guess that leaves it less
-//! high, never too low.
+//! When the server starts a COPY FROM STDIN while a stretch is followed (it ignores
+//! the Syncs sent during one, copy.rs), a Query inside a batch comes during a COPY,
+//! or an answer comes that the count did not foresee, following stops until the
+//! server goes back: the count stays high, which keeps the server, never low, which
+//! could hand an answer on to the next client.
+
+use std::cmp::Ordering;
+use std::collections::VecDeque;
 
 use crate::protocol::header::*;
 
-/// What the relay follows of one batch's simple Query (see the module docs).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+/// The most Queries one stretch, and the most stretches, followed at once; past
+/// either the count is left high.
+const MAX_QUERIES: usize = 1024;
+const MAX_STRETCHES: usize = 64;
+
+/// In `MidBatch::since`: an error came.
+const ERRORED: u32 = 1 << 31;
+
+/// What the relay follows of Queries inside batches (see the module docs).
+#[derive(Debug, Default)]
 pub struct MidBatch {
-    /// The Query being followed: ReadyForQuery messages still to let pass, and
-    /// answers still to come before it runs.
-    watch: Option<(u32, u32)>,
+    /// Client: messages that end in an answer since its last request end.
+    answering: u32,
+    /// Server: ends of answers since its last ReadyForQuery (with [`ERRORED`]),
+    /// counted while the client is inside a batch.
+    since: u32,
+    /// The stretches followed; none in the common case (no allocation).
+    follow: Option<Box<Follow>>,
 }
 
-impl MidBatch {
-    /// Whether a Query may be followed now.
-    #[inline]
-    pub fn idle(&self) -> bool {
-        self.watch.is_none()
-    }
+#[derive(Debug)]
+struct Follow {
+    /// Following stopped (see the module docs) until the server goes back.
+    lost: bool,
+    stretches: VecDeque<Stretch>,
+    /// Requests ended (each owing a ReadyForQuery) since the last stretch's Sync.
+    after_last: u32,
+    /// The server side, in the front stretch: the request its answers are for, the
+    /// ends of answers counted for it, and what comes next.
+    at: usize,
+    seen: u32,
+    phase: Phase,
+}
 
-    /// A client read brought, at the end of `read` (whole messages from the read's
-    /// start, where no batch was open), a Query or FunctionCall inside a batch;
-    /// `pending` is the count of ReadyForQuery owed before the read.
-    #[cold]
-    pub fn query_in_batch(&mut self, mut read: &[u8], mut pending: u32) {
-        if self.watch.is_some() {
-            return;
-        }
-        let (mut answered, mut owed_before, mut in_batch) = (0u32, 0u32, false);
-        while let Some((tag, len)) = parse(read) {
-            let Some(rest) = read.get(len as usize + 1..) else {
-                return;
-            };
-            read = rest;
-            match tag {
-                TAG_QUERY | TAG_FUNCTION_CALL | TAG_SYNC => {
-                    pending = pending.saturating_add(1);
-                    (answered, in_batch) = (0, false);
-                }
-                TAG_PARSE | TAG_BIND | TAG_DESCRIBE | TAG_EXECUTE | TAG_CLOSE | TAG_FLUSH => {
-                    if !in_batch {
-                        (in_batch, owed_before) = (true, pending);
-                    }
-                    answered += u32::from(tag != TAG_FLUSH);
-                }
-                // COPY messages, or anything else: not followed.
-                _ => return,
-            }
-        }
-        if in_batch && answered > 0 {
-            self.watch = Some((owed_before, answered));
-        }
-    }
+#[derive(Debug)]
+struct Stretch {
+    /// ReadyForQuery messages to let pass before it: the earlier requests'.
+    readies: u32,
+    /// For each of its requests ended by a Query or FunctionCall: the messages ending
+    /// in an answer before it.
+    queries: Vec<u32>,
+    /// Its Sync came.
+    closed: bool,
+    /// The server skips the rest of it.
+    skipping: bool,
+}
 
-    /// Follows one server message by its tag; true when it shows that the Query
-    /// followed was skipped (its ReadyForQuery will not come).
-    #[inline]
-    pub fn server(&mut self, tag: u8) -> bool {
-        let Some((readies, answers)) = &mut self.watch else {
-            return false;
-        };
-        if *readies > 0 {
-            if tag == TAG_READY_FOR_QUERY {
-                *readies -= 1;
-            }
-            return false;
-        }
-        match tag {
-            TAG_ERROR_RESPONSE => {
-                self.watch = None;
-                true
-            }
-            TAG_PARSE_COMPLETE
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// The answers to the messages before a Query.
+    Answers,
+    /// The Query runs: up to its ReadyForQuery.
+    Query,
+    /// An error: up to the ReadyForQuery of the stretch's Sync.
+    Skipping,
+}
+
+/// Whether a server message ends the answer to one extended-protocol message.
+#[inline]
+fn ends_answer(tag: u8) -> bool {
+    matches!(
+        tag,
+        TAG_PARSE_COMPLETE
             | TAG_BIND_COMPLETE
             | TAG_CLOSE_COMPLETE
             | TAG_COMMAND_COMPLETE
             | TAG_EMPTY_QUERY_RESPONSE
             | TAG_PORTAL_SUSPENDED
             | TAG_ROW_DESCRIPTION
-            | TAG_NO_DATA => {
-                *answers -= 1;
-                if *answers == 0 {
-                    // Every message before the Query was answered: it runs.
-                    self.watch = None;
+            | TAG_NO_DATA
+    )
+}
+
+impl Follow {
+    fn new(readies: u32, before: u32) -> Box<Follow> {
+        let mut stretches = VecDeque::with_capacity(1);
+        stretches.push_back(Stretch::new(readies, before));
+        Box::new(Follow {
+            lost: false,
+            stretches,
+            after_last: 0,
+            at: 0,
+            seen: 0,
+            phase: Phase::Answers,
+        })
+    }
+
+    fn lose(&mut self) {
+        self.lost = true;
+        self.stretches.clear();
+    }
+}
+
+impl Stretch {
+    fn new(readies: u32, before: u32) -> Stretch {
+        Stretch {
+            readies,
+            queries: vec![before],
+            closed: false,
+            skipping: false,
+        }
+    }
+}
+
+impl MidBatch {
+    /// Follows one client message by its tag (before `count_client_tag` counts it).
+    /// `unsynced`: extended messages came since the last request end; `pending`: the
+    /// ReadyForQuery messages owed before this one; `fresh`: a stretch may begin (no
+    /// COPY under way, no skip awaited). True when it is a Query or FunctionCall the
+    /// server will skip: its ReadyForQuery is not owed, and the server is not idle
+    /// before the next ReadyForQuery.
+    #[inline]
+    pub fn client(&mut self, tag: u8, unsynced: bool, pending: u32, fresh: bool) -> bool {
+        match tag {
+            TAG_PARSE | TAG_BIND | TAG_DESCRIBE | TAG_EXECUTE | TAG_CLOSE => {
+                self.answering = self.answering.saturating_add(1);
+                false
+            }
+            TAG_QUERY | TAG_FUNCTION_CALL | TAG_SYNC => {
+                let before = std::mem::take(&mut self.answering);
+                let query = tag != TAG_SYNC;
+                if (unsynced && query) || self.follow.is_some() {
+                    self.request_end(query, unsynced, before, pending, fresh)
+                } else {
+                    false
+                }
+            }
+            _ => false,
+        }
+    }
+
+    #[cold]
+    fn request_end(
+        &mut self,
+        query: bool,
+        unsynced: bool,
+        before: u32,
+        pending: u32,
+        fresh: bool,
+    ) -> bool {
+        let Some(f) = &mut self.follow else {
+            // A Query inside a batch, the first followed.
+            let mut f = Follow::new(pending, before);
+            if !fresh {
+                f.lose();
+            } else if pending == 0 {
+                // The server owes nothing before this batch: what it answered since
+                // its last ReadyForQuery is the batch's start.
+                f.seen = self.since & !ERRORED;
+                if self.since & ERRORED != 0 {
+                    f.phase = Phase::Skipping;
+                    f.stretches[0].skipping = true;
+                    self.follow = Some(f);
+                    return true;
+                }
+            }
+            self.follow = Some(f);
+            self.settle();
+            return false;
+        };
+        if f.lost {
+            return false;
+        }
+        match f.stretches.back_mut() {
+            Some(s) if !s.closed => {
+                if !query {
+                    s.closed = true;
+                    false
+                } else if s.skipping {
+                    true
+                } else if s.queries.len() >= MAX_QUERIES {
+                    f.lose();
+                    false
+                } else {
+                    s.queries.push(before);
+                    false
+                }
+            }
+            _ if unsynced && query => {
+                if f.stretches.len() >= MAX_STRETCHES {
+                    f.lose();
+                } else {
+                    let readies = std::mem::take(&mut f.after_last);
+                    f.stretches.push_back(Stretch::new(readies, before));
                 }
                 false
             }
-            // Not an answer seen before: give up (the count stays as it is).
-            TAG_READY_FOR_QUERY => {
-                self.watch = None;
+            _ => {
+                f.after_last = f.after_last.saturating_add(1);
                 false
             }
-            _ => false,
+        }
+    }
+
+    /// At each server read: while the client is outside a batch, nothing read is an
+    /// answer to the start of one.
+    #[inline]
+    pub fn server_read(&mut self, unsynced: bool) {
+        if !unsynced {
+            self.since = 0;
+        }
+    }
+
+    /// Follows one server message by its tag; `unsynced` as at the read's start.
+    /// `Some(n)` when it shows the server skipping to the client's next Sync, `n` the
+    /// Queries and FunctionCalls counted already that it skips.
+    #[inline]
+    pub fn server(&mut self, tag: u8, unsynced: bool) -> Option<u32> {
+        if self.follow.is_some() {
+            return self.walk(tag);
+        }
+        if unsynced {
+            match tag {
+                TAG_READY_FOR_QUERY => self.since = 0,
+                TAG_ERROR_RESPONSE => self.since |= ERRORED,
+                t if ends_answer(t) && self.since & !ERRORED < !ERRORED => self.since += 1,
+                _ => {}
+            }
+        }
+        None
+    }
+
+    #[cold]
+    fn walk(&mut self, tag: u8) -> Option<u32> {
+        let f = self.follow.as_mut()?;
+        if f.lost {
+            return None;
+        }
+        if matches!(tag, TAG_COPY_IN_RESPONSE | TAG_COPY_BOTH_RESPONSE) {
+            f.lose();
+            return None;
+        }
+        let s = f.stretches.front_mut()?;
+        if s.readies > 0 {
+            s.readies -= u32::from(tag == TAG_READY_FOR_QUERY);
+            return None;
+        }
+        match f.phase {
+            Phase::Skipping => {
+                if tag == TAG_READY_FOR_QUERY {
+                    // The stretch's Sync: the server is at rest.
+                    self.next_stretch(false);
+                }
+                None
+            }
+            Phase::Query => {
+                if tag == TAG_READY_FOR_QUERY {
+                    (f.at, f.seen, f.phase) = (f.at + 1, 0, Phase::Answers);
+                    self.settle();
+                }
+                None
+            }
+            Phase::Answers => match tag {
+                TAG_ERROR_RESPONSE => {
+                    s.skipping = true;
+                    f.phase = Phase::Skipping;
+                    Some(s.queries.len().saturating_sub(f.at) as u32)
+                }
+                TAG_READY_FOR_QUERY => {
+                    f.lose();
+                    None
+                }
+                t if ends_answer(t) => {
+                    f.seen += 1;
+                    self.settle();
+                    None
+                }
+                _ => None,
+            },
+        }
+    }
+
+    /// After the server's answers moved on: starts the front stretch's next Query
+    /// when the answers before it are all in, or ends the stretch.
+    fn settle(&mut self) {
+        let Some(f) = self.follow.as_mut() else {
+            return;
+        };
+        let Some(s) = f.stretches.front() else {
+            return;
+        };
+        match s.queries.get(f.at) {
+            Some(&before) => match f.seen.cmp(&before) {
+                Ordering::Equal => f.phase = Phase::Query,
+                Ordering::Greater => f.lose(),
+                Ordering::Less => {}
+            },
+            // Only the Sync's request is left: its ReadyForQuery comes whatever it is.
+            None if s.closed => self.next_stretch(true),
+            // Caught up with the client, outside any skip: nothing followed is owed.
+            None => {
+                self.follow = None;
+                self.since = 0;
+            }
+        }
+    }
+
+    /// The front stretch is done; `sync_owed`: its Sync's ReadyForQuery still comes.
+    fn next_stretch(&mut self, sync_owed: bool) {
+        let Some(f) = self.follow.as_mut() else {
+            return;
+        };
+        f.stretches.pop_front();
+        (f.at, f.seen, f.phase) = (0, 0, Phase::Answers);
+        match f.stretches.front_mut() {
+            Some(next) => {
+                next.readies += u32::from(sync_owed);
+                // Its first Query may have nothing before it.
+                self.settle();
+            }
+            None => {
+                // Every request left owes its one ReadyForQuery: the count is exact.
+                self.follow = None;
+                self.since = 0;
+            }
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The messages of `tags` (empty bodies) as one client read, up to its first
-    /// Query or FunctionCall after an extended message, as the relay hands them over.
-    fn client(m: &mut MidBatch, tags: &[u8], pending: u32) {
-        let mut read = Vec::new();
-        let mut unsynced = false;
-        for &t in tags {
-            if unsynced && matches!(t, TAG_QUERY | TAG_FUNCTION_CALL) {
-                m.query_in_batch(&read, pending);
-                return;
-            }
-            unsynced = !matches!(t, TAG_SYNC | TAG_QUERY | TAG_FUNCTION_CALL);
-            read.extend_from_slice(&[t, 0, 0, 0, 4]);
-        }
-    }
-
-    fn skipped(m: &mut MidBatch, tags: &[u8]) -> u32 {
-        tags.iter().map(|&t| u32::from(m.server(t))).sum()
-    }
-
-    #[test]
-    fn an_error_before_the_query_means_it_is_skipped() {
-        let mut m = MidBatch::default();
-        client(&mut m, b"PBDEQS", 0);
-        assert_eq!(skipped(&mut m, b"12EZ"), 1);
-        // Without an error it runs, whatever its own answer.
-        client(&mut m, b"PBEQS", 0);
-        assert_eq!(skipped(&mut m, b"12DCTDCZZ"), 0);
-        client(&mut m, b"PBEQS", 0);
-        assert_eq!(skipped(&mut m, b"12CEZZ"), 0);
-    }
-
-    #[test]
-    fn earlier_requests_answers_pass_first() {
-        let mut m = MidBatch::default();
-        // An earlier Query, failing: its error is not the batch's.
-        client(&mut m, b"QPBEFS", 0);
-        assert_eq!(skipped(&mut m, b"EZ12C"), 0);
-        assert!(m.idle());
-        // One from an earlier read too.
-        client(&mut m, b"QPBEFS", 1);
-        assert_eq!(skipped(&mut m, b"ZTDCZ1EZ"), 1);
-    }
-
-    #[test]
-    fn copy_messages_are_not_followed() {
-        let mut m = MidBatch::default();
-        client(&mut m, b"PBEdcQS", 0);
-        assert!(m.idle());
-    }
-
-    #[test]
-    fn one_query_at_a_time_and_none_without_an_answered_message_before_it() {
-        let mut m = MidBatch::default();
-        client(&mut m, b"HQS", 0);
-        assert!(m.idle());
-        client(&mut m, b"PQS", 0);
-        // A second while the first is followed: left counted.
-        m.query_in_batch(&[b'B', 0, 0, 0, 4], 0);
-        assert_eq!(skipped(&mut m, b"EZ"), 1);
-    }
-}
+#[path = "midbatch_tests.rs"]
+mod tests;

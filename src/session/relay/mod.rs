@@ -211,7 +211,7 @@ impl Relay {
                 ReleaseAt::TransactionEnd | ReleaseAt::StatementEnd => true,
             };
             if at_release && self.server_clean() {
-                return Outcome::ReleasePoint;
+                return self.released();
             }
             // A session-mode client keeps its server while idle: flush on a timer then.
             let deadline =
@@ -258,7 +258,7 @@ impl Relay {
                     let lends =
                         matches!(release, ReleaseAt::TransactionEnd | ReleaseAt::StatementEnd);
                     if lends && self.saw_ready && self.server_done() {
-                        return Outcome::ReleasePoint;
+                        return self.released();
                     }
                     if let Err(e) = flush(client, &mut self.s2c) {
                         return Outcome::ClientFailed(e);
@@ -308,6 +308,13 @@ impl Relay {
                 }
             }
         }
+    }
+
+    /// The server may go back: what was followed of it ends (midbatch.rs; the next
+    /// server starts at rest).
+    fn released(&mut self) -> Outcome {
+        self.mid = MidBatch::default();
+        Outcome::ReleasePoint
     }
 
     /// Takes client bytes that arrived with the login packets.
@@ -384,6 +391,8 @@ impl Relay {
         // (which sees that end before `on_event` does).
         let copy_ignores = (self.copy.ignores(), self.copy.in_copy());
         let (copy, await_ready, mid) = (&mut self.copy, &mut self.await_ready, &mut self.mid);
+        let unsynced = self.unsynced;
+        mid.server_read(unsynced);
         *saw_ready = false;
         *readies = 0;
         *xacts_done = 0;
@@ -393,10 +402,10 @@ impl Relay {
         let (server_params, close_needed) = (&mut server.params, &mut server.close_needed);
         let on_event = |e: Event<'_>| match e {
             Event::Start { tag, .. } => {
-                if mid.server(tag) {
-                    // The Query inside the batch was skipped: no ReadyForQuery for it,
+                if let Some(skipped) = mid.server(tag, unsynced) {
+                    // Queries inside a batch were skipped: no ReadyForQuery for them,
                     // and the server skips on to the client's Sync.
-                    *pending = pending.saturating_sub(1);
+                    *pending = pending.saturating_sub(skipped);
                     *await_ready = true;
                 }
                 match tag {

@@ -191,9 +191,9 @@ impl Model {
                 b.flush();
             }
         }
-        // Now and then a simple Query or a FunctionCall before the Sync (of a batch
-        // sent whole: one whose first part went out alone is not followed, see
-        // docs/prepared-statements.md), or a COPY FROM STDIN to end it.
+        // Now and then a simple Query or a FunctionCall before the Sync (after the
+        // answers to the batch's first parts, if it has Flushes), or a COPY FROM
+        // STDIN to end a batch sent whole.
         if b.parts.len() == 1 && self.rng.below(10) == 0 {
             let copy = format!("COPY {COPY_TABLE} FROM STDIN");
             b.push(parse_text("", &copy), format!("Parse \"\" {copy:?}"));
@@ -203,8 +203,8 @@ impl Model {
             self.unnamed = None;
             self.portals.remove("");
             b.copy = Some(Vec::new());
-        } else if b.parts.len() == 1 && self.rng.below(8) == 0 {
-            let answered = b.parts[0].1;
+        } else if self.rng.below(8) == 0 {
+            let answered = b.parts.last().map_or(0, |p| p.1);
             if self.rng.below(3) == 0 {
                 self.function_call(&mut b);
             } else {
