@@ -9,15 +9,31 @@ use crate::protocol::header::*;
 use crate::protocol::ProtocolError;
 use crate::session::framer::{Body, Event};
 
-/// Counts one client message: what the server will owe for it and the parse/bind
-/// statistics. Returns true for Terminate.
+/// In `Relay::unsynced`: a Flush came (it ends in no answer of its own).
+pub(in crate::session::relay) const FLUSHED: u64 = 1 << 63;
+
+/// What [`count_client_tag`] saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::session::relay) enum Counted {
+    /// A Query, FunctionCall or Sync: the end of a request, and what `unsynced` was
+    /// before it.
+    End(u64),
+    Terminate,
+    Other,
+}
+
+/// Counts one client message: what the server will owe for it, the extended messages
+/// since the last request end (`unsynced`: those that end in an answer of their own,
+/// and [`FLUSHED`]; midbatch.rs needs the count), and the parse/bind statistics.
+#[inline]
 pub(in crate::session::relay) fn count_client_tag(
     tag: u8,
     pending: &mut u32,
-    unsynced: &mut bool,
+    unsynced: &mut u64,
     (parses, binds): (&mut u64, &mut u64),
     copy: &mut CopyWatch,
-) -> bool {
+) -> Counted {
+    // (`unsynced` counts one per message: a u64 never overflows.)
     match tag {
         TAG_QUERY | TAG_FUNCTION_CALL => {
             *pending += 1;
@@ -25,32 +41,33 @@ pub(in crate::session::relay) fn count_client_tag(
             // messages before it are done and its ReadyForQuery comes after them; if
             // an error skips it, the server is not idle before the client's Sync
             // (midbatch.rs, the tracker's `skipping`).
-            *unsynced = false;
             copy.start(false);
+            return Counted::End(std::mem::take(unsynced));
         }
         TAG_SYNC => {
             *pending += 1;
-            *unsynced = false;
             copy.sync();
+            return Counted::End(std::mem::take(unsynced));
         }
         TAG_PARSE => {
             *parses += 1;
-            *unsynced = true;
+            *unsynced += 1;
         }
         TAG_BIND => {
             *binds += 1;
-            *unsynced = true;
+            *unsynced += 1;
         }
         TAG_EXECUTE => {
-            *unsynced = true;
+            *unsynced += 1;
             copy.start(true);
         }
-        TAG_DESCRIBE | TAG_CLOSE | TAG_FLUSH => *unsynced = true,
+        TAG_DESCRIBE | TAG_CLOSE => *unsynced += 1,
+        TAG_FLUSH => *unsynced |= FLUSHED,
         TAG_COPY_DATA | TAG_COPY_DONE | TAG_COPY_FAIL => copy.copy_message(tag),
-        TAG_TERMINATE => return true,
+        TAG_TERMINATE => return Counted::Terminate,
         _ => {}
     }
-    false
+    Counted::Other
 }
 
 impl Relay {
@@ -66,12 +83,12 @@ impl Relay {
             &mut self.terminated,
             &mut self.await_ready,
         );
-        let (parses, binds, copy, mid) = (
+        let (parses, binds, copy) = (
             &mut self.stats.counts.client_parses,
             &mut self.stats.counts.binds,
             &mut self.copy,
-            &mut self.mid,
         );
+        let mid = &mut self.mid;
         let (mut desync, mut refused) = (false, false);
         let no_simple_query = self.no_simple_query;
         let r = self
@@ -82,19 +99,26 @@ impl Relay {
                         return Body::Skip;
                     }
                     refused |= no_simple_query && tag == TAG_QUERY;
-                    let skipped = mid.client(tag, *unsynced, *pending, fresh);
-                    if count_client_tag(tag, pending, unsynced, (parses, binds), copy) {
-                        *terminated = true;
-                        match at {
-                            Some(at) => cut = Some(start + at),
-                            None => desync = true,
+                    match count_client_tag(tag, pending, unsynced, (parses, binds), copy) {
+                        Counted::Other => {}
+                        Counted::End(before) => {
+                            let query = tag != TAG_SYNC;
+                            if ((before != 0 && query) || mid.following())
+                                && mid.request_end(query, before, *pending - 1, fresh)
+                            {
+                                // The server skips it: no ReadyForQuery for it, and
+                                // none other before the client's Sync.
+                                *pending -= 1;
+                                *await_ready = true;
+                            }
                         }
-                    }
-                    if skipped {
-                        // The server skips it: no ReadyForQuery for it, and none other
-                        // before the client's Sync.
-                        *pending -= 1;
-                        *await_ready = true;
+                        Counted::Terminate => {
+                            *terminated = true;
+                            match at {
+                                Some(at) => cut = Some(start + at),
+                                None => desync = true,
+                            }
+                        }
                     }
                 }
                 Body::Skip

@@ -36,6 +36,7 @@
 use std::cmp::Ordering;
 use std::collections::VecDeque;
 
+use super::count::FLUSHED;
 use crate::protocol::header::*;
 
 /// The most Queries one stretch, and the most stretches, followed at once; past
@@ -49,8 +50,6 @@ const ERRORED: u32 = 1 << 31;
 /// What the relay follows of Queries inside batches (see the module docs).
 #[derive(Debug, Default)]
 pub struct MidBatch {
-    /// Client: messages that end in an answer since its last request end.
-    answering: u32,
     /// Server: ends of answers since its last ReadyForQuery (with [`ERRORED`]),
     /// counted while the client is inside a batch.
     since: u32,
@@ -143,41 +142,25 @@ impl Stretch {
 }
 
 impl MidBatch {
-    /// Follows one client message by its tag (before `count_client_tag` counts it).
-    /// `unsynced`: extended messages came since the last request end; `pending`: the
-    /// ReadyForQuery messages owed before this one; `fresh`: a stretch may begin (no
-    /// COPY under way, no skip awaited). True when it is a Query or FunctionCall the
-    /// server will skip: its ReadyForQuery is not owed, and the server is not idle
-    /// before the next ReadyForQuery.
+    /// Whether Queries inside batches are followed now (or following stopped).
     #[inline]
-    pub fn client(&mut self, tag: u8, unsynced: bool, pending: u32, fresh: bool) -> bool {
-        match tag {
-            TAG_PARSE | TAG_BIND | TAG_DESCRIBE | TAG_EXECUTE | TAG_CLOSE => {
-                self.answering = self.answering.saturating_add(1);
-                false
-            }
-            TAG_QUERY | TAG_FUNCTION_CALL | TAG_SYNC => {
-                let before = std::mem::take(&mut self.answering);
-                let query = tag != TAG_SYNC;
-                if (unsynced && query) || self.follow.is_some() {
-                    self.request_end(query, unsynced, before, pending, fresh)
-                } else {
-                    false
-                }
-            }
-            _ => false,
-        }
+    pub fn following(&self) -> bool {
+        self.follow.is_some()
     }
 
+    /// A request ended (Query, FunctionCall, or Sync if not `query`); called when
+    /// [`following`](Self::following), or for a Query inside a batch. `unsynced`:
+    /// the relay's count of the extended messages since the last request end (those
+    /// ending in an answer of their own, and `FLUSHED`); `pending`: the
+    /// ReadyForQuery messages owed before this one; `fresh`: a stretch may begin (no
+    /// COPY under way, no skip awaited).
+    /// True when it is a Query or FunctionCall the server will skip: its
+    /// ReadyForQuery is not owed, and the server is not idle before the next one.
     #[cold]
-    fn request_end(
-        &mut self,
-        query: bool,
-        unsynced: bool,
-        before: u32,
-        pending: u32,
-        fresh: bool,
-    ) -> bool {
+    pub fn request_end(&mut self, query: bool, unsynced: u64, pending: u32, fresh: bool) -> bool {
+        // (Past u32::MAX answers are never all seen: the count stays high.)
+        let before = u32::try_from(unsynced & !FLUSHED).unwrap_or(u32::MAX);
+        let unsynced = unsynced != 0;
         let Some(f) = &mut self.follow else {
             // A Query inside a batch, the first followed.
             let mut f = Follow::new(pending, before);

@@ -7,7 +7,7 @@ use crate::fuzzing::model::Model;
 struct Count {
     m: MidBatch,
     pending: u32,
-    unsynced: bool,
+    unsynced: u64,
     await_ready: bool,
     /// A ReadyForQuery came with none counted.
     too_low: bool,
@@ -18,13 +18,18 @@ impl Count {
     fn client(&mut self, tags: &[u8]) {
         let fresh = !self.await_ready;
         for &t in tags {
-            let skipped = self.m.client(t, self.unsynced, self.pending, fresh);
+            let before = self.unsynced;
             match t {
-                b'Q' | b'F' | b'S' => (self.pending, self.unsynced) = (self.pending + 1, false),
-                b'P' | b'B' | b'D' | b'E' | b'C' | b'H' => self.unsynced = true,
-                _ => {}
+                b'Q' | b'F' | b'S' => (self.pending, self.unsynced) = (self.pending + 1, 0),
+                b'P' | b'B' | b'D' | b'E' | b'C' => self.unsynced += 1,
+                b'H' => self.unsynced |= FLUSHED,
+                _ => continue,
             }
-            if skipped {
+            let query = t != b'S';
+            if matches!(t, b'Q' | b'F' | b'S')
+                && ((before != 0 && query) || self.m.following())
+                && self.m.request_end(query, before, self.pending - 1, fresh)
+            {
                 self.pending -= 1;
                 self.await_ready = true;
             }
@@ -33,9 +38,9 @@ impl Count {
 
     /// One server read.
     fn server(&mut self, tags: &[u8]) {
-        self.m.server_read(self.unsynced);
+        self.m.server_read(self.unsynced != 0);
         for &t in tags {
-            if let Some(n) = self.m.server(t, self.unsynced) {
+            if let Some(n) = self.m.server(t, self.unsynced != 0) {
                 self.pending -= n;
                 self.await_ready = true;
             }
@@ -49,7 +54,7 @@ impl Count {
 
     /// Whether the relay would take the server for idle.
     fn idle(&self) -> bool {
-        self.pending == 0 && !self.unsynced && !self.await_ready
+        self.pending == 0 && self.unsynced == 0 && !self.await_ready
     }
 }
 

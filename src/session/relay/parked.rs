@@ -346,7 +346,7 @@ impl Relay {
         *client_framer = Framer::default();
         *server_framer = Framer::default();
         *pending = 0;
-        *unsynced = false;
+        *unsynced = 0;
         *status = b'I';
         *copy = Default::default();
         *mid = Default::default();

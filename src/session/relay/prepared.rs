@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 
-use super::{count_client_tag, Outcome, Relay};
+use super::{count_client_tag, Counted, Outcome, Relay};
 use crate::pool::{Request, ServerConn};
 use crate::prepared::responses::{process_chunk, Expect, Kind, ResponseTracker};
 use crate::prepared::rewrite::{pass, plain_request, Ctx, RewriteError, Rewriter};
@@ -398,8 +398,10 @@ impl Relay {
             |tag| {
                 refused |= no_simple_query && tag == crate::protocol::header::TAG_QUERY;
                 if !*terminated {
-                    *terminated =
+                    let counted =
                         count_client_tag(tag, pending, unsynced, (&mut *parses, &mut *binds), copy);
+                    // (Queries inside batches: the tracker follows them, not midbatch.rs.)
+                    *terminated = counted == Counted::Terminate;
                 }
             },
         );
