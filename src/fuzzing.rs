@@ -16,7 +16,7 @@ use crate::protocol::backend::{parse_error_fields, parse_parameter_status};
 use crate::protocol::startup::{self, StartupPacket, MAX_STARTUP_LEN};
 use crate::session::framer::{Body, Framer};
 
-mod conversation;
+pub(crate) mod conversation;
 pub(crate) mod model;
 mod relay;
 pub use conversation::conversation;

@@ -89,7 +89,7 @@ fn script(mut ops: &[u8]) -> Vec<Act> {
 
 /// The messages of `bytes` (whole ones, as the script and the model write them):
 /// each one's tag and body.
-fn messages(mut bytes: &[u8]) -> impl Iterator<Item = (u8, &[u8])> {
+pub(crate) fn messages(mut bytes: &[u8]) -> impl Iterator<Item = (u8, &[u8])> {
     std::iter::from_fn(move || {
         let head = bytes.get(..5)?;
         let len = (u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize).max(4);

@@ -44,15 +44,13 @@ use crate::protocol::header::*;
 const MAX_QUERIES: usize = 1024;
 const MAX_STRETCHES: usize = 64;
 
-/// In `MidBatch::since`: an error came.
-const ERRORED: u32 = 1 << 31;
-
 /// What the relay follows of Queries inside batches (see the module docs).
 #[derive(Debug, Default)]
 pub struct MidBatch {
-    /// Server: ends of answers since its last ReadyForQuery (with [`ERRORED`]),
-    /// counted while the client is inside a batch.
+    /// Server: ends of answers since its last ReadyForQuery, and whether an error
+    /// came, counted while the client is inside a batch.
     since: u32,
+    since_error: bool,
     /// The stretches followed; none in the common case (no allocation).
     follow: Option<Box<Follow>>,
 }
@@ -169,8 +167,8 @@ impl MidBatch {
             } else if pending == 0 {
                 // The server owes nothing before this batch: what it answered since
                 // its last ReadyForQuery is the batch's start.
-                f.seen = self.since & !ERRORED;
-                if self.since & ERRORED != 0 {
+                f.seen = self.since;
+                if self.since_error {
                     f.phase = Phase::Skipping;
                     f.stretches[0].skipping = true;
                     self.follow = Some(f);
@@ -215,12 +213,17 @@ impl MidBatch {
         }
     }
 
+    /// Nothing answered since the server's last ReadyForQuery.
+    fn rest(&mut self) {
+        (self.since, self.since_error) = (0, false);
+    }
+
     /// At each server read: while the client is outside a batch, nothing read is an
     /// answer to the start of one.
     #[inline]
     pub fn server_read(&mut self, unsynced: bool) {
         if !unsynced {
-            self.since = 0;
+            self.rest();
         }
     }
 
@@ -234,9 +237,9 @@ impl MidBatch {
         }
         if unsynced {
             match tag {
-                TAG_READY_FOR_QUERY => self.since = 0,
-                TAG_ERROR_RESPONSE => self.since |= ERRORED,
-                t if ends_answer(t) && self.since & !ERRORED < !ERRORED => self.since += 1,
+                TAG_READY_FOR_QUERY => self.rest(),
+                TAG_ERROR_RESPONSE => self.since_error = true,
+                t if ends_answer(t) => self.since = self.since.saturating_add(1),
                 _ => {}
             }
         }
@@ -313,7 +316,7 @@ impl MidBatch {
             // Caught up with the client, outside any skip: nothing followed is owed.
             None => {
                 self.follow = None;
-                self.since = 0;
+                self.rest();
             }
         }
     }
@@ -334,7 +337,7 @@ impl MidBatch {
             None => {
                 // Every request left owes its one ReadyForQuery: the count is exact.
                 self.follow = None;
-                self.since = 0;
+                self.rest();
             }
         }
     }

@@ -1,5 +1,7 @@
 use super::*;
+use crate::fuzzing::conversation::messages;
 use crate::fuzzing::model::Model;
+use crate::hostile::{msg, Rng};
 
 /// The relay's count around a [`MidBatch`], as `scan_client` and `read_server` keep
 /// it: client and server messages by tag.
@@ -147,32 +149,9 @@ fn a_copy_stops_the_following_with_the_count_high() {
     assert_eq!(c.pending, 1);
 }
 
-/// A client message for the model: unnamed statement and portal.
-fn message(out: &mut Vec<u8>, tag: u8, body: &[u8]) {
-    out.push(tag);
-    out.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
-    out.extend_from_slice(body);
-}
-
+/// The tags of the whole messages in `bytes`.
 fn tags(bytes: &[u8]) -> Vec<u8> {
-    let (mut out, mut at) = (Vec::new(), 0);
-    while let Some(head) = bytes.get(at..at + 5) {
-        out.push(head[0]);
-        at += 1 + u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-    }
-    out
-}
-
-/// xorshift64*: a fixed sequence per seed.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
-    }
+    messages(bytes).map(|(tag, _)| tag).collect()
 }
 
 /// Random client scripts against the model of PostgreSQL, read by both sides in
@@ -180,8 +159,9 @@ impl Rng {
 /// lets it go once it has answered everything.
 #[test]
 fn the_count_follows_the_model() {
-    let mut rng = Rng(0x5EED_1234_ABCD_0001);
+    let mut rng = Rng::new(0x5EED_1234_ABCD_0001);
     for round in 0..20000 {
+        // Client messages on the unnamed statement and portal.
         let mut script = Vec::new();
         for _ in 0..rng.below(24) + 1 {
             let (tag, body): (u8, &[u8]) = match rng.below(12) {
@@ -194,47 +174,35 @@ fn the_count_follows_the_model() {
                 6 => (b'H', b""),
                 7 | 8 => (b'S', b""),
                 9 => (b'Q', b"SELECT\0"),
-                10 => (
-                    b'Q',
-                    [&b"ERR\0"[..], b"BEGIN\0", b"COMMIT\0"][rng.below(3) as usize],
-                ),
+                10 => (b'Q', [&b"ERR\0"[..], b"BEGIN\0", b"COMMIT\0"][rng.below(3)]),
                 _ => (b'F', b"\0\0\0\0\0\0\0\0\0\0"),
             };
-            message(&mut script, tag, body);
+            script.push(msg(tag, body));
         }
-        let all = tags(&script);
+        let all: Vec<u8> = script.iter().map(|m| m[0]).collect();
         // What each side read, for the failure messages.
         let mut log = String::new();
         let (mut c, mut model) = (Count::default(), Model::default());
-        let (mut sent, mut answers, mut delivered) = (0, Vec::new(), 0);
-        while sent < all.len() || delivered < tags(&answers).len() {
-            let from_client =
-                delivered == tags(&answers).len() || (sent < all.len() && rng.below(2) == 0);
-            if from_client {
-                let n = (rng.below(4) as usize + 1).min(all.len() - sent);
+        let (mut answers, mut server) = (Vec::new(), Vec::new());
+        let (mut sent, mut delivered) = (0, 0);
+        while sent < all.len() || delivered < server.len() {
+            if delivered == server.len() || (sent < all.len() && rng.below(2) == 0) {
+                let n = (rng.below(4) + 1).min(all.len() - sent);
                 log += &format!(" client {}", String::from_utf8_lossy(&all[sent..sent + n]));
                 c.client(&all[sent..sent + n]);
                 // The model reads what the relay passed on and answers at once.
-                let (mut at, mut seen) = (0, 0);
-                while seen < sent + n {
-                    let len = u32::from_be_bytes(script[at + 1..at + 5].try_into().unwrap());
-                    if seen >= sent {
-                        model.feed(&script[at..at + 1 + len as usize], &mut answers);
-                    }
-                    (at, seen) = (at + 1 + len as usize, seen + 1);
+                for m in &script[sent..sent + n] {
+                    model.feed(m, &mut answers);
                 }
+                server = tags(&answers);
                 sent += n;
             } else {
-                let server = tags(&answers);
-                let n = (rng.below(4) as usize + 1).min(server.len() - delivered);
-                log += &format!(
-                    " server {}",
-                    String::from_utf8_lossy(&server[delivered..delivered + n])
-                );
-                c.server(&server[delivered..delivered + n]);
+                let n = (rng.below(4) + 1).min(server.len() - delivered);
+                let read = &server[delivered..delivered + n];
+                log += &format!(" server {}", String::from_utf8_lossy(read));
+                c.server(read);
                 delivered += n;
             }
-            let server = tags(&answers);
             let owed = server[delivered..].contains(&b'Z') || !model.settled();
             assert!(!(c.idle() && owed), "round {round}: idle while owed:{log}");
             assert!(

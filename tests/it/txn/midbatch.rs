@@ -118,8 +118,8 @@ async fn until_tag(c: &mut RawClient, tag: u8) -> Vec<RawMsg> {
 }
 
 /// The cases the relay once left counted (keeping the server until the client left):
-/// a batch the server answered in part before its Query came, and Queries after
-/// one inside the same batch.
+/// a batch the server answered in part before its Query came, Queries after one
+/// inside the same batch, and batches with such Queries pipelined.
 #[tokio::test]
 async fn queries_in_batches_answered_in_part_or_one_after_another() {
     for max_prepared in ["200", "0"] {
@@ -162,6 +162,20 @@ async fn queries_in_batches_answered_in_part_or_one_after_another() {
         assert!(first_error(&r).is_some(), "{max_prepared}: {r:?}");
         assert!(col(&r).is_empty(), "{max_prepared}: {r:?}");
         assert_eq!(one(&b, "SELECT 3").await, "3", "{max_prepared}");
+        // Two such batches pipelined in one write: the first's Query is skipped,
+        // the second's runs.
+        let mut bytes = extended("SELEC 1");
+        bytes.extend(query_msg("SELECT 'skipped'"));
+        bytes.extend(sync_msg());
+        bytes.extend(extended("SELECT 11"));
+        bytes.extend(query_msg("SELECT 12"));
+        bytes.extend(sync_msg());
+        a.send(&bytes).await.unwrap();
+        let r = a.until_ready(STEP).await;
+        assert!(first_error(&r).is_some(), "{max_prepared}: {r:?}");
+        assert_eq!(col(&a.until_ready(STEP).await), ["11", "12"]);
+        assert_eq!(a.until_ready(STEP).await.len(), 1);
+        assert_eq!(one(&b, "SELECT 4").await, "4", "{max_prepared}");
         assert_eq!(col(&a.simple("SELECT 10", STEP).await), ["10"]);
     }
 }
