@@ -75,6 +75,8 @@ pub struct App {
     gate: watch::Sender<Gate>,
     /// Logged-in clients, for the console and metrics.
     pub client_reg: Arc<ClientRegistry>,
+    /// Clients whose login waited and is not over yet, for SHOW SOCKETS.
+    pub logins: crate::stats::logins::LoginRegistry,
     /// The console's and the statistics' own state.
     pub admin: AdminState,
     /// Logged-in clients per database and per user.
@@ -137,6 +139,7 @@ impl App {
             reloads,
             gate,
             client_reg: Arc::default(),
+            logins: Default::default(),
             admin: AdminState::default(),
             client_counts: Mutex::default(),
             keeper: Default::default(),

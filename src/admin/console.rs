@@ -60,7 +60,7 @@ pub async fn login(
     (unix, came): (bool, crate::session::identity::Came<'_>),
     buf: &mut BytesMut,
     minor: u16,
-    params: StartupParams,
+    params: &StartupParams,
 ) -> Result<AdminLogin, ClientError> {
     let cfg = app.config();
     let s = &cfg.settings;

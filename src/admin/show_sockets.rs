@@ -19,6 +19,7 @@ use crate::net::PeerAddr;
 use crate::pool::{ServerAddr, ServerIdent};
 use crate::session::cancel::{CancelView, Target};
 use crate::stats::conns::{ClientInfo, ClientState, CompactAddr};
+use crate::stats::logins::LoginEntry;
 
 const COLUMNS: [(&str, Ty); 21] = [
     ("type", Ty::Text),
@@ -386,6 +387,42 @@ fn cancel_server_view(r: &CancelView) -> Option<ServerView> {
     })
 }
 
+/// A client whose login waits, as PgBouncer lists its login clients: named once
+/// its startup packet was read, `(nouser)`/`(nodb)` before.
+fn login_row(e: &LoginEntry, listen_port: u16) -> Vec<Cell> {
+    let (addr, port) = peer_text(&e.peer, listen_port);
+    let (laddr, lport) = local_text(e.local, listen_port);
+    let (user, database, tls) = match &e.names {
+        Some(n) => (&*n.user, &*n.database, n.tls.to_string()),
+        None => ("(nouser)", "(nodb)", String::new()),
+    };
+    let mut row = vec![
+        "C".into(),
+        user.into(),
+        database.into(),
+        "none".into(),
+        "cl_login".into(),
+        addr.into(),
+        port.into(),
+        laddr.into(),
+        lport.into(),
+        time_text(wall(e.since)).into(),
+        time_text(wall(e.since)).into(),
+        0u32.into(),
+        0u32.into(),
+        0u32.into(),
+        client_ptr(e.id).into(),
+        String::new().into(),
+        0u32.into(),
+        tls.into(),
+        String::new().into(),
+        0u32.into(),
+        e.id.into(),
+    ];
+    row.extend((0..DEBUG_COLUMNS.len()).map(|_| Cell::UInt(0)));
+    row
+}
+
 /// SHOW CLIENTS: logged-in clients, then cancel requests on their way.
 pub fn clients(app: &App, out: &mut BytesMut) {
     let port = app.config().settings.listen_port;
@@ -438,6 +475,13 @@ pub fn sockets(app: &App, out: &mut BytesMut, only_active: bool) {
             _ => "sv_idle",
         };
         t.row(server_row(&s, true));
+    }
+    // Last, as PgBouncer's list of login clients. Never in ACTIVE_SOCKETS: a login
+    // waits on its client or on a lookup, with nothing of its own to send.
+    if !only_active {
+        for e in app.logins.all() {
+            t.row(login_row(&e, port));
+        }
     }
     t.finish();
 }

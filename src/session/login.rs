@@ -189,7 +189,7 @@ pub async fn login(
     stream: &Stream,
     buf: &mut BytesMut,
     minor: u16,
-    startup_params: StartupParams,
+    startup_params: &StartupParams,
     came: Came<'_>,
 ) -> Result<LoggedIn, ClientError> {
     let cfg = app.config();

@@ -28,6 +28,7 @@ use crate::pool::PoolError;
 use crate::protocol::backend;
 use crate::protocol::sqlstate::*;
 use crate::stats::conns::{ClientInfo, ClientKind, ClientMeta};
+use crate::stats::logins::{LoginNames, LoginWatch};
 use crate::tls::{TlsInfo, TlsPeer};
 use login::{LoggedIn, Startup};
 use relay::{Relay, Timeouts};
@@ -158,6 +159,8 @@ async fn serve_client(app: Arc<App>, mut stream: Stream, origin: Origin) {
     let mut tls = TlsPeer::default();
     let tcp = matches!(peer, PeerAddr::Tcp(_));
 
+    // Listed in SHOW SOCKETS (`cl_login`) once it waits; out when it ends.
+    let watch = LoginWatch::new(&app.logins, id, &peer, local);
     // Boxed: the login state is big and short-lived; an idle client keeps only the
     // session's (small) state inline in its task.
     let login = Box::pin(async {
@@ -167,8 +170,8 @@ async fn serve_client(app: Arc<App>, mut stream: Stream, origin: Origin) {
         match login::read_startup(&app, stream, &mut buf, how, &mut tls, from).await? {
             Startup::Cancel => Ok(None),
             Startup::Login { minor, params } => {
+                let user = params.get("user").unwrap_or("");
                 if cfg.settings.log_connections {
-                    let user = params.get("user").unwrap_or("");
                     let db = params.get("database").unwrap_or(user);
                     let t: &dyn std::fmt::Display =
                         if tls.info.is_tls() { &tls.info } else { &"no" };
@@ -176,6 +179,15 @@ async fn serve_client(app: Arc<App>, mut stream: Stream, origin: Origin) {
                         "C-{id}: {db}/{user}@{peer} login attempt: db={db} user={user} tls={t}"
                     );
                 }
+                // Its names for SHOW SOCKETS, made only if the login waits.
+                let names = || {
+                    let db = params.get("database").filter(|d| !d.is_empty());
+                    Some(LoginNames {
+                        database: db.unwrap_or(user).into(),
+                        user: user.into(),
+                        tls: tls.info,
+                    })
+                };
                 let stream = &*stream;
                 let addr = match &peer {
                     PeerAddr::Tcp(a) => Some(a.ip()),
@@ -190,10 +202,15 @@ async fn serve_client(app: Arc<App>, mut stream: Stream, origin: Origin) {
                     // Boxed: rare, and its future is as large as a pooled login's.
                     let unix = !tcp;
                     let login =
-                        crate::admin::login(&app, stream, (unix, came), &mut buf, minor, params);
-                    return Box::pin(login).await.map(|a| Some(Who::Console(a)));
+                        crate::admin::login(&app, stream, (unix, came), &mut buf, minor, &params);
+                    let mut login = Box::pin(login);
+                    return watched(login.as_mut(), &watch, names)
+                        .await
+                        .map(|a| Some(Who::Console(a)));
                 }
-                login::login(&app, stream, &mut buf, minor, params, came)
+                let login =
+                    std::pin::pin!(login::login(&app, stream, &mut buf, minor, &params, came));
+                watched(login, &watch, names)
                     .await
                     .map(|w| Some(Who::Pooled(w)))
             }
@@ -206,16 +223,24 @@ async fn serve_client(app: Arc<App>, mut stream: Stream, origin: Origin) {
         let mut login = login;
         match poll_fn(|cx| Poll::Ready(login.as_mut().poll(cx))).await {
             Poll::Ready(r) => r,
-            Poll::Pending if limit.is_zero() => login.await,
-            Poll::Pending => match Box::pin(crate::timer::timeout(limit, login)).await {
-                Ok(r) => r,
-                Err(_) => Err(ClientError::fatal(
-                    PROTOCOL_VIOLATION,
-                    "client_login_timeout".into(),
-                )),
-            },
+            Poll::Pending => {
+                let now = crate::clock::Tick::now();
+                watch.waits(now);
+                if limit.is_zero() {
+                    login.await
+                } else {
+                    match Box::pin(crate::timer::timeout_at(now + limit, login)).await {
+                        Ok(r) => r,
+                        Err(_) => Err(ClientError::fatal(
+                            PROTOCOL_VIOLATION,
+                            "client_login_timeout".into(),
+                        )),
+                    }
+                }
+            }
         }
     };
+    drop(watch);
     // The braces move the login result into a temporary that is gone after this
     // statement; matching the variable in place would keep its (large) slot in this
     // frame across the session's await, and so in every client's task.
@@ -250,6 +275,22 @@ async fn serve_client(app: Arc<App>, mut stream: Stream, origin: Origin) {
     drop(cfg);
     // Boxed: the session's state is allocated once, apart from the (small) task.
     Box::pin(drive(stream, session, Some(welcome))).await;
+}
+
+/// Awaits a login (pinned in place: no move of its large future), registering it
+/// for SHOW SOCKETS with the names its startup packet gave when it waits.
+fn watched<'a, F: Future>(
+    mut login: std::pin::Pin<&'a mut F>,
+    watch: &'a LoginWatch<'_>,
+    names: impl Fn() -> Option<LoginNames> + 'a,
+) -> impl Future<Output = F::Output> + 'a {
+    poll_fn(move |cx| {
+        let r = login.as_mut().poll(cx);
+        if r.is_pending() {
+            watch.waits_named(&names);
+        }
+        r
+    })
 }
 
 /// A login that did not make a pooled client: the console, a cancel request, or a

@@ -9,6 +9,7 @@
 mod clients;
 pub mod conns;
 pub mod histogram;
+pub mod logins;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 

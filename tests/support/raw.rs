@@ -169,6 +169,14 @@ impl RawConn {
         }
     }
 
+    /// The client end's port, over TCP.
+    pub fn local_port(&self) -> Option<u16> {
+        match &self.sock {
+            Sock::Tcp(s) => s.local_addr().ok().map(|a| a.port()),
+            Sock::Unix(_) => None,
+        }
+    }
+
     /// Writes all of `bytes`. Errors are returned (the peer may already have closed).
     pub fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         match &mut self.sock {

@@ -1,7 +1,8 @@
 //! A server connection being opened is listed: SHOW SERVERS `new`, SOCKETS
 //! `sv_login`, as PgBouncer lists its new servers. The "server" here accepts the
 //! connection and never answers the startup packet, so the login stays under way
-//! until the test closes it.
+//! until the test closes it. Likewise a client whose login waits is listed in
+//! SOCKETS as `cl_login`, as PgBouncer lists its login clients.
 
 use std::time::{Duration, Instant};
 
@@ -9,7 +10,8 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 
 use super::{builder, psql, PsqlOut};
-use crate::support::{self, MD5_PASSWORD, MD5_USER};
+use crate::support::raw::{startup_packet, RawConn};
+use crate::support::{self, MD5_PASSWORD, MD5_USER, TEST_DB};
 
 /// SHOW `what`, until `done` holds for it or 10 s have passed.
 fn show_until(s: &support::Sluice, what: &str, done: impl Fn(&PsqlOut) -> bool) -> PsqlOut {
@@ -90,4 +92,81 @@ async fn a_server_being_opened_is_listed_as_new() {
     let gone = |o: &PsqlOut| o.column("state").iter().all(|st| st != "new");
     let servers = tokio::task::block_in_place(|| show_until(&s, "SERVERS", gone));
     assert!(gone(&servers), "{servers:?}");
+}
+
+/// The SOCKETS rows in state `cl_login`, each as (user, database, addr, port, local
+/// port).
+fn login_rows(o: &PsqlOut) -> Vec<[String; 5]> {
+    let col = |c: &str| o.header.iter().position(|h| h == c).unwrap_or(usize::MAX);
+    let cols = [col("user"), col("database"), col("addr"), col("port")];
+    let (state, local_port) = (col("state"), col("local_port"));
+    let cell = |r: &Vec<String>, i: usize| r.get(i).cloned().unwrap_or_default();
+    o.rows
+        .iter()
+        .filter(|r| r.get(state).map(String::as_str) == Some("cl_login"))
+        .map(|r| {
+            [
+                cell(r, cols[0]),
+                cell(r, cols[1]),
+                cell(r, cols[2]),
+                cell(r, cols[3]),
+                cell(r, local_port),
+            ]
+        })
+        .collect()
+}
+
+#[test]
+fn a_client_whose_login_waits_is_listed_as_cl_login() {
+    let s = builder().start();
+    // One sends nothing yet; the other names itself and is asked for a password it
+    // never sends.
+    let silent = RawConn::tcp(s.port());
+    let mut asked = RawConn::tcp(s.port());
+    let startup = startup_packet(196608, &[("user", MD5_USER), ("database", TEST_DB)]);
+    asked.send(&startup).expect("startup packet");
+    let request = asked.read_msg(Duration::from_secs(10)).expect("asked");
+    assert_eq!(request.auth_code(), Some(5), "an MD5 password request");
+
+    let both = |o: &PsqlOut| login_rows(o).len() == 2;
+    let sockets = show_until(&s, "SOCKETS", both);
+    let mut rows = login_rows(&sockets);
+    rows.sort_by_key(|r| r[0].clone());
+    let port = |c: &RawConn| c.local_port().map(|p| p.to_string()).unwrap_or_default();
+    let sluice_port = s.port().to_string();
+    assert_eq!(
+        rows,
+        [
+            [
+                "(nouser)".into(),
+                "(nodb)".into(),
+                "127.0.0.1".into(),
+                port(&silent),
+                sluice_port.clone(),
+            ],
+            [
+                MD5_USER.into(),
+                TEST_DB.into(),
+                "127.0.0.1".into(),
+                port(&asked),
+                sluice_port,
+            ],
+        ],
+        "{sockets:?}"
+    );
+    // Neither is a logged-in client, nor busy.
+    let clients = psql(&s, "SHOW CLIENTS");
+    assert!(
+        clients.column("user").iter().all(|u| u != MD5_USER),
+        "{clients:?}"
+    );
+    let active = psql(&s, "SHOW ACTIVE_SOCKETS");
+    assert!(login_rows(&active).is_empty(), "{active:?}");
+
+    // Gone with their logins.
+    silent.close();
+    asked.close();
+    let none = |o: &PsqlOut| login_rows(o).is_empty();
+    let sockets = show_until(&s, "SOCKETS", none);
+    assert!(none(&sockets), "{sockets:?}");
 }
