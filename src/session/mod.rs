@@ -170,8 +170,8 @@ async fn serve_client(app: Arc<App>, mut stream: Stream, origin: Origin) {
         match login::read_startup(&app, stream, &mut buf, how, &mut tls, from).await? {
             Startup::Cancel => Ok(None),
             Startup::Login { minor, params } => {
-                let user = params.get("user").unwrap_or("");
                 if cfg.settings.log_connections {
+                    let user = params.get("user").unwrap_or("");
                     let db = params.get("database").unwrap_or(user);
                     let t: &dyn std::fmt::Display =
                         if tls.info.is_tls() { &tls.info } else { &"no" };
@@ -181,6 +181,7 @@ async fn serve_client(app: Arc<App>, mut stream: Stream, origin: Origin) {
                 }
                 // Its names for SHOW SOCKETS, made only if the login waits.
                 let names = || {
+                    let user = params.get("user").unwrap_or("");
                     let db = params.get("database").filter(|d| !d.is_empty());
                     Some(LoginNames {
                         database: db.unwrap_or(user).into(),
