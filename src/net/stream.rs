@@ -190,6 +190,12 @@ impl Stream {
         }
     }
 
+    /// The descriptor of a plaintext socket (none with TLS), for pool/delegate.rs.
+    pub fn plain_fd(&self) -> Option<std::os::fd::RawFd> {
+        let s = self.io.get_ref();
+        s.tls.is_none().then(|| s.as_raw_fd())
+    }
+
     /// Non-blocking write. `MSG_NOSIGNAL`: a peer that closed is an error for this
     /// client alone, never a SIGPIPE for the process, whatever the signal's disposition.
     pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {

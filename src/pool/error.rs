@@ -30,6 +30,10 @@ pub enum PoolError {
     /// The pool is closing (shutdown, database removed).
     #[error("pool is closed")]
     PoolClosed,
+    /// Not a failure: a delegate relayed the answer already (pool/delegate.rs); the
+    /// waiter handles it before any error path.
+    #[error("answer relayed by a delegate")]
+    Served,
 }
 
 impl PoolError {

@@ -19,6 +19,7 @@ use std::task::{Context, Poll, Waker};
 
 use bytes::{Buf, BytesMut};
 
+use super::delegate::Delegate;
 use super::{Grant, Pool, PoolState, ServerConn};
 use crate::clock::Tick;
 use crate::session::params::ParamSet;
@@ -57,6 +58,19 @@ pub struct Request {
     /// The client sent more after leaving the request ([`Pool::more_input`]): its
     /// task has bytes of its own to send, so it must be woken at the hand-over.
     pub more: bool,
+    /// Relays the answer for the waiter (delegate.rs), kept for the client's next
+    /// requests; used for this one when `delegate_ok`.
+    pub delegate: Option<Arc<Delegate>>,
+    pub delegate_ok: bool,
+    /// The waiter's task, woken when the delegate cannot finish.
+    pub task: Option<Waker>,
+    /// Server bytes the delegate read but could not relay: the waiter's relay takes
+    /// them as its first server read.
+    pub answer: BytesMut,
+    /// Answer bytes the client's socket did not take: owed by the waiter.
+    pub owed: BytesMut,
+    /// When the delegate relayed the answer, and how many bytes.
+    pub served: Option<(Tick, u32)>,
 }
 
 impl Request {
@@ -92,6 +106,9 @@ pub(super) enum Answer {
     Granted(Grant),
     /// Taken out of line: the pool closed, or the wait reached query_wait_timeout.
     Refused,
+    /// The server's answer was relayed for the waiter and the server given back
+    /// (delegate.rs): the waiter only folds in its counts.
+    Served,
 }
 
 /// A place in a pool's line; dropping it leaves the line (and passes on an answer
@@ -151,7 +168,17 @@ impl Waiter {
         if !r.sent || !r.bytes.is_empty() || r.more {
             return false;
         }
-        let mut cx = Context::from_waker(&self.waker);
+        let waker = match (&r.delegate, r.delegate_ok) {
+            (Some(d), true) => {
+                d.id.store(self.id, std::sync::atomic::Ordering::Relaxed);
+                if !r.task.as_ref().is_some_and(|t| t.will_wake(&self.waker)) {
+                    r.task = Some(self.waker.clone());
+                }
+                Waker::from(d.clone())
+            }
+            _ => self.waker.clone(),
+        };
+        let mut cx = Context::from_waker(&waker);
         if conn.stream.poll_read_ready(&mut cx).is_ready() {
             return false;
         }
@@ -374,6 +401,12 @@ mod tests {
             sent: false,
             granted: None,
             more: false,
+            delegate: None,
+            delegate_ok: false,
+            task: None,
+            answer: BytesMut::new(),
+            owed: BytesMut::new(),
+            served: None,
         })
     }
 

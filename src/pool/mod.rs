@@ -8,6 +8,7 @@ mod acquire;
 mod autodb;
 mod canceled;
 mod closing;
+mod delegate;
 pub mod error;
 mod idle_pools;
 pub mod limits;
@@ -31,6 +32,7 @@ use std::time::{Duration, Instant};
 
 pub use acquire::{Checkout, Ticket};
 pub use canceled::CancelAim;
+pub use delegate::Delegate;
 pub use error::PoolError;
 pub use line::Request;
 pub use registry::{PoolKey, Pools};

@@ -30,6 +30,7 @@ use crate::protocol::backend;
 use crate::protocol::sqlstate::*;
 use crate::stats::conns::ClientInfo;
 
+mod delegated;
 mod watch;
 mod welcome;
 use watch::watch_client;
@@ -331,7 +332,12 @@ impl Session {
                 match self.relay.get().take_request() {
                     Ok(Some(bytes)) => {
                         let relay = self.relay.get();
-                        let request = relay.line_request(bytes, self.params.wanted(), &self.info);
+                        let mut request =
+                            relay.line_request(bytes, self.params.wanted(), &self.info);
+                        let may = self.mode == PoolMode::Transaction
+                            && !self.reset_always
+                            && relay.delegable();
+                        delegated::offer(&mut request, may, &self.pool, stream);
                         match ticket.leave_request(request) {
                             Ok(()) => left = true,
                             Err(r) => relay.restore_line_request(r),
@@ -371,10 +377,16 @@ impl Session {
             )
             .await;
             let mut granted = None;
-            if let Some(r) = ticket.take_request() {
+            let mut after = delegated::After::default();
+            if let Some(mut r) = ticket.take_request() {
                 granted = r.granted;
+                after = delegated::After::take(&mut r);
                 self.relay.get().restore_line_request(r);
             }
+            if matches!(acquired, Some(Err(PoolError::Served))) {
+                return Some(self.served(stream, asked, granted, after).await);
+            }
+            after.preload(self.relay.get());
             match self.linked(asked, granted, acquired) {
                 Ok(()) => None,
                 Err(e) => Some(Box::pin(self.not_linked(stream, e)).await),

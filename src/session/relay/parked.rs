@@ -341,6 +341,7 @@ impl Relay {
             last_flush: _,
             line_request: _,
             spare_input: _,
+            server_preload: _,
         } = self;
         // Parkable: the buffers are empty, the stats flushed, nothing owed.
         *client_framer = Framer::default();

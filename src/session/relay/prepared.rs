@@ -317,13 +317,19 @@ impl Relay {
                 sent: false,
                 granted: None,
                 more: false,
+                delegate: None,
+                delegate_ok: false,
+                task: None,
+                answer: BytesMut::new(),
+                owed: BytesMut::new(),
+                served: None,
             });
         };
         r.bytes = bytes;
         if !Arc::ptr_eq(&r.params, params) {
             r.params = params.clone();
         }
-        (r.sent, r.granted, r.more) = (false, None, false);
+        (r.sent, r.granted, r.more, r.served) = (false, None, false, None);
         r
     }
 

@@ -73,7 +73,11 @@ impl Relay {
         if self.readies == 0 {
             return;
         }
-        let now = Tick::now();
+        self.note_server_activity_at(stats, Tick::now());
+    }
+
+    /// [`Relay::note_server_activity`] for an answer that came at `now`.
+    pub(super) fn note_server_activity_at(&mut self, stats: &PoolStats, now: Tick) {
         self.last_activity = now;
         self.stats.counts.queries += u64::from(self.readies);
         if let Some(at) = self.request_started {

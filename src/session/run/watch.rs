@@ -29,6 +29,11 @@ pub(super) async fn watch_client<T>(
             if let Err(e) = relay.notice_queued(stream) {
                 tracing::warn!("sending the queue notice failed: {e}");
             }
+            // Part of the notice waits in the relay: the answer must follow it, so
+            // the hand-over wakes this task rather than relay for it.
+            if relay.owes_client() {
+                on_more();
+            }
         }
         if !relay.can_buffer_more() {
             return Poll::Pending;

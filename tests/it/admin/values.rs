@@ -397,3 +397,77 @@ async fn wait_time_ends_when_the_server_is_handed_over() {
         "wait_time grew by {waited} us"
     );
 }
+
+/// Clients waiting in line for one server get their own answers, whole, and every
+/// query is counted, whichever way the answer reached them: relayed for the waiter
+/// at the hand-over (pool/delegate.rs: one simple Query answered whole and idle), or
+/// by its own relay (an answer in several reads, a transaction left open).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_to_waiting_clients_are_their_own_and_all_counted() {
+    let s = builder()
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "1")
+        .start();
+    let mut clients = Vec::new();
+    for _ in 0..12 {
+        clients.push(pooled(&s, None).await);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let (q0, x0) = (total(&s, "query_count"), total(&s, "xact_count"));
+    let a0 = total(&s, "server_assignment_count");
+    let mut tasks = Vec::new();
+    for (id, c) in clients.into_iter().enumerate() {
+        tasks.push(tokio::spawn(async move {
+            let mut sent = 0u64;
+            for i in 0..30 {
+                let want = (id * 1000 + i).to_string();
+                let sql = match i % 5 {
+                    // A large answer: several reads.
+                    3 => format!("SELECT {want} || repeat('x', 20000)"),
+                    _ => format!("SELECT {want}"),
+                };
+                let got = within(T, "a query in line", c.simple_query(&sql))
+                    .await
+                    .expect("query");
+                let text = match &got[1] {
+                    tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).unwrap().to_owned(),
+                    other => panic!("client {id}: {other:?}"),
+                };
+                assert!(
+                    text.starts_with(&want),
+                    "client {id} query {i} got {}",
+                    &text[..20]
+                );
+                if i % 5 == 3 {
+                    assert_eq!(text.len(), want.len() + 20000, "client {id} query {i}");
+                }
+                sent += 1;
+                if i % 10 == 7 {
+                    // A transaction: its BEGIN's answer leaves it open.
+                    c.batch_execute("BEGIN").await.expect("BEGIN");
+                    c.batch_execute("SELECT 1")
+                        .await
+                        .expect("SELECT in a transaction");
+                    c.batch_execute("COMMIT").await.expect("COMMIT");
+                    sent += 3;
+                }
+            }
+            sent
+        }));
+    }
+    let mut sent = 0;
+    for t in tasks {
+        sent += t.await.expect("client task");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(total(&s, "query_count") - q0, sent, "queries counted");
+    // Each plain query is its own transaction; each BEGIN ... COMMIT is one.
+    let xacts = sent - 12 * 3 * 2;
+    assert_eq!(total(&s, "xact_count") - x0, xacts, "transactions counted");
+    // A server is assigned once per plain query and once per transaction.
+    assert_eq!(
+        total(&s, "server_assignment_count") - a0,
+        xacts,
+        "assignments"
+    );
+}

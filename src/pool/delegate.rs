@@ -1,0 +1,209 @@
+//! Relaying a waiting client's answer without running its task.
+//!
+//! With many clients and few servers, a client's request usually waits in line and
+//! is written to a server by the client that releases it (line.rs). Its task then
+//! slept until the answer came, ran to relay it and give the server back, and ran
+//! again after a yield: two or three runs per transaction, each walking the client's
+//! own state, which is out of the caches by its turn (docs/performance.md,
+//! forty-eighth round). For a request that is one simple Query, in transaction
+//! pooling on a single event loop, a [`Delegate`] takes the task's place on the
+//! server's read readiness: when the answer comes, it reads it, and if it is whole
+//! messages ending in ReadyForQuery `I` with nothing the relay must see (no
+//! ParameterStatus, no COPY), it marks the place served, gives the server back (the
+//! next waiter's request goes out first) and writes the answer to the client's
+//! socket. The waiter's task then runs once per transaction, at its next request, and
+//! folds in the counts (`Answer::Served`). Anything else goes to the waiter's task as
+//! before: the bytes read become its relay's first server read, the rest of a short
+//! write to the client is owed by it, and a server that failed is met by its relay.
+
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, MutexGuard, Weak};
+use std::task::{Context, Waker};
+
+use super::line::Answer;
+use super::{Grant, Pool, PoolState};
+use crate::clock::Tick;
+
+/// The waker a waiting client leaves on the server its request was written to, in
+/// place of its task's. One per client, kept in its request box between requests.
+#[derive(Debug)]
+pub struct Delegate {
+    pub pool: Weak<Pool>,
+    /// The place in line it answers for now.
+    pub id: AtomicU64,
+    /// The client's socket (plaintext only).
+    pub fd: RawFd,
+}
+
+impl std::task::Wake for Delegate {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref()
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        if let Some(p) = self.pool.upgrade() {
+            p.delegate_answer(self);
+        }
+    }
+}
+
+/// Whether `b` is whole messages ending in ReadyForQuery `I`, with nothing the relay
+/// must see (ParameterStatus, COPY).
+fn whole_idle_answer(b: &[u8]) -> bool {
+    let mut at = 0;
+    let mut last = 0;
+    while at + 5 <= b.len() {
+        let tag = b[at];
+        let len = u32::from_be_bytes([b[at + 1], b[at + 2], b[at + 3], b[at + 4]]) as usize;
+        if len < 4 || matches!(tag, b'S' | b'G' | b'H' | b'W') {
+            return false;
+        }
+        last = at;
+        at += 1 + len;
+    }
+    // The last message is a ReadyForQuery of its one status byte, `I`.
+    at == b.len() && b.len() - last == 6 && b[last] == b'Z' && b[last + 5] == b'I'
+}
+
+impl Pool {
+    /// Run by the server's read readiness (see the module's comment).
+    fn delegate_answer(&self, d: &Arc<Delegate>) {
+        thread_local! {
+            static BUF: std::cell::RefCell<Box<[u8; 4096]>> =
+                std::cell::RefCell::new(Box::new([0; 4096]));
+        }
+        let id = d.id.load(Ordering::Relaxed);
+        let st = self.lock_state();
+        BUF.with_borrow_mut(|buf| self.delegate_relay(d, st, id, buf));
+    }
+
+    fn delegate_relay(
+        &self,
+        d: &Arc<Delegate>,
+        mut st: MutexGuard<'_, PoolState>,
+        id: u64,
+        buf: &mut [u8; 4096],
+    ) {
+        // Gone (its client left, or its task took the server first): nothing to do.
+        let Some(i) = st
+            .answers
+            .iter()
+            .position(|(wid, a, _)| *wid == id && matches!(a, Answer::Granted(Grant::Server(_))))
+        else {
+            return;
+        };
+        let (wid, answer, mut request) = st.answers.swap_remove(i);
+        let Answer::Granted(Grant::Server(conn)) = answer else {
+            return;
+        };
+        let n = loop {
+            match conn.stream.try_read(&mut buf[..]) {
+                Ok(n) if n > 0 => break n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    let w = Waker::from(d.clone());
+                    let mut cx = Context::from_waker(&w);
+                    if conn.stream.poll_read_ready(&mut cx).is_pending() {
+                        st.answers
+                            .push((wid, Answer::Granted(Grant::Server(conn)), request));
+                        return;
+                    }
+                }
+                // Closed or failed: the waiter's relay meets it on its own read.
+                _ => {
+                    let task = request.as_mut().and_then(|r| r.task.take());
+                    st.answers
+                        .push((wid, Answer::Granted(Grant::Server(conn)), request));
+                    drop(st);
+                    if let Some(t) = task {
+                        t.wake();
+                    }
+                    return;
+                }
+            }
+        };
+        if !whole_idle_answer(&buf[..n]) {
+            // Not for the delegate (a transaction left open, a ParameterStatus, an
+            // answer in several reads): the waiter's relay takes the bytes read.
+            let task = request.as_mut().and_then(|r| {
+                r.answer.extend_from_slice(&buf[..n]);
+                r.task.take()
+            });
+            st.answers
+                .push((wid, Answer::Granted(Grant::Server(conn)), request));
+            drop(st);
+            if let Some(t) = task {
+                t.wake();
+            }
+            return;
+        }
+        let now = Tick::now();
+        if let Some(r) = request.as_mut() {
+            r.client.unlink();
+            r.served = Some((now, n as u32));
+        }
+        st.answers.push((wid, Answer::Served, request));
+        drop(st);
+        // The server first: the next waiter's request goes out before this answer.
+        self.release_at(conn, true, now);
+        // SAFETY: `d.fd` is the waiting client's socket, owned by its session's
+        // `Stream`. A delegate is left only on a single event loop, and runs there
+        // (from the I/O driver), so the session cannot run meanwhile; and it acts
+        // only while the place's answer is still in the pool's state, which the
+        // session takes out (dropping its ticket) before it can drop its stream. So
+        // the descriptor is open and still that client's. `send` reads `n` bytes of
+        // `buf`, which holds at least that many.
+        let w = unsafe {
+            libc::send(
+                d.fd,
+                buf.as_ptr().cast(),
+                n,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        let sent = usize::try_from(w).unwrap_or(0);
+        if sent < n {
+            // The client's socket is full (or failed): the waiter owes the rest.
+            let mut st = self.lock_state();
+            let task = st
+                .answers
+                .iter_mut()
+                .find(|(i, ..)| *i == wid)
+                .and_then(|(_, _, r)| {
+                    let r = r.as_mut()?;
+                    r.owed.extend_from_slice(&buf[sent..n]);
+                    r.task.take()
+                });
+            drop(st);
+            if let Some(t) = task {
+                t.wake();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::whole_idle_answer;
+
+    #[test]
+    fn only_whole_answers_ending_idle_are_relayed() {
+        let ready = |s: u8| vec![b'Z', 0, 0, 0, 5, s];
+        let complete = [b'C', 0, 0, 0, 13].iter().chain(b"SELECT 1\0").copied();
+        let mut ok: Vec<u8> = complete.clone().collect();
+        ok.extend(ready(b'I'));
+        assert!(whole_idle_answer(&ok));
+        assert!(whole_idle_answer(&ready(b'I')));
+        // A transaction left open, a partial read, a ParameterStatus, an odd length.
+        let mut open: Vec<u8> = complete.collect();
+        open.extend(ready(b'T'));
+        assert!(!whole_idle_answer(&open));
+        assert!(!whole_idle_answer(&ok[..ok.len() - 1]));
+        assert!(!whole_idle_answer(&ok[..5]));
+        let mut param = vec![b'S', 0, 0, 0, 8, b'a', 0, b'b', 0];
+        param.extend(ready(b'I'));
+        assert!(!whole_idle_answer(&param));
+        assert!(!whole_idle_answer(&[b'Z', 0, 0, 0, 6, b'I', b'I']));
+        assert!(!whole_idle_answer(&[b'Z', 0, 0, 0, 3, b'I']));
+        assert!(!whole_idle_answer(&[]));
+    }
+}
