@@ -109,32 +109,16 @@ impl Pool {
                     }
                 }
                 // Closed or failed: the waiter's relay meets it on its own read.
-                _ => {
-                    let task = request.as_mut().and_then(|r| r.task.take());
-                    st.answers
-                        .push((wid, Answer::Granted(Grant::Server(conn)), request));
-                    drop(st);
-                    if let Some(t) = task {
-                        t.wake();
-                    }
-                    return;
-                }
+                _ => return hand_back(st, wid, conn, request),
             }
         };
         if !whole_idle_answer(&buf[..n]) {
             // Not for the delegate (a transaction left open, a ParameterStatus, an
             // answer in several reads): the waiter's relay takes the bytes read.
-            let task = request.as_mut().and_then(|r| {
+            if let Some(r) = request.as_mut() {
                 r.answer.extend_from_slice(&buf[..n]);
-                r.task.take()
-            });
-            st.answers
-                .push((wid, Answer::Granted(Grant::Server(conn)), request));
-            drop(st);
-            if let Some(t) = task {
-                t.wake();
             }
-            return;
+            return hand_back(st, wid, conn, request);
         }
         let now = Tick::now();
         if let Some(r) = request.as_mut() {
@@ -178,6 +162,23 @@ impl Pool {
                 t.wake();
             }
         }
+    }
+}
+
+/// Leaves the server with the waiter's place and wakes its task, which relays what
+/// is left of the answer itself.
+fn hand_back(
+    mut st: MutexGuard<'_, PoolState>,
+    wid: u64,
+    conn: super::ServerConn,
+    mut request: Option<Box<super::Request>>,
+) {
+    let task = request.as_mut().and_then(|r| r.task.take());
+    st.answers
+        .push((wid, Answer::Granted(Grant::Server(conn)), request));
+    drop(st);
+    if let Some(t) = task {
+        t.wake();
     }
 }
 

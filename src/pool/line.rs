@@ -74,6 +74,24 @@ pub struct Request {
 }
 
 impl Request {
+    /// A request for the line, in a box the client keeps for its next ones.
+    pub fn new(bytes: BytesMut, params: Arc<ParamSet>, client: Arc<ClientInfo>) -> Box<Request> {
+        Box::new(Request {
+            bytes,
+            params,
+            client,
+            sent: false,
+            granted: None,
+            more: false,
+            delegate: None,
+            delegate_ok: false,
+            task: None,
+            answer: BytesMut::new(),
+            owed: BytesMut::new(),
+            served: None,
+        })
+    }
+
     /// Writes as much of the request to `conn` as it takes without waiting, if the
     /// server's parameters match. What is not written stays, for the relay; a write
     /// error leaves the bytes too, for the relay to meet.
@@ -394,20 +412,11 @@ mod tests {
 
     fn request(text: &str) -> Box<Request> {
         let meta = crate::stats::conns::test_meta(1);
-        Box::new(Request {
-            bytes: BytesMut::from(text),
-            params: Arc::default(),
-            client: Arc::new(ClientInfo::new(meta)),
-            sent: false,
-            granted: None,
-            more: false,
-            delegate: None,
-            delegate_ok: false,
-            task: None,
-            answer: BytesMut::new(),
-            owed: BytesMut::new(),
-            served: None,
-        })
+        Request::new(
+            BytesMut::from(text),
+            Arc::default(),
+            Arc::new(ClientInfo::new(meta)),
+        )
     }
 
     #[test]

@@ -310,20 +310,7 @@ impl Relay {
         client: &Arc<ClientInfo>,
     ) -> Box<Request> {
         let Some(mut r) = self.line_request.take() else {
-            return Box::new(Request {
-                bytes,
-                params: params.clone(),
-                client: client.clone(),
-                sent: false,
-                granted: None,
-                more: false,
-                delegate: None,
-                delegate_ok: false,
-                task: None,
-                answer: BytesMut::new(),
-                owed: BytesMut::new(),
-                served: None,
-            });
+            return Request::new(bytes, params.clone(), client.clone());
         };
         r.bytes = bytes;
         if !Arc::ptr_eq(&r.params, params) {
