@@ -230,7 +230,7 @@ impl Pool {
                 Box::pin(self.connect_new(&cfg, slot, deadline, &[])).await
             }
             Answer::Refused => Err(refusal(self)),
-            Answer::Served => Err(PoolError::Served),
+            Answer::Served(at, n) => Err(PoolError::Served(at, n)),
         }
     }
 
@@ -286,7 +286,7 @@ impl Pool {
             match crate::timer::timeout_at(first, ticket.answer(&mut *on_notice)).await {
                 Ok(Answer::Granted(g)) => return Ok(g),
                 // The janitor's query_wait_timeout can come first.
-                Ok(Answer::Refused | Answer::Served) => return Err(refusal(self)),
+                Ok(Answer::Refused | Answer::Served(..)) => return Err(refusal(self)),
                 Err(_) => {
                     let mut st = self.lock_state();
                     let limit = cfg.pool_size + cfg.reserve_pool_size;
@@ -306,7 +306,7 @@ impl Pool {
         // query_wait_timeout (`Pool::expire_waiters`), as PgBouncer's does.
         match ticket.answer(on_notice).await {
             Answer::Granted(g) => Ok(g),
-            Answer::Refused | Answer::Served => Err(refusal(self)),
+            Answer::Refused | Answer::Served(..) => Err(refusal(self)),
         }
     }
 

@@ -121,11 +121,11 @@ impl Pool {
             return hand_back(st, wid, conn, request);
         }
         let now = Tick::now();
-        if let Some(r) = request.as_mut() {
+        if let Some(r) = request.as_ref() {
             r.client.unlink();
-            r.served = Some((now, n as u32));
         }
-        st.answers.push((wid, Answer::Served, request));
+        st.answers
+            .push((wid, Answer::Served(now, n as u32), request));
         drop(st);
         // The server first: the next waiter's request goes out before this answer.
         self.release_at(conn, true, now);

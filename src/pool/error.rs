@@ -30,10 +30,10 @@ pub enum PoolError {
     /// The pool is closing (shutdown, database removed).
     #[error("pool is closed")]
     PoolClosed,
-    /// Not a failure: a delegate relayed the answer already (pool/delegate.rs); the
-    /// waiter handles it before any error path.
+    /// Not a failure: a delegate relayed the answer already (pool/delegate.rs), at
+    /// this time and of this many bytes; the waiter handles it before any error path.
     #[error("answer relayed by a delegate")]
-    Served,
+    Served(crate::clock::Tick, u32),
 }
 
 impl PoolError {

@@ -69,8 +69,6 @@ pub struct Request {
     pub answer: BytesMut,
     /// Answer bytes the client's socket did not take: owed by the waiter.
     pub owed: BytesMut,
-    /// When the delegate relayed the answer, and how many bytes.
-    pub served: Option<(Tick, u32)>,
 }
 
 impl Request {
@@ -88,7 +86,6 @@ impl Request {
             task: None,
             answer: BytesMut::new(),
             owed: BytesMut::new(),
-            served: None,
         })
     }
 
@@ -125,8 +122,9 @@ pub(super) enum Answer {
     /// Taken out of line: the pool closed, or the wait reached query_wait_timeout.
     Refused,
     /// The server's answer was relayed for the waiter and the server given back
-    /// (delegate.rs): the waiter only folds in its counts.
-    Served,
+    /// (delegate.rs), at this time and of this many bytes: the waiter only folds in
+    /// its counts.
+    Served(Tick, u32),
 }
 
 /// A place in a pool's line; dropping it leaves the line (and passes on an answer

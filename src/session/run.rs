@@ -376,15 +376,9 @@ impl Session {
                 }),
             )
             .await;
-            let mut granted = None;
-            let mut after = delegated::After::default();
-            if let Some(mut r) = ticket.take_request() {
-                granted = r.granted;
-                after = delegated::After::take(&mut r);
-                self.relay.get().restore_line_request(r);
-            }
-            if matches!(acquired, Some(Err(PoolError::Served))) {
-                return Some(self.served(stream, asked, granted, after).await);
+            let (granted, after) = delegated::After::take_back(&mut ticket, self.relay.get());
+            if let Some(Err(PoolError::Served(at, n))) = acquired {
+                return Some(self.served(stream, asked, granted, (at, n), after).await);
             }
             after.preload(self.relay.get());
             match self.linked(asked, granted, acquired) {

@@ -12,6 +12,7 @@ use bytes::{Buf, BytesMut};
 
 mod copy;
 mod count;
+mod delegated;
 mod midbatch;
 mod parked;
 mod prepared;
@@ -126,6 +127,9 @@ pub struct Relay {
     desync: bool,
     /// A ReadyForQuery arrived in the last server read.
     saw_ready: bool,
+    /// `server_preload` holds bytes: a flag on the relay's first lines, so that the
+    /// hot loop need not read the cold buffer's header.
+    preloaded: bool,
     /// `disable_pqexec`: a Query message ends the session.
     no_simple_query: bool,
     /// Timestamps for the timeouts, kept only when some timeout is set.
@@ -154,35 +158,6 @@ pub struct Relay {
 }
 
 impl Relay {
-    /// The request's answer was relayed by a delegate (pool/delegate.rs), which read
-    /// `n` bytes at `at`: counted as the relay counts an answer ending idle.
-    pub fn served_by_delegate(&mut self, served: Option<(Tick, u32)>, stats: &PoolStats) {
-        let (at, n) = served.unwrap_or((Tick::now(), 0));
-        self.pending = 0;
-        self.status = b'I';
-        self.saw_ready = true;
-        self.readies = 1;
-        self.xacts_done = 1;
-        self.stats.counts.bytes_sent += u64::from(n);
-        self.note_server_activity_at(stats, at);
-    }
-
-    /// Whether a delegate may relay an answer: no timeout needs the relay's timer
-    /// while the server answers.
-    pub fn delegable(&self) -> bool {
-        self.timeouts.query().is_zero() && self.timeouts.transaction().is_zero()
-    }
-
-    /// Bytes the client is owed (what its socket did not take of a delegate's write).
-    pub fn owe_client(&mut self, bytes: BytesMut) {
-        self.s2c = bytes;
-    }
-
-    /// Server bytes read for this client by a delegate, for the next `run`.
-    pub fn preload_server(&mut self, bytes: BytesMut) {
-        self.server_preload = bytes;
-    }
-
     /// Whether the client has asked to end the session.
     pub fn terminated(&self) -> bool {
         self.terminated
@@ -261,10 +236,10 @@ impl Relay {
                 server_write: !self.c2s.is_empty(),
                 client_first: self.pending == 0,
             };
-            let wake = if self.server_preload.is_empty() {
-                next_wake(client, Some(&server.stream), want, deadline, &mut timer).await
-            } else {
+            let wake = if self.preloaded {
                 Wake::ServerRead(Ok(()))
+            } else {
+                next_wake(client, Some(&server.stream), want, deadline, &mut timer).await
             };
             match wake {
                 Wake::ServerRead(r) => {
@@ -415,15 +390,13 @@ impl Relay {
         }
         self.s2c.reserve(READ_CHUNK);
         let start = self.s2c.len();
-        let n = if self.server_preload.is_empty() {
+        let n = if self.preloaded {
+            self.take_preload()
+        } else {
             server
                 .stream
                 .try_read_buf(&mut self.s2c)
                 .map_err(ServerRead::Io)?
-        } else {
-            let pre = std::mem::take(&mut self.server_preload);
-            self.s2c.extend_from_slice(&pre);
-            pre.len()
         };
         if n == 0 {
             return Err(ServerRead::Io(io::ErrorKind::UnexpectedEof.into()));

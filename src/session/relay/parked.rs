@@ -329,6 +329,7 @@ impl Relay {
             max_packet: _,
             no_simple_query: _,
             saw_ready,
+            preloaded: _,
             timeouts: _,
             request_started,
             transaction_started,

@@ -316,7 +316,7 @@ impl Relay {
         if !Arc::ptr_eq(&r.params, params) {
             r.params = params.clone();
         }
-        (r.sent, r.granted, r.more, r.served) = (false, None, false, None);
+        (r.sent, r.granted, r.more) = (false, None, false);
         r
     }
 

@@ -8,7 +8,7 @@ use bytes::BytesMut;
 use super::{Session, Step};
 use crate::clock::Tick;
 use crate::net::Stream;
-use crate::pool::{Delegate, Pool, Request};
+use crate::pool::{Delegate, Pool, Request, Ticket};
 use crate::session::relay::Relay;
 
 /// `SLUICE_DELEGATE=0` turns delegates off (read once), for comparing.
@@ -41,18 +41,24 @@ pub(super) fn offer(request: &mut Request, may: bool, pool: &Arc<Pool>, stream: 
 /// What a delegate left with the request.
 #[derive(Default)]
 pub(super) struct After {
-    served: Option<(Tick, u32)>,
     owed: BytesMut,
     answer: BytesMut,
 }
 
 impl After {
-    pub(super) fn take(r: &mut Request) -> After {
-        After {
-            served: r.served.take(),
+    /// Takes the request left in line back into `relay` (when the place was
+    /// answered): the time it was granted, and what a delegate left with it.
+    pub(super) fn take_back(ticket: &mut Ticket, relay: &mut Relay) -> (Option<Tick>, After) {
+        let Some(mut r) = ticket.take_request() else {
+            return (None, After::default());
+        };
+        let after = After {
             owed: std::mem::take(&mut r.owed),
             answer: std::mem::take(&mut r.answer),
-        }
+        };
+        let granted = r.granted;
+        relay.restore_line_request(r);
+        (granted, after)
     }
 
     /// Server bytes the delegate read but left to the relay: its first server read.
@@ -72,6 +78,7 @@ impl Session {
         stream: &Stream,
         asked: Tick,
         granted: Option<Tick>,
+        (at, n): (Tick, u32),
         after: After,
     ) -> Step {
         let relay = self.relay.get();
@@ -79,7 +86,7 @@ impl Session {
         relay.stats.counts.wait_time_us += waited;
         relay.stats.counts.server_assignments += 1;
         self.pool.stats.wait_hist.record(waited);
-        relay.served_by_delegate(after.served, &self.pool.stats);
+        relay.served_by_delegate(at, n, &self.pool.stats);
         if !after.owed.is_empty() {
             relay.owe_client(after.owed);
             if let Err(e) = self.pay_client(stream, false).await {
