@@ -9,17 +9,15 @@ use std::path::Path;
 
 use bytes::BytesMut;
 
-use crate::prepared::responses::{process_chunk, ResponseTracker};
-use crate::prepared::rewrite::{plain_request, Ctx, Rewriter};
-use crate::prepared::{ClientStatements, Registry, ServerStatements};
 use crate::protocol::backend::{parse_error_fields, parse_parameter_status};
 use crate::protocol::startup::{self, StartupPacket, MAX_STARTUP_LEN};
-use crate::session::framer::{Body, Framer};
 
 pub(crate) mod conversation;
 pub(crate) mod model;
+mod prepared;
 mod relay;
 pub use conversation::conversation;
+pub use prepared::prepared;
 pub use relay::{relay, relay_steps};
 
 /// Which peer a step of a two-sided input comes from.
@@ -147,64 +145,6 @@ pub fn sql(data: &[u8]) {
     let _ = crate::prepared::sql::may_match(data);
     let _ = crate::prepared::sql::names_statements(data);
     let _ = crate::prepared::sql::parse(&String::from_utf8_lossy(data));
-}
-
-/// Prepared-statement tracking in transaction mode, client and server bytes
-/// interleaved as the fuzzer chooses ([`steps`]). Client bytes go through the rewriter as one read, and
-/// a request that needs no rewriting must go out as it came; server bytes through
-/// the response tracker. A rewrite error or a Terminate ends the run, as it ends the
-/// session.
-pub fn prepared(data: &[u8]) {
-    let registry = Registry::default();
-    let (mut client, mut server) = (ClientStatements::default(), ServerStatements::default());
-    let (mut tracker, mut parses) = (ResponseTracker::default(), 0u64);
-    let mut rewriter = Rewriter::default();
-    let mut framer = Framer::default();
-    let mut pending = BytesMut::new();
-    for (side, bytes) in steps(data) {
-        if side == Side::Client {
-            let fresh = pending.is_empty() && rewriter.at_boundary();
-            let plain = fresh && plain_request(bytes, 1 << 20, !client.is_empty());
-            pending.extend_from_slice(bytes);
-            let mut out = BytesMut::new();
-            let mut ctx = Ctx {
-                registry: &registry,
-                client: &mut client,
-                server: &mut server,
-                tracker: &mut tracker,
-                max_prepared: 2,
-                server_parses: &mut parses,
-                aborted: false,
-            };
-            let mut terminated = false;
-            let on_tag = |tag| terminated |= tag == b'X';
-            if rewriter
-                .process(&mut pending, &mut out, 1 << 20, &mut ctx, on_tag)
-                .is_err()
-                || terminated
-            {
-                // The session ends here (a Terminate is not passed on).
-                return;
-            }
-            if plain && pending.is_empty() {
-                assert_eq!(&out[..], bytes, "a plain request is passed on untouched");
-            }
-        } else {
-            let mut chunk = BytesMut::from(bytes);
-            let r = process_chunk(
-                &mut tracker,
-                &mut framer,
-                &mut chunk,
-                &mut client,
-                &mut server,
-                &registry,
-                |_| Body::Skip,
-            );
-            if r.is_err() {
-                return;
-            }
-        }
-    }
 }
 
 #[cfg(test)]

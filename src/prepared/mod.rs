@@ -171,11 +171,31 @@ impl Registry {
 #[derive(Debug, Default)]
 pub struct ClientStatements {
     names: HashMap<String, Arc<Statement>>,
+    /// The name [`ClientStatements::find`] found last, and its statement: a driver
+    /// binds one statement over and over, and comparing its name costs less than
+    /// hashing it (SipHash: the names are the client's). Cleared by every change.
+    last_name: Vec<u8>,
+    last: Option<Arc<Statement>>,
 }
 
 impl ClientStatements {
     pub fn get(&self, name: &str) -> Option<&Arc<Statement>> {
         self.names.get(name)
+    }
+
+    /// The statement a name as sent (not yet checked for UTF-8) is bound to, for a
+    /// Bind or Describe; `Err` if the name is not UTF-8.
+    pub fn find(&mut self, name: &[u8]) -> Result<Option<Arc<Statement>>, std::str::Utf8Error> {
+        if let Some(st) = self.last.as_ref().filter(|_| self.last_name == name) {
+            return Ok(Some(st.clone()));
+        }
+        let found = self.names.get(std::str::from_utf8(name)?).cloned();
+        if let Some(st) = &found {
+            self.last_name.clear();
+            self.last_name.extend_from_slice(name);
+            self.last = Some(st.clone());
+        }
+        Ok(found)
     }
 
     /// Whether `name` is taken.
@@ -188,16 +208,19 @@ impl ClientStatements {
         if self.len() >= MAX_CLIENT_STATEMENTS && !self.names.contains_key(&name) {
             return false;
         }
+        self.last = None;
         self.names.insert(name, stmt);
         true
     }
 
     pub fn remove(&mut self, name: &str) {
+        self.last = None;
         self.names.remove(name);
     }
 
     /// Points every name bound to statement `old` at `new`.
     pub fn repoint(&mut self, old: u64, new: &Arc<Statement>) {
+        self.last = None;
         for v in self.names.values_mut() {
             if v.id == old {
                 *v = new.clone();
@@ -206,6 +229,7 @@ impl ClientStatements {
     }
 
     pub fn clear(&mut self) {
+        self.last = None;
         self.names.clear();
     }
 
@@ -357,5 +381,33 @@ mod tests {
         let len = u32::from_be_bytes([out[1], out[2], out[3], out[4]]) as usize;
         assert_eq!(len + 1, out.len());
         assert!(out.ends_with(b"\0select 1\0\0\0"));
+    }
+
+    #[test]
+    fn a_name_found_again_follows_every_change_to_it() {
+        let r = Registry::default();
+        let (s1, s2) = (
+            r.intern(Bytes::from_static(b"q1\0\0\0")),
+            r.intern(Bytes::from_static(b"q2\0\0\0")),
+        );
+        let mut c = ClientStatements::default();
+        let id = |c: &mut ClientStatements, n: &[u8]| c.find(n).expect("UTF-8").map(|s| s.id);
+        assert!(c.insert("a".into(), s1.clone()));
+        assert_eq!(id(&mut c, b"a"), Some(s1.id));
+        assert_eq!(id(&mut c, b"a"), Some(s1.id), "found again");
+        assert_eq!(id(&mut c, b"b"), None);
+        // Rebound, repointed, removed, cleared: the name found last is not kept.
+        assert!(c.insert("a".into(), s2.clone()));
+        assert_eq!(id(&mut c, b"a"), Some(s2.id));
+        let s3 = r.replace(&s2);
+        c.repoint(s2.id, &s3);
+        assert_eq!(id(&mut c, b"a"), Some(s3.id));
+        c.remove("a");
+        assert_eq!(id(&mut c, b"a"), None);
+        assert!(c.insert("a".into(), s1.clone()));
+        assert_eq!(id(&mut c, b"a"), Some(s1.id));
+        c.clear();
+        assert_eq!(id(&mut c, b"a"), None);
+        assert!(c.find(b"\xff").is_err(), "not UTF-8");
     }
 }

@@ -114,6 +114,10 @@ pub struct ResponseTracker {
     /// ends now, with CommandComplete and with an error (`relay::copy`; `None`: the
     /// COPY came by simple Query, whose error ends only that Query).
     pub copy_ignores: (u32, Option<u32>),
+    /// Never take the shortcut of [`ResponseTracker::pass_through`] (the `prepared`
+    /// fuzz target compares it with the long way).
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub long_way: bool,
 }
 
 /// A recorded batch and the statement its Bind names.
@@ -241,7 +245,16 @@ impl ResponseTracker {
     }
 
     /// Pops leading synthesized answers into `out`.
+    #[inline]
     fn drain_synthesized(&mut self, out: &mut Vec<u8>) {
+        // Checked here, inlined: after nearly every answer there is none.
+        if matches!(self.queue.front(), Some(Expect::Synthesize(..))) {
+            self.drain_synthesized_slow(out);
+        }
+    }
+
+    #[cold]
+    fn drain_synthesized_slow(&mut self, out: &mut Vec<u8>) {
         while let Some(Expect::Synthesize(b, _)) = self.queue.front() {
             out.extend_from_slice(b);
             self.queue.pop_front();
@@ -275,6 +288,45 @@ impl ResponseTracker {
         for e in skipped.into_iter().rev() {
             self.undo_skipped(e, client, server);
         }
+    }
+
+    /// Whether nothing is held, dropped, suspected or followed: then a message that
+    /// only passes through needs none of [`ResponseTracker::on_message`].
+    fn calm(&self) -> bool {
+        #[cfg(any(test, feature = "fuzzing"))]
+        if self.long_way {
+            return false;
+        }
+        self.held.is_empty()
+            && self.drop_left == 0
+            && !self.flush_after_current
+            && self.suspect.is_none()
+            && self.held_error.is_none()
+            && !self.skip_param_desc
+            && !self.in_copy
+    }
+
+    /// `on_message` for the common message of a `calm` tracker, whole in the chunk,
+    /// inlined: one that passes through, or completes a client's request with no answer of Sluice's
+    /// due after it (a BindComplete, a DataRow, a CommandComplete). False, with
+    /// nothing done, for any other (an error, a ReadyForQuery, a COPY, ...).
+    #[inline]
+    fn pass_through(&mut self, tag: u8) -> bool {
+        if matches!(tag, b'E' | b'Z' | b't' | b'G' | b'H' | b'W') {
+            return false;
+        }
+        let Some(Expect::Forward { kind, .. }) = self.queue.front() else {
+            return false;
+        };
+        if !kind.completed_by(tag) {
+            return true;
+        }
+        if matches!(self.queue.get(1), Some(Expect::Synthesize(..))) {
+            return false;
+        }
+        self.queue.pop_front();
+        self.param_desc_sent = false;
+        true
     }
 
     /// Handles one server message header. `at` is its offset in the chunk (None when
@@ -481,12 +533,19 @@ pub fn process_chunk(
     // Most chunks answer simple queries: then only ReadyForQuery matters to the tracker
     // (`on_message` changes nothing for any other message, and cannot make it unplain).
     let plain = tracker.is_plain();
+    let mut calm = tracker.calm();
     // Server messages are trusted for length (PostgreSQL bounds them itself).
     framer.feed(chunk, u32::MAX, |e| {
         if let Event::Start { tag, len, at } = e {
-            if !plain || tag == b'Z' {
+            // (A message that ends in a later chunk takes the long way: answers of
+            // Sluice's due after it must wait for its end.)
+            let whole_here = at.is_some_and(|a| a + 5 + len <= chunk_len);
+            if (!plain || tag == b'Z') && !(calm && whole_here && tracker.pass_through(tag)) {
                 dropping =
                     tracker.on_message((tag, len, at), chunk_len, client, server, &mut edits);
+                calm = tracker.calm();
+            } else {
+                dropping = false;
             }
         }
         if dropping {

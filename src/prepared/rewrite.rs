@@ -421,8 +421,10 @@ fn split_cstr(b: &[u8]) -> Result<(&[u8], &[u8]), ProtocolError> {
 }
 
 fn name_of(b: &[u8]) -> Result<&str, ProtocolError> {
-    std::str::from_utf8(b).map_err(|_| ProtocolError::Malformed("statement name is not UTF-8"))
+    std::str::from_utf8(b).map_err(|_| NOT_UTF8)
 }
+
+const NOT_UTF8: ProtocolError = ProtocolError::Malformed("statement name is not UTF-8");
 
 /// Rewrites one whole Parse.
 fn handle_parse(msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> Result<(), RewriteError> {
@@ -493,9 +495,9 @@ fn handle_named(
     if tag == TAG_BIND {
         let (portal, rest) = split_cstr(body)?;
         let (name, rest) = split_cstr(rest)?;
-        let stmt = match name_of(name)? {
-            "" => None,
-            n => ctx.client.get(n).cloned(),
+        let stmt = match name {
+            b"" => None,
+            n => ctx.client.find(n).map_err(|_| NOT_UTF8)?,
         };
         let undo = stmt.clone().map(Undo::Stale);
         match stmt {
@@ -532,11 +534,11 @@ fn handle_named(
     } else {
         Kind::Close
     };
-    let name = name_of(name)?;
     let stmt = match kind {
-        b'S' if !name.is_empty() => ctx.client.get(name).cloned(),
+        b'S' if !name.is_empty() => ctx.client.find(name).map_err(|_| NOT_UTF8)?,
         _ => None,
     };
+    let name = name_of(name)?;
     let undo = match &stmt {
         Some(st) if tag == TAG_DESCRIBE => Some(Undo::Stale(st.clone())),
         _ => None,
