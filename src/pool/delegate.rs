@@ -24,6 +24,7 @@ use std::task::{Context, Waker};
 use super::line::Answer;
 use super::{Grant, Pool, PoolState};
 use crate::clock::Tick;
+use crate::prepared::responses::clears_all;
 
 /// The waker a waiting client leaves on the server its request was written to, in
 /// place of its task's. One per client, kept in its request box between requests.
@@ -48,7 +49,8 @@ impl std::task::Wake for Delegate {
 }
 
 /// Whether `b` is whole messages ending in ReadyForQuery `I`, with nothing the relay
-/// must see (ParameterStatus, COPY).
+/// must see (ParameterStatus, COPY, a DEALLOCATE ALL or DISCARD ALL, which the
+/// prepared-statement tracking must see on both sides).
 fn whole_idle_answer(b: &[u8]) -> bool {
     let mut at = 0;
     let mut last = 0;
@@ -56,6 +58,13 @@ fn whole_idle_answer(b: &[u8]) -> bool {
         let tag = b[at];
         let len = u32::from_be_bytes([b[at + 1], b[at + 2], b[at + 3], b[at + 4]]) as usize;
         if len < 4 || matches!(tag, b'S' | b'G' | b'H' | b'W') {
+            return false;
+        }
+        // ("DISCARD ALL\0" and "DEALLOCATE ALL\0": the length tells most apart.)
+        if tag == b'C'
+            && matches!(len, 16 | 19)
+            && b.get(at + 5..at + 1 + len).is_none_or(clears_all)
+        {
             return false;
         }
         last = at;
@@ -204,6 +213,21 @@ mod tests {
         param.extend(ready(b'I'));
         assert!(!whole_idle_answer(&param));
         assert!(!whole_idle_answer(&[b'Z', 0, 0, 0, 6, b'I', b'I']));
+        // Every prepared statement dropped: the relay must see it; a tag as long is
+        // relayed.
+        let done = |tag: &[u8]| {
+            let mut m = vec![b'C'];
+            m.extend((4 + tag.len() as u32 + 1).to_be_bytes());
+            m.extend(tag);
+            m.push(0);
+            m.extend(ready(b'I'));
+            whole_idle_answer(&m)
+        };
+        assert!(!done(b"DEALLOCATE ALL"));
+        assert!(!done(b"DISCARD ALL"));
+        assert!(done(b"DEALLOCATE"));
+        assert!(done(b"SELECT 1234"), "as long as DISCARD ALL");
+        assert!(done(b"UPDATE 1234567"), "as long as DEALLOCATE ALL");
         assert!(!whole_idle_answer(&[b'Z', 0, 0, 0, 3, b'I']));
         assert!(!whole_idle_answer(&[]));
     }

@@ -504,7 +504,7 @@ fn changed_result_type(body: &[u8]) -> bool {
 }
 
 /// Whether a CommandComplete tag says every prepared statement of the session is gone.
-fn clears_all(tag: &[u8]) -> bool {
+pub(crate) fn clears_all(tag: &[u8]) -> bool {
     let tag = tag.strip_suffix(b"\0").unwrap_or(tag);
     tag == b"DISCARD ALL" || tag == b"DEALLOCATE ALL"
 }

@@ -254,3 +254,43 @@ async fn sql_and_protocol_statements_share_one_namespace() {
     let r = c.until_ready(STEP).await;
     assert_eq!(cols(&r), ["9"], "{r:?}");
 }
+
+/// A waiting client's query that drops every prepared statement of its server,
+/// without starting with DEALLOCATE (so it is handed over in line, and on
+/// one event loop its answer may be relayed for it): the server's statements are
+/// known gone, and the next client's Bind prepares its statement again.
+#[tokio::test]
+async fn a_waiting_clients_deallocate_all_is_seen() {
+    let db = fresh_db("prep_wait_dealloc");
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let a = client(&s, &db).await;
+    let stmt = within(STEP, "prepare", a.prepare("SELECT $1::int + 1"))
+        .await
+        .expect("prepare");
+    let one = |r: Vec<tokio_postgres::Row>| r[0].get::<_, i32>(0);
+    let rows = within(STEP, "bind", a.query(&stmt, &[&1])).await;
+    assert_eq!(rows.map(one).expect("first run"), 2);
+    for round in 0..3 {
+        // The one server is held, so the next query waits in line with its request.
+        let holder = client(&s, &db).await;
+        within(STEP, "BEGIN", holder.batch_execute("BEGIN"))
+            .await
+            .expect("BEGIN");
+        let waiter = client(&s, &db).await;
+        // (DISCARD ALL cannot share a query string: it refuses a transaction block.)
+        let sql = ["SELECT 1; DEALLOCATE ALL", "select 1 ;deallocate all;"][round % 2];
+        let waiting = tokio::spawn(async move { col(&waiter, sql).await });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        within(STEP, "COMMIT", holder.batch_execute("COMMIT"))
+            .await
+            .expect("COMMIT");
+        let got = within(STEP, "the waiter", waiting)
+            .await
+            .expect("waiter task");
+        assert_eq!(got, Ok(vec!["1".to_owned()]), "round {round}");
+        // The statement is gone from the server: Sluice must prepare it again.
+        let rows = within(STEP, "bind again", a.query(&stmt, &[&(round as i32)])).await;
+        let rows = rows.unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!(one(rows), round as i32 + 1, "round {round}");
+    }
+}
