@@ -6,6 +6,7 @@ mod bad;
 mod basic;
 pub(crate) mod common;
 mod copy;
+mod delegated;
 mod differential;
 mod dirty;
 mod function_call;

@@ -1,0 +1,72 @@
+//! A waiting client whose answer could be relayed for it (`pool/delegate.rs`)
+//! sends more while it runs: its task takes the server back, what it sent meanwhile
+//! is owed its answers, and its server goes to no other client before they come.
+
+use std::time::Duration;
+
+use super::common::*;
+use crate::support::probe::within;
+use crate::support::wire::query_msg;
+use crate::support::{MD5_PASSWORD, MD5_USER};
+
+/// The last column of the first DataRow up to the next ReadyForQuery.
+async fn answer(c: &mut RawClient) -> String {
+    let msgs = c.until_ready(Duration::from_secs(10)).await;
+    let row = msgs
+        .iter()
+        .find(|m| m.tag == b'D')
+        .unwrap_or_else(|| panic!("no row in {msgs:?}"));
+    // Int16 column count, then each column as Int32 length and bytes.
+    let mut rest = &row.body[2..];
+    let mut last = Vec::new();
+    while rest.len() >= 4 {
+        let n = i32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]).max(0) as usize;
+        last = rest[4..4 + n].to_vec();
+        rest = &rest[4 + n..];
+    }
+    String::from_utf8(last).expect("UTF-8")
+}
+
+#[tokio::test]
+async fn requests_sent_while_a_relayed_answer_is_on_its_way_keep_their_answers() {
+    let db = fresh_db("txn_deleg_more");
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let sleep = |ms| tokio::time::sleep(Duration::from_millis(ms));
+    let holder = client(&s, &db).await;
+    within(STEP, "BEGIN", holder.batch_execute("BEGIN"))
+        .await
+        .expect("BEGIN");
+    // The one server is held: this request waits in line, and is written to the
+    // server when the holder commits (its answer comes 300 ms later).
+    let mut a = raw(&s, &db, &[]).await;
+    a.send(&query_msg("SELECT pg_sleep(0.3), 'a1'"))
+        .await
+        .expect("send");
+    sleep(150).await;
+    within(STEP, "COMMIT", holder.batch_execute("COMMIT"))
+        .await
+        .expect("COMMIT");
+    // While a1 runs, two more requests, each 300 ms long.
+    sleep(100).await;
+    let mut more = query_msg("SELECT pg_sleep(0.3), 'a2'");
+    more.extend(query_msg("SELECT pg_sleep(0.3), 'a3'"));
+    a.send(&more).await.expect("send");
+    // Between a2's answer and a3's, another client waits for the server: it must
+    // get it after a3's answer, and only its own.
+    let b = tokio::spawn({
+        let (port, db) = (s.port(), db.clone());
+        async move {
+            tokio::time::sleep(Duration::from_millis(350)).await;
+            let mut b = RawClient::login(port, MD5_USER, MD5_PASSWORD, &db, &[])
+                .await
+                .expect("login");
+            b.send(&query_msg("SELECT 0, 'b'")).await.expect("send");
+            answer(&mut b).await
+        }
+    });
+    for want in ["a1", "a2", "a3"] {
+        assert_eq!(answer(&mut a).await, want);
+    }
+    let got = within(STEP, "the other client", b).await.expect("task");
+    assert_eq!(got, "b", "the other client's answer");
+}
