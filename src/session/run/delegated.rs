@@ -9,20 +9,20 @@ use super::{Session, Step};
 use crate::clock::Tick;
 use crate::net::Stream;
 use crate::pool::{Delegate, Pool, Request, Ticket};
+use crate::protocol::header::{
+    TAG_BIND, TAG_DESCRIBE, TAG_EXECUTE, TAG_FLUSH, TAG_PARSE, TAG_QUERY, TAG_SYNC,
+};
 use crate::session::relay::Relay;
 
 /// `SLUICE_DELEGATE=0` turns delegates off (read once), for comparing.
 static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
 
-/// Lets a delegate relay the answer to `request` if it is one simple Query and the
+/// Lets a delegate relay the answer to `request` if it is [`one_request`] and the
 /// session `may` (transaction pooling, no reset after each transaction, no timeout
 /// that needs the relay's timer) on a plaintext socket.
 pub(super) fn offer(request: &mut Request, may: bool, pool: &Arc<Pool>, stream: &Stream) {
-    let b = &request.bytes;
     request.delegate_ok = may
-        && b.len() >= 5
-        && b[0] == b'Q'
-        && 1 + u32::from_be_bytes([b[1], b[2], b[3], b[4]]) as usize == b.len()
+        && one_request(&request.bytes)
         && *ENABLED.get_or_init(|| std::env::var_os("SLUICE_DELEGATE").is_none_or(|v| v != "0"));
     if request.delegate_ok && request.delegate.is_none() {
         match stream.plain_fd() {
@@ -36,6 +36,26 @@ pub(super) fn offer(request: &mut Request, may: bool, pool: &Arc<Pool>, stream: 
             None => request.delegate_ok = false,
         }
     }
+}
+
+/// Whether `b` is whole messages making one request: a simple Query alone, or an
+/// extended-protocol batch (Parse, Bind, Describe, Execute, Flush) ending in its only
+/// Sync. One ReadyForQuery then ends the answer, as the delegate counts it.
+fn one_request(b: &[u8]) -> bool {
+    let mut at = 0;
+    while let Some(h) = b.get(at..at + 5) {
+        let len = u32::from_be_bytes([h[1], h[2], h[3], h[4]]) as usize;
+        let end = at + 1 + len;
+        let last = end == b.len();
+        match h[0] {
+            _ if len < 4 || end > b.len() => return false,
+            TAG_QUERY => return last && at == 0,
+            TAG_SYNC => return last,
+            TAG_PARSE | TAG_BIND | TAG_DESCRIBE | TAG_EXECUTE | TAG_FLUSH => at = end,
+            _ => return false,
+        }
+    }
+    false
 }
 
 /// What a delegate left with the request.
@@ -96,5 +116,45 @@ impl Session {
         self.pool.stats.flush(&mut self.relay.get().stats);
         self.relay.rest();
         Step::Next
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_request;
+
+    fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut m = vec![tag];
+        m.extend((4 + body.len() as u32).to_be_bytes());
+        m.extend(body);
+        m
+    }
+
+    #[test]
+    fn one_query_or_one_synced_batch_is_one_request() {
+        let q = msg(b'Q', b"SELECT 1\0");
+        let batch: Vec<u8> = [
+            msg(b'P', b"\0SELECT 1\0\0\0"),
+            msg(b'B', b"\0\0\0\0\0\0\0\0"),
+            msg(b'D', b"P\0"),
+            msg(b'E', b"\0\0\0\0\0"),
+            msg(b'S', b""),
+        ]
+        .concat();
+        assert!(one_request(&q));
+        assert!(one_request(&batch));
+        assert!(one_request(&msg(b'S', b"")));
+        // Two answers' worth, a batch without its Sync, a Query inside a batch, a
+        // Close, a cut message, a bad length.
+        assert!(!one_request(&[q.clone(), q.clone()].concat()));
+        assert!(!one_request(&[batch.clone(), batch.clone()].concat()));
+        assert!(!one_request(&batch[..batch.len() - 5]));
+        assert!(!one_request(
+            &[msg(b'B', b"\0\0\0\0\0\0\0\0"), q.clone()].concat()
+        ));
+        assert!(!one_request(&[msg(b'C', b"Sx\0"), msg(b'S', b"")].concat()));
+        assert!(!one_request(&q[..q.len() - 1]));
+        assert!(!one_request(&[b'S', 0, 0, 0, 3]));
+        assert!(!one_request(b""));
     }
 }

@@ -400,7 +400,8 @@ async fn wait_time_ends_when_the_server_is_handed_over() {
 
 /// Clients waiting in line for one server get their own answers, whole, and every
 /// query is counted, whichever way the answer reached them: relayed for the waiter
-/// at the hand-over (pool/delegate.rs: one simple Query answered whole and idle), or
+/// at the hand-over (pool/delegate.rs: one simple Query or one extended-protocol
+/// batch, answered whole and idle), or
 /// by its own relay (an answer in several reads, a transaction left open).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_to_waiting_clients_are_their_own_and_all_counted() {
@@ -421,6 +422,17 @@ async fn answers_to_waiting_clients_are_their_own_and_all_counted() {
             let mut sent = 0u64;
             for i in 0..30 {
                 let want = (id * 1000 + i).to_string();
+                if i % 5 == 1 {
+                    // The extended protocol on the unnamed statement: Parse, Bind,
+                    // Describe, Execute and Sync in one request.
+                    let param = [(&want as _, tokio_postgres::types::Type::TEXT)];
+                    let q = c.query_typed_one("SELECT $1::text || '!'", &param);
+                    let row = within(T, "an extended query in line", q).await;
+                    let got: String = row.expect("extended query").get(0);
+                    assert_eq!(got, format!("{want}!"), "client {id} query {i}");
+                    sent += 1;
+                    continue;
+                }
                 let sql = match i % 5 {
                     // A large answer: several reads.
                     3 => format!("SELECT {want} || repeat('x', 20000)"),
