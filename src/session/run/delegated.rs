@@ -122,13 +122,7 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::one_request;
-
-    fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
-        let mut m = vec![tag];
-        m.extend((4 + body.len() as u32).to_be_bytes());
-        m.extend(body);
-        m
-    }
+    use crate::hostile::msg;
 
     #[test]
     fn one_query_or_one_synced_batch_is_one_request() {
