@@ -5,11 +5,12 @@
 //! slept until the answer came, ran to relay it and give the server back, and ran
 //! again after a yield: two or three runs per transaction, each walking the client's
 //! own state, which is out of the caches by its turn (docs/performance.md,
-//! forty-eighth round). For a request that is one simple Query, in transaction
-//! pooling on a single event loop, a [`Delegate`] takes the task's place on the
+//! forty-eighth round). For a request that is one simple Query or one
+//! extended-protocol batch ending in its only Sync, in transaction pooling on a
+//! single event loop, a [`Delegate`] takes the task's place on the
 //! server's read readiness: when the answer comes, it reads it, and if it is whole
 //! messages ending in ReadyForQuery `I` with nothing the relay must see (no
-//! ParameterStatus, no COPY), it marks the place served, gives the server back (the
+//! ParameterStatus, no COPY, no DEALLOCATE ALL or DISCARD ALL), it marks the place served, gives the server back (the
 //! next waiter's request goes out first) and writes the answer to the client's
 //! socket. The waiter's task then runs once per transaction, at its next request, and
 //! folds in the counts (`Answer::Served`). Anything else goes to the waiter's task as
