@@ -27,6 +27,10 @@ use super::{Grant, Pool, PoolState};
 use crate::clock::Tick;
 use crate::prepared::responses::clears_all;
 
+/// The most a delegate reads of an answer: PostgreSQL's send buffer, so that an
+/// answer it writes at once is read at once (one buffer per thread).
+const READ_SIZE: usize = 8192;
+
 /// The waker a waiting client leaves on the server its request was written to, in
 /// place of its task's. One per client, kept in its request box between requests.
 #[derive(Debug)]
@@ -79,8 +83,8 @@ impl Pool {
     /// Run by the server's read readiness (see the module's comment).
     fn delegate_answer(&self, d: &Arc<Delegate>) {
         thread_local! {
-            static BUF: std::cell::RefCell<Box<[u8; 4096]>> =
-                std::cell::RefCell::new(Box::new([0; 4096]));
+            static BUF: std::cell::RefCell<Box<[u8; READ_SIZE]>> =
+                std::cell::RefCell::new(Box::new([0; READ_SIZE]));
         }
         let id = d.id.load(Ordering::Relaxed);
         let st = self.lock_state();
@@ -92,7 +96,7 @@ impl Pool {
         d: &Arc<Delegate>,
         mut st: MutexGuard<'_, PoolState>,
         id: u64,
-        buf: &mut [u8; 4096],
+        buf: &mut [u8; READ_SIZE],
     ) {
         // Gone (its client left, or its task took the server first): nothing to do.
         let Some(i) = st
