@@ -3,19 +3,15 @@
 use bytes::BytesMut;
 
 use super::{steps, Side};
-use crate::prepared::responses::{process_chunk, ResponseTracker};
-use crate::prepared::rewrite::{plain_request, Ctx, Rewriter};
-use crate::prepared::{ClientStatements, Registry, ServerStatements};
+use crate::prepared::responses::process_chunk;
+use crate::prepared::rewrite::{plain_request, Rewriter};
+use crate::prepared::TestState;
 use crate::session::framer::{Body, Framer};
 
 /// One session's prepared-statement state, as the relay keeps it.
 #[derive(Default)]
 struct World {
-    registry: Registry,
-    client: ClientStatements,
-    server: ServerStatements,
-    tracker: ResponseTracker,
-    parses: u64,
+    st: TestState,
     rewriter: Rewriter,
     framer: Framer,
     pending: BytesMut,
@@ -26,23 +22,18 @@ impl World {
     /// None where the session ends (a rewrite error, a Terminate).
     fn client(&mut self, bytes: &[u8]) -> Option<BytesMut> {
         let fresh = self.pending.is_empty() && self.rewriter.at_boundary();
-        let plain = fresh && plain_request(bytes, 1 << 20, !self.client.is_empty());
+        let plain = fresh && plain_request(bytes, 1 << 20, !self.st.client.is_empty());
         self.pending.extend_from_slice(bytes);
         let mut out = BytesMut::new();
-        let mut ctx = Ctx {
-            registry: &self.registry,
-            client: &mut self.client,
-            server: &mut self.server,
-            tracker: &mut self.tracker,
-            max_prepared: 2,
-            server_parses: &mut self.parses,
-            aborted: false,
-        };
         let mut terminated = false;
         let on_tag = |tag| terminated |= tag == b'X';
-        let r = self
-            .rewriter
-            .process(&mut self.pending, &mut out, 1 << 20, &mut ctx, on_tag);
+        let r = self.rewriter.process(
+            &mut self.pending,
+            &mut out,
+            1 << 20,
+            &mut self.st.ctx(),
+            on_tag,
+        );
         if r.is_err() || terminated {
             // The session ends here (a Terminate is not passed on).
             return None;
@@ -57,13 +48,14 @@ impl World {
     /// where the session ends.
     fn server(&mut self, bytes: &[u8]) -> Option<BytesMut> {
         let mut chunk = BytesMut::from(bytes);
+        let st = &mut self.st;
         let r = process_chunk(
-            &mut self.tracker,
+            &mut st.tracker,
             &mut self.framer,
             &mut chunk,
-            &mut self.client,
-            &mut self.server,
-            &self.registry,
+            &mut st.client,
+            &mut st.server,
+            &st.registry,
             |_| Body::Skip,
         );
         r.ok().map(|()| chunk)
@@ -71,9 +63,9 @@ impl World {
 
     /// The tracker's state, as its Debug shows it (the way it was told to take aside).
     fn tracker_state(&mut self) -> String {
-        let long_way = std::mem::take(&mut self.tracker.long_way);
-        let s = format!("{:?}", self.tracker);
-        self.tracker.long_way = long_way;
+        let long_way = std::mem::take(&mut self.st.tracker.long_way);
+        let s = format!("{:?}", self.st.tracker);
+        self.st.tracker.long_way = long_way;
         s
     }
 }
@@ -85,7 +77,7 @@ impl World {
 pub fn prepared(data: &[u8]) {
     let mut short = World::default();
     let mut long = World::default();
-    long.tracker.long_way = true;
+    long.st.tracker.long_way = true;
     for (i, (side, bytes)) in steps(data).enumerate() {
         let (a, b) = match side {
             Side::Client => (short.client(bytes), long.client(bytes)),

@@ -320,6 +320,33 @@ impl ServerStatements {
     }
 }
 
+/// One session's statement state, and a rewriter context over it (a cache of 2
+/// statements per server): for the rewriter's tests and the `prepared` fuzz target.
+#[cfg(any(test, feature = "fuzzing"))]
+#[derive(Debug, Default)]
+pub struct TestState {
+    pub registry: Registry,
+    pub client: ClientStatements,
+    pub server: ServerStatements,
+    pub tracker: responses::ResponseTracker,
+    pub parses: u64,
+}
+
+#[cfg(any(test, feature = "fuzzing"))]
+impl TestState {
+    pub fn ctx(&mut self) -> rewrite::Ctx<'_> {
+        rewrite::Ctx {
+            registry: &self.registry,
+            client: &mut self.client,
+            server: &mut self.server,
+            tracker: &mut self.tracker,
+            max_prepared: 2,
+            server_parses: &mut self.parses,
+            aborted: false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,37 +4,17 @@ use super::*;
 
 use crate::hostile::msg;
 
-struct World {
-    registry: Registry,
-    client: ClientStatements,
-    server: ServerStatements,
-    tracker: ResponseTracker,
-    parses: u64,
-}
+use crate::prepared::TestState as World;
 
 impl World {
     fn new() -> World {
-        World {
-            registry: Registry::default(),
-            client: ClientStatements::default(),
-            server: ServerStatements::default(),
-            tracker: ResponseTracker::default(),
-            parses: 0,
-        }
+        World::default()
     }
 
     fn feed(&mut self, bytes: &[u8]) -> Vec<u8> {
         let mut input = BytesMut::from(bytes);
         let mut out = BytesMut::new();
-        let mut ctx = Ctx {
-            registry: &self.registry,
-            client: &mut self.client,
-            server: &mut self.server,
-            tracker: &mut self.tracker,
-            max_prepared: 2,
-            server_parses: &mut self.parses,
-            aborted: false,
-        };
+        let mut ctx = self.ctx();
         Rewriter::default()
             .process(&mut input, &mut out, 1 << 20, &mut ctx, |_| {})
             .unwrap();
