@@ -6,25 +6,14 @@ use std::time::Duration;
 
 use super::common::*;
 use crate::support::probe::within;
-use crate::support::wire::query_msg;
+use crate::support::wire::{first_column, query_msg};
 use crate::support::{MD5_PASSWORD, MD5_USER};
 
-/// The last column of the first DataRow up to the next ReadyForQuery.
+/// The first column of the first row up to the next ReadyForQuery.
 async fn answer(c: &mut RawClient) -> String {
     let msgs = c.until_ready(Duration::from_secs(10)).await;
-    let row = msgs
-        .iter()
-        .find(|m| m.tag == b'D')
-        .unwrap_or_else(|| panic!("no row in {msgs:?}"));
-    // Int16 column count, then each column as Int32 length and bytes.
-    let mut rest = &row.body[2..];
-    let mut last = Vec::new();
-    while rest.len() >= 4 {
-        let n = i32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]).max(0) as usize;
-        last = rest[4..4 + n].to_vec();
-        rest = &rest[4 + n..];
-    }
-    String::from_utf8(last).expect("UTF-8")
+    let first = first_column(&msgs).into_iter().next().flatten();
+    first.unwrap_or_else(|| panic!("no row in {msgs:?}"))
 }
 
 #[tokio::test]
@@ -39,7 +28,7 @@ async fn requests_sent_while_a_relayed_answer_is_on_its_way_keep_their_answers()
     // The one server is held: this request waits in line, and is written to the
     // server when the holder commits (its answer comes 300 ms later).
     let mut a = raw(&s, &db, &[]).await;
-    a.send(&query_msg("SELECT pg_sleep(0.3), 'a1'"))
+    a.send(&query_msg("SELECT 'a1', pg_sleep(0.3)"))
         .await
         .expect("send");
     sleep(150).await;
@@ -48,8 +37,8 @@ async fn requests_sent_while_a_relayed_answer_is_on_its_way_keep_their_answers()
         .expect("COMMIT");
     // While a1 runs, two more requests, each 300 ms long.
     sleep(100).await;
-    let mut more = query_msg("SELECT pg_sleep(0.3), 'a2'");
-    more.extend(query_msg("SELECT pg_sleep(0.3), 'a3'"));
+    let mut more = query_msg("SELECT 'a2', pg_sleep(0.3)");
+    more.extend(query_msg("SELECT 'a3', pg_sleep(0.3)"));
     a.send(&more).await.expect("send");
     // Between a2's answer and a3's, another client waits for the server: it must
     // get it after a3's answer, and only its own.
@@ -60,7 +49,7 @@ async fn requests_sent_while_a_relayed_answer_is_on_its_way_keep_their_answers()
             let mut b = RawClient::login(port, MD5_USER, MD5_PASSWORD, &db, &[])
                 .await
                 .expect("login");
-            b.send(&query_msg("SELECT 0, 'b'")).await.expect("send");
+            b.send(&query_msg("SELECT 'b'")).await.expect("send");
             answer(&mut b).await
         }
     });
