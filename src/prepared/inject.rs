@@ -68,58 +68,72 @@ pub(super) fn make_room(out: &mut BytesMut, ctx: &mut Ctx<'_>) {
 }
 
 /// Refuses a statement name the client holds as PostgreSQL does (42P05), where
-/// PostgreSQL would: the server gets a request bound to fail in its place, so that
-/// an error before it, a transaction it aborts and the skip to the Sync after it
-/// all happen as they would have (see [`Expect::Refuse`]). For a Parse, `text` (its
-/// body after the name), PostgreSQL first parses the text and refuses it in a
-/// failed transaction: the server does that with a throwaway name, closed again.
+/// PostgreSQL would. For a Parse, `text` (its body after the name), PostgreSQL first
+/// parses the text and refuses it in a failed transaction: the server does that with
+/// a throwaway name, closed again (the Parse's error, if any, is the client's answer,
+/// and the rest is skipped).
 pub(super) fn refuse_duplicate(
     name: &str,
     text: Option<&[u8]>,
     out: &mut BytesMut,
     ctx: &mut Ctx<'_>,
 ) {
-    let mut error = BytesMut::new();
-    crate::protocol::backend::error_response(
-        &mut error,
-        "ERROR",
-        "42P05",
-        &format!("prepared statement \"{name}\" already exists"),
-    );
-    let Some(text) = text else {
-        // A simple query: a syntax error, whatever the transaction's state.
-        expect(
-            ctx,
-            Expect::Refuse {
-                error: error.to_vec().into_boxed_slice(),
-                extended: false,
+    let message = format!("prepared statement \"{name}\" already exists");
+    if let Some(text) = text {
+        probe(
+            text,
+            Expect::Swallow {
+                kind: Kind::Parse,
+                undo: None,
             },
+            out,
+            ctx,
         );
-        put_query(out, &["SLUICE REFUSED"]);
-        expect(ctx, fwd(Kind::UntilReady));
+    }
+    // A simple query's duplicate is a syntax error, whatever the transaction's state.
+    refuse("42P05", &message, text.is_some(), out, ctx);
+}
+
+/// Refuses a name in Sluice's namespace that the client does not hold
+/// ([`super::is_sluice_name`]) as PostgreSQL refuses a name never prepared (26000),
+/// for a Bind or Describe (`extended`) or an SQL-level EXECUTE or DEALLOCATE. In a
+/// failed transaction PostgreSQL refuses those two SQL commands before looking the
+/// name up, and so does this.
+pub(super) fn refuse_unknown(name: &str, extended: bool, out: &mut BytesMut, ctx: &mut Ctx<'_>) {
+    if !extended && ctx.aborted {
+        let message =
+            "current transaction is aborted, commands ignored until end of transaction block";
+        refuse("25P02", message, false, out, ctx);
         return;
-    };
-    // The Parse's error, if any, is the client's answer (the rest is skipped).
-    probe(
-        text,
-        Expect::Swallow {
-            kind: Kind::Parse,
-            undo: None,
-        },
-        out,
-        ctx,
-    );
-    // A Describe of no kind PostgreSQL knows: an error, whatever is prepared.
+    }
+    let message = format!("prepared statement \"{name}\" does not exist");
+    refuse("26000", &message, extended, out, ctx);
+}
+
+/// Answers a request with an error of Sluice's: the server gets a request bound to
+/// fail in its place, so that an error before it, a transaction it aborts and (in
+/// the extended protocol, `extended`) the skip to the Sync after it all happen as
+/// they would have (see [`Expect::Refuse`]).
+fn refuse(code: &str, message: &str, extended: bool, out: &mut BytesMut, ctx: &mut Ctx<'_>) {
+    let mut error = BytesMut::new();
+    crate::protocol::backend::error_response(&mut error, "ERROR", code, message);
     expect(
         ctx,
         Expect::Refuse {
             error: error.to_vec().into_boxed_slice(),
-            extended: true,
+            extended,
         },
     );
-    out.put_u8(TAG_DESCRIBE);
-    out.put_u32(4 + 2);
-    out.extend_from_slice(b"X\0");
+    if extended {
+        // A Describe of no kind PostgreSQL knows: an error, whatever is prepared.
+        out.put_u8(TAG_DESCRIBE);
+        out.put_u32(4 + 2);
+        out.extend_from_slice(b"X\0");
+    } else {
+        // A syntax error, whatever the transaction's state.
+        put_query(out, &["SLUICE REFUSED"]);
+        expect(ctx, fwd(Kind::UntilReady));
+    }
 }
 
 /// Makes sure the server has `stmt`, injecting a Parse (and a Close for an evicted

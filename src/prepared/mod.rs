@@ -42,6 +42,14 @@ const SQL_KEY: &[u8] = b"\0sql:";
 /// Entries the registry keeps before dropping statements no client holds any more.
 const REGISTRY_SOFT_LIMIT: usize = 10_000;
 
+/// Whether a statement name is in Sluice's namespace on the servers: `SLUICE_<id>`,
+/// `sluice_<id>` and the names of Sluice's own throwaway statements. A client that
+/// does not hold such a name must not reach the server's statement by it (another
+/// client's), so the rewriter answers it as PostgreSQL answers a name never prepared.
+pub fn is_sluice_name(name: &[u8]) -> bool {
+    name.starts_with(b"SLUICE_") || name.starts_with(b"sluice_")
+}
+
 /// One distinct statement, shared by every client that prepared the same text.
 #[derive(Debug)]
 pub struct Statement {
@@ -330,6 +338,8 @@ pub struct TestState {
     pub server: ServerStatements,
     pub tracker: responses::ResponseTracker,
     pub parses: u64,
+    /// The server's transaction failed (see [`rewrite::Ctx::aborted`]).
+    pub aborted: bool,
 }
 
 #[cfg(any(test, feature = "fuzzing"))]
@@ -342,7 +352,7 @@ impl TestState {
             tracker: &mut self.tracker,
             max_prepared: 2,
             server_parses: &mut self.parses,
-            aborted: false,
+            aborted: self.aborted,
         }
     }
 }

@@ -4,16 +4,27 @@
 use super::{Edit, ResponseTracker};
 use crate::prepared::{ClientStatements, Registry, ServerStatements};
 
-/// Whether an ErrorResponse is PostgreSQL's "cached plan must not change result type".
-fn changed_result_type(body: &[u8]) -> bool {
-    match crate::protocol::backend::parse_error_fields(body) {
-        Ok(f) => {
-            f.code == "0A000"
-                && f.message
-                    .contains("cached plan must not change result type")
-        }
-        Err(_) => false,
+/// Why a Bind or Describe of a statement Sluice believed the server had failed, when
+/// Sluice can mend it.
+#[derive(Debug, PartialEq, Eq)]
+enum Failure {
+    /// "cached plan must not change result type": the statement needs a new plan.
+    Stale,
+    /// The server no longer has the statement (dropped by a request Sluice did not
+    /// follow, such as a DEALLOCATE inside a multi-statement query).
+    Missing,
+}
+
+fn failure(body: &[u8], server_name: &str) -> Option<Failure> {
+    let f = crate::protocol::backend::parse_error_fields(body).ok()?;
+    if f.code == "0A000"
+        && f.message
+            .contains("cached plan must not change result type")
+    {
+        return Some(Failure::Stale);
     }
+    let missing = format!("prepared statement \"{server_name}\" does not exist");
+    (f.code == "26000" && f.message == missing).then_some(Failure::Missing)
 }
 
 /// Whether a CommandComplete tag says every prepared statement of the session is gone.
@@ -88,17 +99,24 @@ pub fn process_chunk(
             Event::Complete { tag: b'E', body } => {
                 let held = tracker.held_error.take();
                 if let Some(stmt) = tracker.suspect.take() {
-                    if changed_result_type(body) {
-                        // PostgreSQL keeps failing this plan: give the text a new
-                        // statement (a new server name), so the next Bind re-prepares.
-                        // (The server keeps the old one until evicted: other clients
-                        // still naming it get the same error, then move on too.)
-                        let fresh = registry.replace(&stmt);
-                        client.repoint(stmt.id, &fresh);
-                        if held.is_some() && tracker.start_retry() {
-                            // The client never sees this error: its batch runs again.
-                            return crate::session::framer::Body::Skip;
+                    let failed = failure(body, &stmt.server_name);
+                    match failed {
+                        Some(Failure::Stale) => {
+                            // PostgreSQL keeps failing this plan: give the text a new
+                            // statement (a new server name), so the next Bind
+                            // re-prepares. (The server keeps the old one until evicted:
+                            // other clients still naming it get the same error, then
+                            // move on too.)
+                            let fresh = registry.replace(&stmt);
+                            client.repoint(stmt.id, &fresh);
                         }
+                        // Prepared again by the next Bind of it on this server.
+                        Some(Failure::Missing) => server.forget(stmt.id),
+                        None => {}
+                    }
+                    if failed.is_some() && held.is_some() && tracker.start_retry() {
+                        // The client never sees this error: its batch runs again.
+                        return crate::session::framer::Body::Skip;
                     }
                 }
                 if let Some((index, start)) = held {

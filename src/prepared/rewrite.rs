@@ -10,9 +10,10 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use super::inject::{
     ensure_prepared, expect, fwd, make_room, probe, put_close, put_query, refuse_duplicate,
+    refuse_unknown,
 };
 use super::responses::{Expect, Kind, ResponseTracker, Undo, PARSE_COMPLETE};
-use super::{ClientStatements, Registry, ServerStatements};
+use super::{is_sluice_name, ClientStatements, Registry, ServerStatements};
 use crate::protocol::header::*;
 use crate::protocol::ProtocolError;
 
@@ -212,7 +213,8 @@ impl Rewriter {
 /// EXECUTE, DEALLOCATE or DISCARD by their first word) and extended-protocol messages
 /// on the unnamed statement, within `max_len`. A Parse must name no statement; a
 /// Bind, Describe or Close may name one only if the client holds none
-/// (`client_holds` false: a name it does not hold passes unchanged anyway).
+/// (`client_holds` false: a name it does not hold passes unchanged anyway) and the
+/// name is not in Sluice's namespace.
 pub fn plain_request(input: &[u8], max_len: u32, client_holds: bool) -> bool {
     let mut rest = input;
     let mut last = 0;
@@ -241,10 +243,11 @@ pub fn plain_request(input: &[u8], max_len: u32, client_holds: bool) -> bool {
             }
             TAG_PARSE => statement_name_bytes(tag, msg) == Some(b""),
             // A portal (never rewritten) or a message cut short (PostgreSQL says so)
-            // names no statement.
-            TAG_BIND | TAG_DESCRIBE | TAG_CLOSE => {
-                !client_holds || statement_name_bytes(tag, msg).is_none_or(<[u8]>::is_empty)
-            }
+            // names no statement; a name in Sluice's namespace is answered by Sluice.
+            TAG_BIND | TAG_DESCRIBE | TAG_CLOSE => match statement_name_bytes(tag, msg) {
+                None | Some(b"") => true,
+                Some(name) => !client_holds && !is_sluice_name(name),
+            },
             TAG_EXECUTE | TAG_SYNC | TAG_FLUSH => true,
             _ => false,
         };
@@ -327,6 +330,11 @@ fn handle_query(msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> Result<(),
                     undo: Some(undo),
                 },
             );
+        }
+        SqlCommand::Execute { name, .. } | SqlCommand::Deallocate { name }
+            if is_sluice_name(name.as_bytes()) && !ctx.client.holds(&name) =>
+        {
+            refuse_unknown(&name, false, out, ctx);
         }
         SqlCommand::Execute { name, rest } => match ctx.client.get(&name).cloned() {
             None => {
@@ -501,6 +509,10 @@ fn handle_named(
         };
         let undo = stmt.clone().map(Undo::Stale);
         match stmt {
+            None if is_sluice_name(name) => {
+                refuse_unknown(name_of(name)?, true, out, ctx);
+                return Ok(());
+            }
             // Unnamed, or unknown: PostgreSQL gives the right answer (including
             // "prepared statement does not exist" with the client's own name).
             None => out.extend_from_slice(msg),
@@ -544,6 +556,15 @@ fn handle_named(
         _ => None,
     };
     match stmt {
+        None if kind == b'S' && is_sluice_name(name.as_bytes()) => {
+            if tag == TAG_DESCRIBE {
+                refuse_unknown(name, true, out, ctx);
+                return Ok(());
+            }
+            // Closing a name it does not have answers CloseComplete; the server's
+            // statement of that name is another client's.
+            put_close(out, b'S', b"sluice_closed");
+        }
         None => out.extend_from_slice(msg),
         Some(stmt) if tag == TAG_DESCRIBE => {
             ensure_prepared(&stmt, true, out, ctx);

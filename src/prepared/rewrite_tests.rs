@@ -87,6 +87,59 @@ fn a_second_parse_of_a_live_name_is_refused_as_postgres_refuses_it() {
 }
 
 #[test]
+fn sluices_own_names_are_answered_as_never_prepared() {
+    let mut w = World::new();
+    // Another client's statement is on the server as SLUICE_1 and sluice_2.
+    w.feed(&msg(b'P', b"S_1\0select 1\0\0\0"));
+    w.feed(&msg(b'Q', b"PREPARE q AS SELECT 2\0"));
+    let mut other = World {
+        registry: std::mem::take(&mut w.registry),
+        server: std::mem::take(&mut w.server),
+        ..World::new()
+    };
+    let refused = |w: &World, code: &[u8]| {
+        matches!(w.tracker.queue.iter().rev().find(|e| matches!(e, Expect::Refuse { .. })),
+            Some(Expect::Refuse { error: e, .. }) if e.windows(5).any(|f| f == code))
+    };
+    for bind in [
+        &b"\0SLUICE_1\0\0\0\0\0\0\0"[..],
+        b"\0sluice_2\0\0\0\0\0\0\0",
+    ] {
+        assert_eq!(other.feed(&msg(b'B', bind)), msg(b'D', b"X\0"));
+        assert!(refused(&other, b"26000"));
+    }
+    assert_eq!(other.feed(&msg(b'D', b"SSLUICE_1\0")), msg(b'D', b"X\0"));
+    let out = other.feed(&msg(b'C', b"SSLUICE_1\0"));
+    assert_eq!(out, msg(b'C', b"Ssluice_closed\0"));
+    for sql in [
+        "DEALLOCATE \"SLUICE_1\"",
+        "deallocate sluice_2",
+        "EXECUTE Sluice_2",
+    ] {
+        let out = other.feed(&msg(b'Q', format!("{sql}\0").as_bytes()));
+        assert_eq!(out, msg(b'Q', b"SLUICE REFUSED\0"), "{sql}");
+        assert!(refused(&other, b"26000"), "{sql}");
+    }
+    // In a failed transaction PostgreSQL refuses the command before the name.
+    other.aborted = true;
+    other.feed(&msg(b'Q', b"EXECUTE sluice_2\0"));
+    assert!(refused(&other, b"25P02"));
+    assert_eq!(other.server.len(), 2, "the server keeps both");
+    // Portals are not renamed, and names the client holds are its own.
+    let b = msg(b'B', b"SLUICE_1\0\0\0\0\0\0\0\0");
+    assert_eq!(other.feed(&b), b);
+    other.feed(&msg(b'P', b"SLUICE_1\0select 1\0\0\0"));
+    let out = other.feed(&msg(b'B', b"\0SLUICE_1\0\0\0\0\0\0\0"));
+    assert_eq!(out, msg(b'B', b"\0SLUICE_1\0\0\0\0\0\0\0"));
+    // Not plain for the delegate, whatever the client holds.
+    let sync = msg(b'S', b"");
+    let bind = [msg(b'B', b"\0SLUICE_1\0\0\0\0\0\0\0"), sync.clone()].concat();
+    assert!(!plain_request(&bind, 1 << 20, false));
+    let bind = [msg(b'B', b"\0other\0\0\0\0\0\0\0"), sync].concat();
+    assert!(plain_request(&bind, 1 << 20, false));
+}
+
+#[test]
 fn close_removes_the_client_name_only() {
     let mut w = World::new();
     w.feed(&msg(b'P', b"S_1\0select 1\0\0\0"));

@@ -294,3 +294,118 @@ async fn a_waiting_clients_deallocate_all_is_seen() {
         assert_eq!(one(rows), round as i32 + 1, "round {round}");
     }
 }
+
+/// Sluice's server-side statement names (`SLUICE_<n>`, `sluice_<n>`) are another
+/// client's statements: a client that does not hold them gets PostgreSQL's answer
+/// for a name it never prepared, by either protocol, and the owner's statements keep
+/// working. One that drops such a statement where Sluice cannot see it (inside a
+/// multi-statement query) costs the owner one error at most (none where the batch
+/// can be sent again): the statement is then prepared again.
+#[tokio::test]
+async fn sluices_own_statement_names_are_not_other_clients_to_drop() {
+    use crate::support::wire::frame;
+    use crate::txn::common::{col as cols, first_error, raw, status, sync_msg};
+    let db = fresh_db("prep_own_names");
+    // One server: both clients get the same one.
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let a = client(&s, &db).await;
+    let stmt = within(STEP, "prepare", a.prepare("SELECT $1::int + 1"))
+        .await
+        .expect("prepare");
+    col(&a, "PREPARE q AS SELECT 7").await.expect("PREPARE");
+    let owner_runs = |tag: &'static str| {
+        let (a, stmt) = (&a, &stmt);
+        async move {
+            let rows = within(STEP, tag, a.query(stmt, &[&41])).await;
+            let rows = rows.unwrap_or_else(|e| panic!("{tag}: {e}"));
+            assert_eq!(rows[0].get::<_, i32>(0), 42, "{tag}");
+            assert_eq!(col(a, "EXECUTE q").await, Ok(vec!["7".to_owned()]), "{tag}");
+        }
+    };
+    owner_runs("first run").await;
+    let mut b = raw(&s, &db, &[]).await;
+    let r = b
+        .simple(
+            "SELECT name FROM pg_prepared_statements ORDER BY name",
+            STEP,
+        )
+        .await;
+    let names = cols(&r);
+    let protocol = names.iter().find(|n| n.starts_with("SLUICE_")).cloned();
+    let sql = names.iter().find(|n| n.starts_with("sluice_")).cloned();
+    let (Some(protocol), Some(sql)) = (protocol, sql) else {
+        panic!("the server's statements: {names:?}");
+    };
+    let code = |r: &[crate::support::wire::RawMsg]| {
+        first_error(r).and_then(|e| Some((e.field(b'C')?, e.field(b'M')?)))
+    };
+    let missing = |name: &str| {
+        Some((
+            "26000".to_owned(),
+            format!("prepared statement \"{name}\" does not exist"),
+        ))
+    };
+    for (sql_text, name) in [
+        (format!("DEALLOCATE \"{protocol}\""), &protocol),
+        (format!("EXECUTE \"{protocol}\"(1)"), &protocol),
+        (format!("deallocate {sql}"), &sql),
+        (format!("EXECUTE {sql}"), &sql),
+    ] {
+        let r = b.simple(&sql_text, STEP).await;
+        assert_eq!(code(&r), missing(name), "{sql_text}: {r:?}");
+        assert_eq!(status(&r), b'I', "{sql_text}");
+    }
+    owner_runs("after SQL").await;
+    // Bind and Describe of the name: 26000, and the batch is skipped to its Sync.
+    let bind = |name: &str| {
+        let mut body = vec![0u8];
+        body.extend_from_slice(name.as_bytes());
+        body.extend_from_slice(&[0, 0, 0, 0, 1, 0, 0, 0, 1, b'1', 0, 0]);
+        frame(b'B', &body)
+    };
+    let mut req = bind(&protocol);
+    req.extend(frame(b'E', &[0, 0, 0, 0, 0]));
+    req.extend(sync_msg());
+    let mut describe = vec![b'S'];
+    describe.extend_from_slice(sql.as_bytes());
+    describe.push(0);
+    req.extend(frame(b'D', &describe));
+    req.extend(sync_msg());
+    b.send(&req).await.expect("send");
+    let r = b.until_ready(STEP).await;
+    assert_eq!(code(&r), missing(&protocol), "{r:?}");
+    let r = b.until_ready(STEP).await;
+    assert_eq!(code(&r), missing(&sql), "{r:?}");
+    // Close of a name never prepared: CloseComplete, as PostgreSQL answers it.
+    let mut close = vec![b'S'];
+    close.extend_from_slice(protocol.as_bytes());
+    close.push(0);
+    let mut req = frame(b'C', &close);
+    req.extend(sync_msg());
+    b.send(&req).await.expect("send");
+    let r = b.until_ready(STEP).await;
+    let tags: Vec<u8> = r.iter().map(|m| m.tag).collect();
+    assert_eq!(tags, b"3Z", "{r:?}");
+    owner_runs("after the extended protocol").await;
+    // Dropped where Sluice does not look. A batch that starts with a Describe of it
+    // (a driver preparing the same text again) is sent again, prepared anew: no error.
+    let drop = format!("SELECT 1; DEALLOCATE \"{protocol}\"");
+    let r = b.simple(&drop, STEP).await;
+    assert!(first_error(&r).is_none(), "{r:?}");
+    let again = within(STEP, "prepare again", a.prepare("SELECT $1::int + 1")).await;
+    let again = again.expect("prepare of a statement dropped behind Sluice's back");
+    let rows = within(STEP, "bind", a.query(&again, &[&1])).await;
+    assert_eq!(rows.expect("run")[0].get::<_, i32>(0), 2);
+    // A Bind of it: one error for the owner at most.
+    let r = b.simple(&drop, STEP).await;
+    assert!(first_error(&r).is_none(), "{r:?}");
+    let mut failures = Vec::new();
+    for round in 0..2 {
+        match within(STEP, "bind", a.query(&stmt, &[&round])).await {
+            Ok(rows) => assert_eq!(rows[0].get::<_, i32>(0), round + 1),
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    assert!(failures.len() <= 1, "{failures:?}");
+    owner_runs("prepared again").await;
+}
