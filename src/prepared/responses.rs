@@ -408,6 +408,14 @@ impl ResponseTracker {
                     }
                 }
             }
+            Some(Expect::Forward {
+                kind: Kind::UntilReady,
+                undo: Some(Undo::Stale(stmt)),
+            }) if tag == b'E' => {
+                // An SQL-level EXECUTE failed: its error is read (see `process_chunk`),
+                // and its Query still ends at its ReadyForQuery.
+                self.suspect = Some(stmt.clone());
+            }
             Some(Expect::Refuse { .. }) if tag == b'E' => {
                 // The request sent in the client's stead failed as meant: its error
                 // gives way to the client's own, and the server skips to the Sync

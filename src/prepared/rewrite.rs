@@ -351,7 +351,15 @@ fn handle_query(msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> Result<(),
                 // would fold it.
                 let q = if stmt.sql { "" } else { "\"" };
                 put_query(out, &["EXECUTE ", q, &stmt.server_name, q, " ", rest]);
-                expect(ctx, fwd(Kind::UntilReady));
+                // (Stale: an error that says the server lost the statement, or that
+                // its plan is stale, is mended as for a Bind.)
+                expect(
+                    ctx,
+                    Expect::Forward {
+                        kind: Kind::UntilReady,
+                        undo: Some(Undo::Stale(stmt)),
+                    },
+                );
             }
         },
         SqlCommand::Deallocate { name } => match ctx.client.get(&name).cloned() {

@@ -121,6 +121,14 @@ async fn re_preparing_after_a_result_type_change_works() {
         .await
         .unwrap();
     assert_eq!(rows[0].len(), 2);
+    // An SQL-level statement: EXECUTE fails as PostgreSQL fails it, and the next
+    // EXECUTE of the name prepares the text afresh (PostgreSQL would keep failing).
+    col(&c, "PREPARE q AS SELECT * FROM t").await.unwrap();
+    assert_eq!(col(&c, "EXECUTE q").await, Ok(vec!["1".to_owned()]));
+    crate::txn::common::direct(&db, "ALTER TABLE t DROP COLUMN a");
+    let e = col(&c, "EXECUTE q").await.unwrap_err();
+    assert!(e.contains("cached plan must not change result type"), "{e}");
+    assert_eq!(col(&c, "EXECUTE q").await, Ok(vec!["NULL".to_owned()]));
 }
 
 /// A client that prepares a statement after DDL changed its result type must get the
@@ -408,4 +416,16 @@ async fn sluices_own_statement_names_are_not_other_clients_to_drop() {
     }
     assert!(failures.len() <= 1, "{failures:?}");
     owner_runs("prepared again").await;
+    // The same for an SQL-level statement run by EXECUTE.
+    let r = b.simple(&format!("SELECT 1; DEALLOCATE {sql}"), STEP).await;
+    assert!(first_error(&r).is_none(), "{r:?}");
+    let mut failures = Vec::new();
+    for _ in 0..2 {
+        match col(&a, "EXECUTE q").await {
+            Ok(rows) => assert_eq!(rows, ["7"]),
+            Err(e) => failures.push(e),
+        }
+    }
+    assert!(failures.len() <= 1, "{failures:?}");
+    owner_runs("prepared again by SQL").await;
 }
