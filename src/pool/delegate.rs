@@ -8,11 +8,12 @@
 //! forty-eighth round). For a request that is one simple Query or one
 //! extended-protocol batch ending in its only Sync, in transaction pooling on a
 //! single event loop, a [`Delegate`] takes the task's place on the
-//! server's read readiness: when the answer comes, it reads it, and if it is whole
+//! server's read readiness: when the answer comes, it reads it (gathering an answer
+//! that comes in several reads, up to `MAX_GATHERED`), and if it is whole
 //! messages ending in ReadyForQuery `I` with nothing the relay must see (no
-//! ParameterStatus, no COPY, no DEALLOCATE ALL or DISCARD ALL), it marks the place served, gives the server back (the
-//! next waiter's request goes out first) and writes the answer to the client's
-//! socket. The waiter's task then runs once per transaction, at its next request, and
+//! ParameterStatus, no COPY, no DEALLOCATE ALL or DISCARD ALL), it marks the place
+//! served, gives the server back (the next waiter's request goes out first) and
+//! writes the answer to the client's socket. The waiter's task then runs once per transaction, at its next request, and
 //! folds in the counts (`Answer::Served`). Anything else goes to the waiter's task as
 //! before: the bytes read become its relay's first server read, the rest of a short
 //! write to the client is owed by it, and a server that failed is met by its relay.
@@ -27,9 +28,14 @@ use super::{Grant, Pool, PoolState};
 use crate::clock::Tick;
 use crate::prepared::responses::clears_all;
 
-/// The most a delegate reads of an answer: PostgreSQL's send buffer, so that an
-/// answer it writes at once is read at once (one buffer per thread).
-const READ_SIZE: usize = 8192;
+/// The most a delegate reads at once: what the relay reads at once (one buffer per
+/// thread), so that an answer PostgreSQL wrote in two pieces of its 8 KB send buffer
+/// is read in one.
+const READ_SIZE: usize = crate::net::bufpool::BUF_SIZE;
+
+/// The most a delegate gathers of an answer that comes in several reads before it
+/// hands it to the waiter's relay, which reads on from there.
+const MAX_GATHERED: usize = 4 * READ_SIZE;
 
 /// The waker a waiting client leaves on the server its request was written to, in
 /// place of its task's. One per client, kept in its request box between requests.
@@ -53,30 +59,57 @@ impl std::task::Wake for Delegate {
     }
 }
 
-/// Whether `b` is whole messages ending in ReadyForQuery `I`, with nothing the relay
-/// must see (ParameterStatus, COPY, a DEALLOCATE ALL or DISCARD ALL, which the
-/// prepared-statement tracking must see on both sides).
-fn whole_idle_answer(b: &[u8]) -> bool {
+/// How far the bytes read of an answer go.
+#[derive(Debug, PartialEq, Eq)]
+enum Answered {
+    /// Whole messages ending in ReadyForQuery `I`: the delegate relays them.
+    Whole,
+    /// Whole messages, none the relay must see, then perhaps part of one: more to
+    /// read.
+    Partial,
+    /// Something the relay must see (a ParameterStatus, COPY, a DEALLOCATE ALL or
+    /// DISCARD ALL, which the prepared-statement tracking must see on both sides, a
+    /// transaction left open, bytes after the ReadyForQuery, a bad length).
+    Other,
+}
+
+fn answered(b: &[u8]) -> Answered {
     let mut at = 0;
-    let mut last = 0;
     while at + 5 <= b.len() {
         let tag = b[at];
         let len = u32::from_be_bytes([b[at + 1], b[at + 2], b[at + 3], b[at + 4]]) as usize;
         if len < 4 || matches!(tag, b'S' | b'G' | b'H' | b'W') {
-            return false;
+            return Answered::Other;
         }
+        let end = at + 1 + len;
+        let Some(body) = b.get(at + 5..end) else {
+            // Part of a message: its body is looked at when it is whole.
+            return Answered::Partial;
+        };
         // ("DISCARD ALL\0" and "DEALLOCATE ALL\0": the length tells most apart.)
-        if tag == b'C'
-            && matches!(len, 16 | 19)
-            && b.get(at + 5..at + 1 + len).is_none_or(clears_all)
-        {
-            return false;
+        if tag == b'C' && matches!(len, 16 | 19) && clears_all(body) {
+            return Answered::Other;
         }
-        last = at;
-        at += 1 + len;
+        if tag == b'Z' {
+            // One request, one ReadyForQuery: the last message, of its one status
+            // byte, `I`.
+            let idle = end == b.len() && body == b"I";
+            return if idle {
+                Answered::Whole
+            } else {
+                Answered::Other
+            };
+        }
+        at = end;
     }
-    // The last message is a ReadyForQuery of its one status byte, `I`.
-    at == b.len() && b.len() - last == 6 && b[last] == b'Z' && b[last + 5] == b'I'
+    Answered::Partial
+}
+
+/// Whether `b` is whole messages ending in ReadyForQuery `I`, with nothing the relay
+/// must see.
+#[cfg(test)]
+fn whole_idle_answer(b: &[u8]) -> bool {
+    answered(b) == Answered::Whole
 }
 
 impl Pool {
@@ -112,7 +145,33 @@ impl Pool {
         };
         let n = loop {
             match conn.stream.try_read(&mut buf[..]) {
-                Ok(n) if n > 0 => break n,
+                Ok(n) if n > 0 => {
+                    let gathered = request.as_mut().map(|r| &mut r.answer);
+                    let Some(held) = gathered.filter(|a| !a.is_empty()) else {
+                        match answered(&buf[..n]) {
+                            Answered::Whole => break n,
+                            Answered::Partial => {
+                                if let Some(r) = request.as_mut() {
+                                    r.answer.extend_from_slice(&buf[..n]);
+                                }
+                                continue;
+                            }
+                            _ => {}
+                        }
+                        // Not for the delegate: the waiter's relay takes the bytes read.
+                        if let Some(r) = request.as_mut() {
+                            r.answer.extend_from_slice(&buf[..n]);
+                        }
+                        return hand_back(st, wid, conn, request);
+                    };
+                    // An answer in several reads: gathered until it is whole.
+                    held.extend_from_slice(&buf[..n]);
+                    match answered(held) {
+                        Answered::Whole => break 0,
+                        Answered::Partial if held.len() < MAX_GATHERED => continue,
+                        _ => return hand_back(st, wid, conn, request),
+                    }
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     let w = Waker::from(d.clone());
                     let mut cx = Context::from_waker(&w);
@@ -122,18 +181,18 @@ impl Pool {
                         return;
                     }
                 }
-                // Closed or failed: the waiter's relay meets it on its own read.
+                // Closed or failed: the waiter's relay meets it on its own read (after
+                // what was gathered).
                 _ => return hand_back(st, wid, conn, request),
             }
         };
-        if !whole_idle_answer(&buf[..n]) {
-            // Not for the delegate (a transaction left open, a ParameterStatus, an
-            // answer in several reads): the waiter's relay takes the bytes read.
-            if let Some(r) = request.as_mut() {
-                r.answer.extend_from_slice(&buf[..n]);
-            }
-            return hand_back(st, wid, conn, request);
-        }
+        // The answer: in `buf` (`n` bytes), or gathered with the request.
+        let gathered = match (n, request.as_mut()) {
+            (0, Some(r)) => std::mem::take(&mut r.answer),
+            _ => bytes::BytesMut::new(),
+        };
+        let answer = if n == 0 { &gathered[..] } else { &buf[..n] };
+        let n = answer.len();
         let now = Tick::now();
         if let Some(r) = request.as_ref() {
             r.client.unlink();
@@ -149,11 +208,11 @@ impl Pool {
         // only while the place's answer is still in the pool's state, which the
         // session takes out (dropping its ticket) before it can drop its stream. So
         // the descriptor is open and still that client's. `send` reads `n` bytes of
-        // `buf`, which holds at least that many.
+        // `answer`, which holds that many.
         let w = unsafe {
             libc::send(
                 d.fd,
-                buf.as_ptr().cast(),
+                answer.as_ptr().cast(),
                 n,
                 libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
             )
@@ -168,7 +227,7 @@ impl Pool {
                 .find(|(i, ..)| *i == wid)
                 .and_then(|(_, _, r)| {
                     let r = r.as_mut()?;
-                    r.owed.extend_from_slice(&buf[sent..n]);
+                    r.owed.extend_from_slice(&answer[sent..n]);
                     r.task.take()
                 });
             drop(st);
@@ -235,5 +294,36 @@ mod tests {
         assert!(done(b"UPDATE 1234567"), "as long as DEALLOCATE ALL");
         assert!(!whole_idle_answer(&[b'Z', 0, 0, 0, 3, b'I']));
         assert!(!whole_idle_answer(&[]));
+    }
+
+    #[test]
+    fn an_answer_cut_anywhere_before_its_end_is_partial() {
+        use super::{answered, Answered};
+        let mut ok = vec![b'T', 0, 0, 0, 6, 0, 0];
+        for _ in 0..3 {
+            ok.extend([b'D', 0, 0, 0, 12, 0, 1, 0, 0, 0, 2, b'4', b'2']);
+        }
+        ok.extend([b'C', 0, 0, 0, 13].iter().chain(b"SELECT 3\0"));
+        ok.extend([b'Z', 0, 0, 0, 5, b'I']);
+        assert_eq!(answered(&ok), Answered::Whole);
+        for cut in 0..ok.len() {
+            assert_eq!(answered(&ok[..cut]), Answered::Partial, "cut at {cut}");
+        }
+        // What the relay must see is seen as soon as its header is whole, and a
+        // command tag as soon as its body is.
+        let mut param = vec![b'D', 0, 0, 0, 4, b'S', 0, 0, 0, 8];
+        assert_eq!(answered(&param), Answered::Other);
+        param[5] = b'G';
+        assert_eq!(answered(&param), Answered::Other);
+        let mut discard = vec![b'C', 0, 0, 0, 16];
+        discard.extend(b"DISCARD AL");
+        assert_eq!(answered(&discard), Answered::Partial);
+        discard.extend(b"L\0");
+        assert_eq!(answered(&discard), Answered::Other);
+        // Bytes after the ReadyForQuery, or a transaction left open.
+        assert_eq!(answered(&[&ok[..], b"Z"].concat()), Answered::Other);
+        let n = ok.len();
+        ok[n - 1] = b'T';
+        assert_eq!(answered(&ok), Answered::Other);
     }
 }

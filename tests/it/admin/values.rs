@@ -434,8 +434,10 @@ async fn answers_to_waiting_clients_are_their_own_and_all_counted() {
                     continue;
                 }
                 let sql = match i % 10 {
-                    // A large answer: several reads.
+                    // A large answer: several reads, gathered by a delegate.
                     3 => format!("SELECT {want} || repeat('x', 20000)"),
+                    // Longer than a delegate gathers: its relay reads on.
+                    5 => format!("SELECT {want} || repeat('x', 100000)"),
                     // Larger than a page, within PostgreSQL's send buffer.
                     8 => format!("SELECT {want} || repeat('x', 6000)"),
                     _ => format!("SELECT {want}"),
@@ -454,6 +456,7 @@ async fn answers_to_waiting_clients_are_their_own_and_all_counted() {
                 );
                 let extra = match i % 10 {
                     3 => 20000,
+                    5 => 100000,
                     8 => 6000,
                     _ => 0,
                 };
