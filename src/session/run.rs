@@ -31,8 +31,10 @@ use crate::protocol::sqlstate::*;
 use crate::stats::conns::ClientInfo;
 
 mod delegated;
+mod turn;
 mod watch;
 mod welcome;
+use turn::behind_ready_tasks;
 use watch::watch_client;
 pub(super) use welcome::{Registrations, Welcome};
 
@@ -588,19 +590,4 @@ impl Session {
         .await;
         why
     }
-}
-
-/// Lets the tasks already queued on this loop run first: the task wakes itself and
-/// goes to the back of the run queue. Not `tokio::task::yield_now`, which also makes
-/// the loop poll the I/O driver without waiting before it runs the task again: one
-/// more `epoll_wait` each time (one per ~8 transactions at 8 clients).
-fn behind_ready_tasks() -> impl Future<Output = ()> {
-    let mut yielded = false;
-    poll_fn(move |cx| {
-        if std::mem::replace(&mut yielded, true) {
-            return Poll::Ready(());
-        }
-        cx.waker().wake_by_ref();
-        Poll::Pending
-    })
 }
