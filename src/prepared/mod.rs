@@ -16,6 +16,7 @@
 
 mod copy;
 mod inject;
+mod names;
 pub mod responses;
 pub mod rewrite;
 pub mod sql;

@@ -12,6 +12,9 @@ use super::inject::{
     ensure_prepared, expect, fwd, make_room, probe, put_close, put_query, refuse_duplicate,
     refuse_unknown,
 };
+use super::names::{
+    name_of, split_cstr, statement_name, statement_name_bytes, take_cstr, NOT_UTF8,
+};
 use super::responses::{Expect, Kind, ResponseTracker, Undo, PARSE_COMPLETE};
 use super::{is_sluice_name, ClientStatements, Registry, ServerStatements};
 use crate::protocol::header::*;
@@ -391,56 +394,6 @@ fn handle_query(msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> Result<(),
     }
     Ok(())
 }
-
-/// The statement name in a whole Parse, Bind or Describe-statement (non-empty).
-fn statement_name(tag: u8, msg: &[u8]) -> Option<&str> {
-    std::str::from_utf8(statement_name_bytes(tag, msg)?)
-        .ok()
-        .filter(|n| !n.is_empty())
-}
-
-/// The statement a whole Parse, Bind, or Describe or Close of a statement names, as
-/// sent (empty: the unnamed one); `None` for a portal's Describe or Close, or a
-/// message cut short.
-fn statement_name_bytes(tag: u8, msg: &[u8]) -> Option<&[u8]> {
-    let body = msg.get(HEADER_LEN..)?;
-    let rest = match tag {
-        TAG_BIND => {
-            let portal_end = body.iter().position(|&b| b == 0)?;
-            &body[portal_end + 1..]
-        }
-        TAG_DESCRIBE | TAG_CLOSE => body.strip_prefix(b"S")?,
-        _ => body,
-    };
-    let end = rest.iter().position(|&b| b == 0)?;
-    Some(&rest[..end])
-}
-
-/// Reads a NUL-terminated string from the front of `b`.
-fn take_cstr(b: &mut Bytes) -> Result<Bytes, ProtocolError> {
-    let end = b
-        .iter()
-        .position(|&c| c == 0)
-        .ok_or(ProtocolError::Malformed("unterminated string"))?;
-    let s = b.split_to(end);
-    b.advance(1);
-    Ok(s)
-}
-
-/// Splits a NUL-terminated string off the front of `b`: the string, and the rest.
-fn split_cstr(b: &[u8]) -> Result<(&[u8], &[u8]), ProtocolError> {
-    let end = b
-        .iter()
-        .position(|&c| c == 0)
-        .ok_or(ProtocolError::Malformed("unterminated string"))?;
-    Ok((&b[..end], &b[end + 1..]))
-}
-
-fn name_of(b: &[u8]) -> Result<&str, ProtocolError> {
-    std::str::from_utf8(b).map_err(|_| NOT_UTF8)
-}
-
-const NOT_UTF8: ProtocolError = ProtocolError::Malformed("statement name is not UTF-8");
 
 /// Rewrites one whole Parse.
 fn handle_parse(msg: Bytes, out: &mut BytesMut, ctx: &mut Ctx<'_>) -> Result<(), RewriteError> {
