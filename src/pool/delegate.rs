@@ -9,7 +9,8 @@
 //! extended-protocol batch ending in its only Sync, in transaction pooling on a
 //! single event loop, a [`Delegate`] takes the task's place on the
 //! server's read readiness: when the answer comes, it reads it (gathering an answer
-//! that comes in several reads, up to `MAX_GATHERED`), and if it is whole
+//! that comes in several reads, up to `MAX_GATHERED`, unless a notice came with
+//! its first part), and if it is whole
 //! messages ending in ReadyForQuery `I` with nothing the relay must see (no
 //! ParameterStatus, no COPY, no DEALLOCATE ALL or DISCARD ALL), it marks the place
 //! served, gives the server back (the next waiter's request goes out first) and
@@ -69,22 +70,34 @@ enum Answered {
     Partial,
     /// Something the relay must see (a ParameterStatus, COPY, a DEALLOCATE ALL or
     /// DISCARD ALL, which the prepared-statement tracking must see on both sides, a
-    /// transaction left open, bytes after the ReadyForQuery, a bad length).
+    /// transaction left open, bytes after the ReadyForQuery, a bad length), or an
+    /// unfinished answer with a notice in it, which the relay passes on at once.
     Other,
 }
 
 fn answered(b: &[u8]) -> Answered {
     let mut at = 0;
+    // A notice (or notification) in an answer not yet whole: PostgreSQL sent it at
+    // once (a long function's progress, say), so it is not held back for the rest.
+    let mut noticed = false;
+    let partial = |noticed| {
+        if noticed {
+            Answered::Other
+        } else {
+            Answered::Partial
+        }
+    };
     while at + 5 <= b.len() {
         let tag = b[at];
         let len = u32::from_be_bytes([b[at + 1], b[at + 2], b[at + 3], b[at + 4]]) as usize;
         if len < 4 || matches!(tag, b'S' | b'G' | b'H' | b'W') {
             return Answered::Other;
         }
+        noticed |= matches!(tag, b'N' | b'A');
         let end = at + 1 + len;
         let Some(body) = b.get(at + 5..end) else {
             // Part of a message: its body is looked at when it is whole.
-            return Answered::Partial;
+            return partial(noticed);
         };
         // ("DISCARD ALL\0" and "DEALLOCATE ALL\0": the length tells most apart.)
         if tag == b'C' && matches!(len, 16 | 19) && clears_all(body) {
@@ -102,7 +115,7 @@ fn answered(b: &[u8]) -> Answered {
         }
         at = end;
     }
-    Answered::Partial
+    partial(noticed)
 }
 
 /// Whether `b` is whole messages ending in ReadyForQuery `I`, with nothing the relay
@@ -320,6 +333,12 @@ mod tests {
         assert_eq!(answered(&discard), Answered::Partial);
         discard.extend(b"L\0");
         assert_eq!(answered(&discard), Answered::Other);
+        // A notice is relayed whole with its answer, but not held for the rest.
+        let notice = [b'N', 0, 0, 0, 9, b'M', b'h', b'i', 0, 0];
+        let with_notice = [&notice[..], &ok[..]].concat();
+        assert_eq!(answered(&with_notice), Answered::Whole);
+        assert_eq!(answered(&with_notice[..20]), Answered::Other);
+        assert_eq!(answered(&notice[..7]), Answered::Other);
         // Bytes after the ReadyForQuery, or a transaction left open.
         assert_eq!(answered(&[&ok[..], b"Z"].concat()), Answered::Other);
         let n = ok.len();

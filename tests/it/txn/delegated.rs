@@ -59,3 +59,31 @@ async fn requests_sent_while_a_relayed_answer_is_on_its_way_keep_their_answers()
     let got = within(STEP, "the other client", b).await.expect("task");
     assert_eq!(got, "b", "the other client's answer");
 }
+
+/// A waiting client's answer that PostgreSQL sends in parts, a notice first (a long
+/// function's progress): the notice reaches the client when it is sent, not when the
+/// answer is whole, though a delegate gathers other answers that come in parts.
+#[tokio::test]
+async fn a_notice_in_an_unfinished_answer_is_not_held_back() {
+    let db = fresh_db("txn_deleg_notice");
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let holder = client(&s, &db).await;
+    within(STEP, "BEGIN", holder.batch_execute("BEGIN"))
+        .await
+        .expect("BEGIN");
+    let mut a = raw(&s, &db, &[]).await;
+    // PostgreSQL flushes a notice at once; the answer ends 3 s later.
+    let sql = "DO $$ BEGIN RAISE NOTICE 'started'; PERFORM pg_sleep(3); END $$";
+    a.send(&query_msg(sql)).await.expect("send");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    within(STEP, "COMMIT", holder.batch_execute("COMMIT"))
+        .await
+        .expect("COMMIT");
+    let first = a.recv(Duration::from_millis(2000)).await;
+    let first = first.expect("the notice, long before the answer's end");
+    assert_eq!(first.tag, b'N', "{first:?}");
+    assert_eq!(first.field(b'M').as_deref(), Some("started"));
+    let rest = a.until_ready(Duration::from_secs(10)).await;
+    let tags: Vec<u8> = rest.iter().map(|m| m.tag).collect();
+    assert_eq!(tags, b"CZ", "{rest:?}");
+}
