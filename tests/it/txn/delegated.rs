@@ -1,6 +1,8 @@
 //! A waiting client whose answer could be relayed for it (`pool/delegate.rs`)
-//! sends more while it runs: its task takes the server back, what it sent meanwhile
-//! is owed its answers, and its server goes to no other client before they come.
+//! sends more while it runs (or while part of its answer is gathered): its task
+//! takes the server back, what it sent meanwhile is owed its answers, and its server
+//! goes to no other client before they come. A notice in an unfinished answer is not
+//! held back.
 
 use std::time::Duration;
 
@@ -86,4 +88,39 @@ async fn a_notice_in_an_unfinished_answer_is_not_held_back() {
     let rest = a.until_ready(Duration::from_secs(10)).await;
     let tags: Vec<u8> = rest.iter().map(|m| m.tag).collect();
     assert_eq!(tags, b"CZ", "{rest:?}");
+}
+
+/// A waiting client sends more while a delegate holds part of its answer (PostgreSQL
+/// sent 16 KB, then runs on for a second): its task takes the server back with the
+/// part gathered, and the answer arrives whole, then the next one.
+#[tokio::test]
+async fn more_from_the_client_while_part_of_its_answer_is_gathered() {
+    let db = fresh_db("txn_deleg_part");
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let holder = client(&s, &db).await;
+    within(STEP, "BEGIN", holder.batch_execute("BEGIN"))
+        .await
+        .expect("BEGIN");
+    let mut a = raw(&s, &db, &[]).await;
+    let sql = "SELECT CASE WHEN g = 1 THEN repeat('a', 20000) ELSE pg_sleep(1)::text END \
+               FROM generate_series(1, 2) g";
+    a.send(&query_msg(sql)).await.expect("send");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    within(STEP, "COMMIT", holder.batch_execute("COMMIT"))
+        .await
+        .expect("COMMIT");
+    // The first row's 16 KB have come; the second row is a second away.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    a.send(&query_msg("SELECT 'next'")).await.expect("send");
+    let first = a.until_ready(Duration::from_secs(10)).await;
+    let rows = first_column(&first);
+    assert_eq!(
+        rows.len(),
+        2,
+        "{:?}",
+        first.iter().map(|m| m.tag).collect::<Vec<_>>()
+    );
+    assert_eq!(rows[0].as_deref(), Some("a".repeat(20000).as_str()));
+    assert_eq!(rows[1].as_deref(), Some(""));
+    assert_eq!(answer(&mut a).await, "next");
 }
