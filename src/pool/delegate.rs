@@ -164,10 +164,11 @@ impl Pool {
                         match answered(&buf[..n]) {
                             Answered::Whole => break n,
                             Answered::Partial => {
+                                // (A delegate always has its request: gathered there.)
                                 if let Some(r) = request.as_mut() {
                                     r.answer.extend_from_slice(&buf[..n]);
+                                    continue;
                                 }
-                                continue;
                             }
                             _ => {}
                         }
