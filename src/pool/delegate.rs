@@ -9,8 +9,8 @@
 //! extended-protocol batch ending in its only Sync, in transaction pooling on a
 //! single event loop, a [`Delegate`] takes the task's place on the
 //! server's read readiness: when the answer comes, it reads it (gathering an answer
-//! that comes in several reads, up to `MAX_GATHERED`, unless a notice came with
-//! its first part), and if it is whole
+//! that comes in several reads, up to `MAX_GATHERED` and `GATHER_WINDOW_US` after
+//! its request, unless a notice came with its first part), and if it is whole
 //! messages ending in ReadyForQuery `I` with nothing the relay must see (no
 //! ParameterStatus, no COPY, no DEALLOCATE ALL or DISCARD ALL), it marks the place
 //! served, gives the server back (the next waiter's request goes out first) and
@@ -37,6 +37,19 @@ const READ_SIZE: usize = crate::net::bufpool::BUF_SIZE;
 /// The most a delegate gathers of an answer that comes in several reads before it
 /// hands it to the waiter's relay, which reads on from there.
 const MAX_GATHERED: usize = 4 * READ_SIZE;
+
+/// How long after its request went to the server an answer may still be gathered
+/// (microseconds). A quick query's answer comes in its parts within it; the rows of
+/// a slow one go to the relay, which passes each part on as it comes, so that no
+/// part waits for the next one longer than once.
+const GATHER_WINDOW_US: u64 = 10_000;
+
+/// Whether the answer to `request` may be gathered further.
+fn may_gather(request: &super::Request) -> bool {
+    request
+        .granted
+        .is_none_or(|g| Tick::now().micros_since(g) <= GATHER_WINDOW_US)
+}
 
 /// The waker a waiting client leaves on the server its request was written to, in
 /// place of its task's. One per client, kept in its request box between requests.
@@ -165,7 +178,7 @@ impl Pool {
                             Answered::Whole => break n,
                             Answered::Partial => {
                                 // (A delegate always has its request: gathered there.)
-                                if let Some(r) = request.as_mut() {
+                                if let Some(r) = request.as_mut().filter(|r| may_gather(r)) {
                                     r.answer.extend_from_slice(&buf[..n]);
                                     continue;
                                 }
@@ -182,9 +195,15 @@ impl Pool {
                     held.extend_from_slice(&buf[..n]);
                     match answered(held) {
                         Answered::Whole => break 0,
-                        Answered::Partial if held.len() < MAX_GATHERED => continue,
-                        _ => return hand_back(st, wid, conn, request),
+                        Answered::Partial
+                            if held.len() < MAX_GATHERED
+                                && request.as_deref().is_some_and(may_gather) =>
+                        {
+                            continue
+                        }
+                        _ => {}
                     }
+                    return hand_back(st, wid, conn, request);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     let w = Waker::from(d.clone());

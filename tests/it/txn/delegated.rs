@@ -124,3 +124,34 @@ async fn more_from_the_client_while_part_of_its_answer_is_gathered() {
     assert_eq!(rows[1].as_deref(), Some(""));
     assert_eq!(answer(&mut a).await, "next");
 }
+
+/// A waiting client's answer that starts late and then comes slowly: its first
+/// parts reach the client as PostgreSQL sends them, not when the answer is whole
+/// (a delegate gathers only answers that come soon after their request).
+#[tokio::test]
+async fn a_slow_answer_is_passed_on_as_it_comes() {
+    let db = fresh_db("txn_deleg_slow");
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let holder = client(&s, &db).await;
+    within(STEP, "BEGIN", holder.batch_execute("BEGIN"))
+        .await
+        .expect("BEGIN");
+    let mut a = raw(&s, &db, &[]).await;
+    // Three 6 KB rows after 50 ms (PostgreSQL sends 16 KB of them), then 3 s more.
+    let sql = "SELECT CASE WHEN g <= 3 THEN repeat('a', 6000) \
+               || CASE WHEN g = 1 THEN pg_sleep(0.05)::text ELSE '' END \
+               ELSE pg_sleep(3)::text END FROM generate_series(1, 4) g";
+    a.send(&query_msg(sql)).await.expect("send");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    within(STEP, "COMMIT", holder.batch_execute("COMMIT"))
+        .await
+        .expect("COMMIT");
+    for want in [b'T', b'D', b'D'] {
+        let m = a.recv(Duration::from_millis(2000)).await;
+        let m = m.expect("the first rows, long before the answer's end");
+        assert_eq!(m.tag, want, "{m:?}");
+    }
+    let rest = a.until_ready(Duration::from_secs(10)).await;
+    let tags: Vec<u8> = rest.iter().map(|m| m.tag).collect();
+    assert_eq!(tags, b"DDCZ", "{rest:?}");
+}
