@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::common::*;
 use crate::support::probe::within;
 use crate::support::wire::{first_column, query_msg};
-use crate::support::{MD5_PASSWORD, MD5_USER};
+use crate::support::{Sluice, MD5_PASSWORD, MD5_USER};
 
 /// The first column of the first row up to the next ReadyForQuery.
 async fn answer(c: &mut RawClient) -> String {
@@ -18,25 +18,31 @@ async fn answer(c: &mut RawClient) -> String {
     first.unwrap_or_else(|| panic!("no row in {msgs:?}"))
 }
 
+/// A client whose `sql` waits in line behind the one server (held in a transaction by
+/// another client) and is written to it at the hand-over, when the holder commits:
+/// the case in which a delegate may relay its answer. Returns the client, its
+/// request on its way.
+async fn handed_over(s: &Sluice, db: &str, sql: &str) -> RawClient {
+    let holder = client(s, db).await;
+    within(STEP, "BEGIN", holder.batch_execute("BEGIN"))
+        .await
+        .expect("BEGIN");
+    let mut a = raw(s, db, &[]).await;
+    a.send(&query_msg(sql)).await.expect("send");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    within(STEP, "COMMIT", holder.batch_execute("COMMIT"))
+        .await
+        .expect("COMMIT");
+    a
+}
+
 #[tokio::test]
 async fn requests_sent_while_a_relayed_answer_is_on_its_way_keep_their_answers() {
     let db = fresh_db("txn_deleg_more");
     let s = txn_sluice(&db).setting("default_pool_size", "1").start();
     let sleep = |ms| tokio::time::sleep(Duration::from_millis(ms));
-    let holder = client(&s, &db).await;
-    within(STEP, "BEGIN", holder.batch_execute("BEGIN"))
-        .await
-        .expect("BEGIN");
-    // The one server is held: this request waits in line, and is written to the
-    // server when the holder commits (its answer comes 300 ms later).
-    let mut a = raw(&s, &db, &[]).await;
-    a.send(&query_msg("SELECT 'a1', pg_sleep(0.3)"))
-        .await
-        .expect("send");
-    sleep(150).await;
-    within(STEP, "COMMIT", holder.batch_execute("COMMIT"))
-        .await
-        .expect("COMMIT");
+    // Written to the server at the hand-over; its answer comes 300 ms later.
+    let mut a = handed_over(&s, &db, "SELECT 'a1', pg_sleep(0.3)").await;
     // While a1 runs, two more requests, each 300 ms long.
     sleep(100).await;
     let mut more = query_msg("SELECT 'a2', pg_sleep(0.3)");
@@ -69,18 +75,9 @@ async fn requests_sent_while_a_relayed_answer_is_on_its_way_keep_their_answers()
 async fn a_notice_in_an_unfinished_answer_is_not_held_back() {
     let db = fresh_db("txn_deleg_notice");
     let s = txn_sluice(&db).setting("default_pool_size", "1").start();
-    let holder = client(&s, &db).await;
-    within(STEP, "BEGIN", holder.batch_execute("BEGIN"))
-        .await
-        .expect("BEGIN");
-    let mut a = raw(&s, &db, &[]).await;
     // PostgreSQL flushes a notice at once; the answer ends 3 s later.
     let sql = "DO $$ BEGIN RAISE NOTICE 'started'; PERFORM pg_sleep(3); END $$";
-    a.send(&query_msg(sql)).await.expect("send");
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    within(STEP, "COMMIT", holder.batch_execute("COMMIT"))
-        .await
-        .expect("COMMIT");
+    let mut a = handed_over(&s, &db, sql).await;
     let first = a.recv(Duration::from_millis(2000)).await;
     let first = first.expect("the notice, long before the answer's end");
     assert_eq!(first.tag, b'N', "{first:?}");
@@ -97,18 +94,9 @@ async fn a_notice_in_an_unfinished_answer_is_not_held_back() {
 async fn more_from_the_client_while_part_of_its_answer_is_gathered() {
     let db = fresh_db("txn_deleg_part");
     let s = txn_sluice(&db).setting("default_pool_size", "1").start();
-    let holder = client(&s, &db).await;
-    within(STEP, "BEGIN", holder.batch_execute("BEGIN"))
-        .await
-        .expect("BEGIN");
-    let mut a = raw(&s, &db, &[]).await;
     let sql = "SELECT CASE WHEN g = 1 THEN repeat('a', 20000) ELSE pg_sleep(1)::text END \
                FROM generate_series(1, 2) g";
-    a.send(&query_msg(sql)).await.expect("send");
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    within(STEP, "COMMIT", holder.batch_execute("COMMIT"))
-        .await
-        .expect("COMMIT");
+    let mut a = handed_over(&s, &db, sql).await;
     // The first row's 16 KB have come; the second row is a second away.
     tokio::time::sleep(Duration::from_millis(400)).await;
     a.send(&query_msg("SELECT 'next'")).await.expect("send");
@@ -132,20 +120,11 @@ async fn more_from_the_client_while_part_of_its_answer_is_gathered() {
 async fn a_slow_answer_is_passed_on_as_it_comes() {
     let db = fresh_db("txn_deleg_slow");
     let s = txn_sluice(&db).setting("default_pool_size", "1").start();
-    let holder = client(&s, &db).await;
-    within(STEP, "BEGIN", holder.batch_execute("BEGIN"))
-        .await
-        .expect("BEGIN");
-    let mut a = raw(&s, &db, &[]).await;
     // Three 6 KB rows after 50 ms (PostgreSQL sends 16 KB of them), then 3 s more.
     let sql = "SELECT CASE WHEN g <= 3 THEN repeat('a', 6000) \
                || CASE WHEN g = 1 THEN pg_sleep(0.05)::text ELSE '' END \
                ELSE pg_sleep(3)::text END FROM generate_series(1, 4) g";
-    a.send(&query_msg(sql)).await.expect("send");
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    within(STEP, "COMMIT", holder.batch_execute("COMMIT"))
-        .await
-        .expect("COMMIT");
+    let mut a = handed_over(&s, &db, sql).await;
     for want in [b'T', b'D', b'D'] {
         let m = a.recv(Duration::from_millis(2000)).await;
         let m = m.expect("the first rows, long before the answer's end");
