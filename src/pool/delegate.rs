@@ -172,38 +172,35 @@ impl Pool {
         let n = loop {
             match conn.stream.try_read(&mut buf[..]) {
                 Ok(n) if n > 0 => {
-                    let gathered = request.as_mut().map(|r| &mut r.answer);
-                    let Some(held) = gathered.filter(|a| !a.is_empty()) else {
-                        match answered(&buf[..n]) {
-                            Answered::Whole => break n,
-                            Answered::Partial => {
-                                // (A delegate always has its request: gathered there.)
-                                if let Some(r) = request.as_mut().filter(|r| may_gather(r)) {
+                    // Most answers come in one read, relayed from `buf`; one in several
+                    // is gathered with the request (a delegate always has one).
+                    let state = match request.as_mut().filter(|r| !r.answer.is_empty()) {
+                        Some(r) => {
+                            r.answer.extend_from_slice(&buf[..n]);
+                            answered(&r.answer)
+                        }
+                        None => {
+                            let state = answered(&buf[..n]);
+                            if state != Answered::Whole {
+                                if let Some(r) = request.as_mut() {
                                     r.answer.extend_from_slice(&buf[..n]);
-                                    continue;
                                 }
                             }
-                            _ => {}
+                            state
                         }
-                        // Not for the delegate: the waiter's relay takes the bytes read.
-                        if let Some(r) = request.as_mut() {
-                            r.answer.extend_from_slice(&buf[..n]);
-                        }
-                        return hand_back(st, wid, conn, request);
                     };
-                    // An answer in several reads: gathered until it is whole.
-                    held.extend_from_slice(&buf[..n]);
-                    match answered(held) {
-                        Answered::Whole => break 0,
+                    match state {
+                        Answered::Whole => break n,
                         Answered::Partial
-                            if held.len() < MAX_GATHERED
-                                && request.as_deref().is_some_and(may_gather) =>
+                            if request.as_deref().is_some_and(|r| {
+                                r.answer.len() < MAX_GATHERED && may_gather(r)
+                            }) =>
                         {
                             continue
                         }
-                        _ => {}
+                        // Not for the delegate: the waiter's relay takes the bytes read.
+                        _ => return hand_back(st, wid, conn, request),
                     }
-                    return hand_back(st, wid, conn, request);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     let w = Waker::from(d.clone());
@@ -219,12 +216,16 @@ impl Pool {
                 _ => return hand_back(st, wid, conn, request),
             }
         };
-        // The answer: in `buf` (`n` bytes), or gathered with the request.
-        let gathered = match (n, request.as_mut()) {
-            (0, Some(r)) => std::mem::take(&mut r.answer),
-            _ => bytes::BytesMut::new(),
+        // The answer: gathered with the request, or the last read alone.
+        let gathered = request
+            .as_mut()
+            .map(|r| std::mem::take(&mut r.answer))
+            .unwrap_or_default();
+        let answer = if gathered.is_empty() {
+            &buf[..n]
+        } else {
+            &gathered[..]
         };
-        let answer = if n == 0 { &gathered[..] } else { &buf[..n] };
         let n = answer.len();
         let now = Tick::now();
         if let Some(r) = request.as_ref() {
