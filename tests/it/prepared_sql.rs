@@ -363,6 +363,15 @@ async fn sluices_own_statement_names_are_not_other_clients_to_drop() {
         assert_eq!(code(&r), missing(name), "{sql_text}: {r:?}");
         assert_eq!(status(&r), b'I', "{sql_text}");
     }
+    // In a failed transaction PostgreSQL refuses EXECUTE before it looks at the name.
+    b.simple("BEGIN", STEP).await;
+    let r = b.simple("SELECT 1/0", STEP).await;
+    assert_eq!(status(&r), b'E', "{r:?}");
+    let r = b.simple(&format!("EXECUTE {sql}"), STEP).await;
+    let aborted = first_error(&r).and_then(|e| e.field(b'C'));
+    assert_eq!(aborted.as_deref(), Some("25P02"), "{r:?}");
+    assert_eq!(status(&r), b'E');
+    b.simple("ROLLBACK", STEP).await;
     owner_runs("after SQL").await;
     // Bind and Describe of the name: 26000, and the batch is skipped to its Sync.
     let bind = |name: &str| {
