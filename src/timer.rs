@@ -68,6 +68,11 @@ impl Sleep {
         }
     }
 
+    /// Whether its deadline has passed.
+    pub fn passed(&self) -> bool {
+        Tick::now() >= self.at
+    }
+
     fn deregister(&mut self) {
         if let Reg::Set(timers, id) = std::mem::replace(&mut self.reg, Reg::None) {
             timers.lock().map.remove(&(self.at, id));

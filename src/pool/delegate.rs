@@ -9,16 +9,18 @@
 //! extended-protocol batch ending in its only Sync, in transaction pooling on a
 //! single event loop, a [`Delegate`] takes the task's place on the
 //! server's read readiness: when the answer comes, it reads it (gathering an answer
-//! that comes in several reads, up to `MAX_GATHERED` and `GATHER_WINDOW_US` after
-//! its request, unless a notice came with its first part), and if it is whole
+//! that comes in several reads, up to `MAX_GATHERED` and for `GATHER_WINDOW_US`
+//! after its first part, unless a notice came with that; a part gathered is handed
+//! on when the window ends, though no more came), and if it is whole
 //! messages ending in ReadyForQuery `I` with nothing the relay must see (no
 //! ParameterStatus, no COPY, no DEALLOCATE ALL or DISCARD ALL), it marks the place
 //! served, gives the server back (the next waiter's request goes out first) and
-//! writes the answer to the client's socket. The waiter's task then runs once per transaction, at its next request, and
-//! folds in the counts (`Answer::Served`). Anything else goes to the waiter's task as
+//! writes the answer to the client's socket. The waiter's task then runs once per
+//! transaction, at its next request, and folds in the counts (`Answer::Served`). Anything else goes to the waiter's task as
 //! before: the bytes read become its relay's first server read, the rest of a short
 //! write to the client is owed by it, and a server that failed is met by its relay.
 
+use std::future::Future;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, MutexGuard, Weak};
@@ -38,17 +40,34 @@ const READ_SIZE: usize = crate::net::bufpool::BUF_SIZE;
 /// hands it to the waiter's relay, which reads on from there.
 const MAX_GATHERED: usize = 4 * READ_SIZE;
 
-/// How long after its request went to the server an answer may still be gathered
-/// (microseconds). A quick query's answer comes in its parts within it; the rows of
-/// a slow one go to the relay, which passes each part on as it comes, so that no
-/// part waits for the next one longer than once.
+/// How long the first part of an answer that comes in several reads may wait for the
+/// rest (microseconds). The parts of a quick query's answer come within it, even on a
+/// loaded machine; what has come of a slow one then goes to the waiter's relay
+/// (woken by the request's `gather_end` timer if nothing more came), which passes
+/// on the rest as it comes.
 const GATHER_WINDOW_US: u64 = 10_000;
 
-/// Whether the answer to `request` may be gathered further.
-fn may_gather(request: &super::Request) -> bool {
-    request
-        .granted
-        .is_none_or(|g| Tick::now().micros_since(g) <= GATHER_WINDOW_US)
+/// Starts gathering the answer to `r` with `part`, its first read: the window opens.
+fn start_gathering(r: &mut super::Request, part: &[u8]) {
+    r.answer.extend_from_slice(part);
+    let end = Tick::now() + std::time::Duration::from_micros(GATHER_WINDOW_US);
+    match r.gather_end.as_mut() {
+        Some(t) => t.reset(end),
+        None => r.gather_end = Some(crate::timer::sleep_until(end)),
+    }
+}
+
+/// Whether the answer gathered for `r` may wait for more: its window is open.
+fn may_gather(r: &super::Request) -> bool {
+    r.gather_end.as_ref().is_some_and(|t| !t.passed())
+}
+
+/// Leaves the request's timer to wake the delegate (`cx`) when the gathering window
+/// ends. False if it has ended already.
+fn arm_gather_end(r: &mut super::Request, cx: &mut Context<'_>) -> bool {
+    r.gather_end
+        .as_mut()
+        .is_some_and(|t| std::pin::Pin::new(t).poll(cx).is_pending())
 }
 
 /// The waker a waiting client leaves on the server its request was written to, in
@@ -183,7 +202,7 @@ impl Pool {
                             let state = answered(&buf[..n]);
                             if state != Answered::Whole {
                                 if let Some(r) = request.as_mut() {
-                                    r.answer.extend_from_slice(&buf[..n]);
+                                    start_gathering(r, &buf[..n]);
                                 }
                             }
                             state
@@ -203,9 +222,26 @@ impl Pool {
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    // Part of the answer gathered: it waits for the rest only until its
+                    // window ends (woken then by `gather_end`), then goes on by the
+                    // waiter's relay, which passes on the rest as it comes.
+                    let gathered = request.as_deref().filter(|r| !r.answer.is_empty());
+                    if gathered.is_some_and(|r| !may_gather(r)) {
+                        return hand_back(st, wid, conn, request);
+                    }
+                    let gathering = gathered.is_some();
                     let w = Waker::from(d.clone());
                     let mut cx = Context::from_waker(&w);
                     if conn.stream.poll_read_ready(&mut cx).is_pending() {
+                        let armed = match request.as_mut().filter(|_| gathering) {
+                            Some(r) => arm_gather_end(r, &mut cx),
+                            None => true,
+                        };
+                        if !armed {
+                            // (Ended since the look above: the readiness may still wake
+                            // the delegate, which finds the place gone or taken on.)
+                            return hand_back(st, wid, conn, request);
+                        }
                         st.answers
                             .push((wid, Answer::Granted(Grant::Server(conn)), request));
                         return;
@@ -219,7 +255,10 @@ impl Pool {
         // The answer: gathered with the request, or the last read alone.
         let gathered = request
             .as_mut()
-            .map(|r| std::mem::take(&mut r.answer))
+            .map(|r| {
+                r.gather_end = None;
+                std::mem::take(&mut r.answer)
+            })
             .unwrap_or_default();
         let answer = if gathered.is_empty() {
             &buf[..n]
@@ -280,7 +319,10 @@ fn hand_back(
     conn: super::ServerConn,
     mut request: Option<Box<super::Request>>,
 ) {
-    let task = request.as_mut().and_then(|r| r.task.take());
+    let task = request.as_mut().and_then(|r| {
+        r.gather_end = None;
+        r.task.take()
+    });
     st.answers
         .push((wid, Answer::Granted(Grant::Server(conn)), request));
     drop(st);

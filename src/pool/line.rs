@@ -69,6 +69,9 @@ pub struct Request {
     pub answer: BytesMut,
     /// Answer bytes the client's socket did not take: owed by the waiter.
     pub owed: BytesMut,
+    /// Wakes the delegate when the gathering window of a part-gathered answer ends,
+    /// so that the part goes on though the rest is slow to come (delegate.rs).
+    pub gather_end: Option<crate::timer::Sleep>,
 }
 
 impl Request {
@@ -86,6 +89,7 @@ impl Request {
             task: None,
             answer: BytesMut::new(),
             owed: BytesMut::new(),
+            gather_end: None,
         })
     }
 

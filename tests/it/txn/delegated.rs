@@ -2,7 +2,7 @@
 //! sends more while it runs (or while part of its answer is gathered): its task
 //! takes the server back, what it sent meanwhile is owed its answers, and its server
 //! goes to no other client before they come. A notice in an unfinished answer is not
-//! held back.
+//! held back, nor a part gathered once the gathering window ends.
 
 use std::time::Duration;
 
@@ -87,18 +87,26 @@ async fn a_notice_in_an_unfinished_answer_is_not_held_back() {
     assert_eq!(tags, b"CZ", "{rest:?}");
 }
 
-/// A waiting client sends more while a delegate holds part of its answer (PostgreSQL
-/// sent 16 KB, then runs on for a second): its task takes the server back with the
-/// part gathered, and the answer arrives whole, then the next one.
+/// A waiting client sends more while part of its answer has come (PostgreSQL sent
+/// 16 KB, then runs on for a second): at once, while a delegate may still be
+/// gathering the part (its task then takes the server back with it), and later,
+/// when the part has gone on by the client's relay. Either way the answer arrives
+/// whole, then the next one.
 #[tokio::test]
-async fn more_from_the_client_while_part_of_its_answer_is_gathered() {
-    let db = fresh_db("txn_deleg_part");
+async fn more_from_the_client_while_part_of_its_answer_has_come() {
+    for wait_ms in [0, 400] {
+        more_while_part_of_the_answer_has_come(wait_ms).await;
+    }
+}
+
+async fn more_while_part_of_the_answer_has_come(wait_ms: u64) {
+    let db = fresh_db(&format!("txn_deleg_part{wait_ms}"));
     let s = txn_sluice(&db).setting("default_pool_size", "1").start();
     let sql = "SELECT CASE WHEN g = 1 THEN repeat('a', 20000) ELSE pg_sleep(1)::text END \
                FROM generate_series(1, 2) g";
     let mut a = handed_over(&s, &db, sql).await;
-    // The first row's 16 KB have come; the second row is a second away.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The first row's 16 KB come at once; the second row is a second away.
+    tokio::time::sleep(Duration::from_millis(wait_ms)).await;
     a.send(&query_msg("SELECT 'next'")).await.expect("send");
     let first = a.until_ready(Duration::from_secs(10)).await;
     let rows = first_column(&first);
@@ -113,17 +121,12 @@ async fn more_from_the_client_while_part_of_its_answer_is_gathered() {
     assert_eq!(answer(&mut a).await, "next");
 }
 
-/// A waiting client's answer that starts late and then comes slowly: its first
-/// parts reach the client as PostgreSQL sends them, not when the answer is whole
-/// (a delegate gathers only answers that come soon after their request).
-#[tokio::test]
-async fn a_slow_answer_is_passed_on_as_it_comes() {
-    let db = fresh_db("txn_deleg_slow");
+/// Runs `sql`, handed over in line, whose answer's first 16 KB (`T`, two `D`) come
+/// long before its end: they must reach the client within 2 s, and the rest (`D`,
+/// `D`, `C`, `Z`) after them.
+async fn first_rows_come_early(prefix: &str, sql: &str) {
+    let db = fresh_db(prefix);
     let s = txn_sluice(&db).setting("default_pool_size", "1").start();
-    // Three 6 KB rows after 50 ms (PostgreSQL sends 16 KB of them), then 3 s more.
-    let sql = "SELECT CASE WHEN g <= 3 THEN repeat('a', 6000) \
-               || CASE WHEN g = 1 THEN pg_sleep(0.05)::text ELSE '' END \
-               ELSE pg_sleep(3)::text END FROM generate_series(1, 4) g";
     let mut a = handed_over(&s, &db, sql).await;
     for want in [b'T', b'D', b'D'] {
         let m = a.recv(Duration::from_millis(2000)).await;
@@ -133,4 +136,27 @@ async fn a_slow_answer_is_passed_on_as_it_comes() {
     let rest = a.until_ready(Duration::from_secs(10)).await;
     let tags: Vec<u8> = rest.iter().map(|m| m.tag).collect();
     assert_eq!(tags, b"DDCZ", "{rest:?}");
+}
+
+/// A waiting client's answer that starts late and then comes slowly: its first
+/// parts reach the client as PostgreSQL sends them, not when the answer is whole
+/// (a delegate gathers only answers that come soon after their request).
+#[tokio::test]
+async fn a_slow_answer_is_passed_on_as_it_comes() {
+    // Three 6 KB rows after 50 ms (PostgreSQL sends 16 KB of them), then 3 s more.
+    let sql = "SELECT CASE WHEN g <= 3 THEN repeat('a', 6000) \
+               || CASE WHEN g = 1 THEN pg_sleep(0.05)::text ELSE '' END \
+               ELSE pg_sleep(3)::text END FROM generate_series(1, 4) g";
+    first_rows_come_early("txn_deleg_slow", sql).await;
+}
+
+/// A waiting client's answer whose first parts come at once and the rest seconds
+/// later: the parts gathered go on when the gathering window ends, not when the
+/// answer is whole.
+#[tokio::test]
+async fn a_part_gathered_goes_on_though_the_rest_is_slow() {
+    // Three 6 KB rows at once (PostgreSQL sends 16 KB of them), then 3 s more.
+    let sql = "SELECT CASE WHEN g <= 3 THEN repeat('a', 6000) ELSE pg_sleep(3)::text END \
+               FROM generate_series(1, 4) g";
+    first_rows_come_early("txn_deleg_gathered", sql).await;
 }
