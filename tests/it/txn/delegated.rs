@@ -160,3 +160,23 @@ async fn a_part_gathered_goes_on_though_the_rest_is_slow() {
                FROM generate_series(1, 4) g";
     first_rows_come_early("txn_deleg_gathered", sql).await;
 }
+
+/// A waiting client that leaves while part of its answer has come (16 KB at once,
+/// the rest half a second later): at once, while a delegate may be gathering the
+/// part, within its window, and after it. The server goes to the next client with
+/// the rest of that answer out of the way: the next client gets its own answer.
+#[tokio::test]
+async fn a_client_gone_while_part_of_its_answer_is_gathered() {
+    let db = fresh_db("txn_deleg_gone");
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let sql = "SELECT CASE WHEN g = 1 THEN repeat('a', 20000) ELSE pg_sleep(0.5)::text END \
+               FROM generate_series(1, 2) g";
+    for wait_ms in [0, 5, 50] {
+        let a = handed_over(&s, &db, sql).await;
+        tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+        drop(a);
+        let mut b = raw(&s, &db, &[]).await;
+        b.send(&query_msg("SELECT 'b'")).await.expect("send");
+        assert_eq!(answer(&mut b).await, "b", "after leaving at {wait_ms} ms");
+    }
+}
