@@ -11,7 +11,8 @@
 
 use std::time::Duration;
 
-use tokio_postgres::{Client, Statement};
+use tokio::io::AsyncReadExt;
+use tokio_postgres::{CancelToken, Client, Statement};
 
 use super::common::*;
 use crate::admin::{psql_ok, ADMIN, ADMIN_PW};
@@ -171,7 +172,7 @@ impl Mixer {
                     tokio::select! {
                         r = &mut sleeper => break r,
                         () = tokio::time::sleep(Duration::from_millis(30)) => {
-                            token.cancel_query(tokio_postgres::NoTls).await.expect("cancel");
+                            cancel_and_wait(&token, self.port).await;
                         }
                     }
                 };
@@ -211,10 +212,7 @@ impl Mixer {
                 let quick = self.c.simple_query("SELECT pg_sleep(0.005)");
                 let cancel = async {
                     tokio::time::sleep(Duration::from_millis(2 + step % 6)).await;
-                    token
-                        .cancel_query(tokio_postgres::NoTls)
-                        .await
-                        .expect("cancel");
+                    cancel_and_wait(&token, self.port).await;
                 };
                 let (r, ()) = tokio::join!(quick, cancel);
                 if let Err(e) = r {
@@ -246,6 +244,25 @@ impl Mixer {
             }
         }
     }
+}
+
+/// Cancels as libpq does: sends the CancelRequest, then waits until Sluice closes
+/// the connection, which it does once PostgreSQL has the request. tokio-postgres
+/// returns as soon as it has sent it, so its cancel can still be on its way when the
+/// client's next query starts, and cancel that one, as it could on PostgreSQL
+/// directly: a race of the client's, which the checks here must not see.
+async fn cancel_and_wait(token: &CancelToken, port: u16) {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect for a cancel");
+    token
+        .cancel_query_raw(&mut stream, tokio_postgres::NoTls)
+        .await
+        .expect("cancel");
+    let mut rest = Vec::new();
+    let read = within(STEP, "the cancel's close", stream.read_to_end(&mut rest)).await;
+    read.expect("read to the cancel's close");
+    assert!(rest.is_empty(), "reply to a CancelRequest: {rest:?}");
 }
 
 #[tokio::test]
