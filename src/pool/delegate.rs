@@ -16,9 +16,10 @@
 //! ParameterStatus, no COPY, no DEALLOCATE ALL or DISCARD ALL), it marks the place
 //! served, gives the server back (the next waiter's request goes out first) and
 //! writes the answer to the client's socket. The waiter's task then runs once per
-//! transaction, at its next request, and folds in the counts (`Answer::Served`). Anything else goes to the waiter's task as
-//! before: the bytes read become its relay's first server read, the rest of a short
-//! write to the client is owed by it, and a server that failed is met by its relay.
+//! transaction, at its next request, and folds in the counts (`Answer::Served`).
+//! Anything else goes to the waiter's task as before: the bytes read become its
+//! relay's first server read, the rest of a short write to the client is owed by it,
+//! and a server that failed is met by its relay.
 
 use std::future::Future;
 use std::os::fd::RawFd;

@@ -140,7 +140,7 @@ async fn first_rows_come_early(prefix: &str, sql: &str) {
 
 /// A waiting client's answer that starts late and then comes slowly: its first
 /// parts reach the client as PostgreSQL sends them, not when the answer is whole
-/// (a delegate gathers only answers that come soon after their request).
+/// (a delegate holds the first part it gathers for 10 ms at most).
 #[tokio::test]
 async fn a_slow_answer_is_passed_on_as_it_comes() {
     // Three 6 KB rows after 50 ms (PostgreSQL sends 16 KB of them), then 3 s more.
