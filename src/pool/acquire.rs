@@ -162,7 +162,7 @@ impl Pool {
             };
             let mut conn = Box::pin(self.connect_new(&cfg, slot, deadline, extra)).await?;
             // Never pooled: closed when the client lets it go.
-            conn.close_needed = true;
+            conn.close_needed = Some("close needed");
             return Ok(conn);
         }
     }

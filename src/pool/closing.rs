@@ -73,8 +73,8 @@ pub(super) fn release_close_reason(
     let lifetime = st.reuse.lifetime;
     if !clean {
         Some("unclean server")
-    } else if conn.close_needed {
-        Some("close needed")
+    } else if conn.close_needed.is_some() {
+        conn.close_needed
     } else if st.closed {
         Some("database removed")
     } else if conn.ident.generation != st.generation {

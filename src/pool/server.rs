@@ -62,8 +62,10 @@ pub struct ServerState {
     pub params: ServerParams,
     /// When it last went idle.
     pub last_used: Tick,
-    /// Set when the connection must not be reused (protocol desync, close request).
-    pub close_needed: bool,
+    /// Why the connection must not be reused, when it must not (protocol desync,
+    /// a replication client's own, bytes after its ReadyForQuery): the reason its
+    /// close is logged with.
+    pub close_needed: Option<&'static str>,
     /// Counts the connection in the pool's `active` while a client holds it.
     pub(crate) lent: super::LentMark,
     pub(crate) _slot: SlotToken,
@@ -366,7 +368,7 @@ pub(crate) async fn connect(
             matched: None,
         },
         last_used: now,
-        close_needed: false,
+        close_needed: None,
         lent: super::LentMark::default(),
         _slot: slot,
         limit_tokens: None,
@@ -391,7 +393,7 @@ pub(crate) fn conn_for_tests(stream: Stream, slot: SlotToken, generation: u64) -
             matched: None,
         },
         last_used: Tick::now(),
-        close_needed: false,
+        close_needed: None,
         lent: super::LentMark::default(),
         _slot: slot,
         limit_tokens: None,

@@ -11,6 +11,7 @@ pub const TAG_COMMAND_COMPLETE: u8 = b'C';
 pub const TAG_AUTHENTICATION: u8 = b'R';
 pub const TAG_BACKEND_KEY_DATA: u8 = b'K';
 pub const TAG_NOTICE_RESPONSE: u8 = b'N';
+pub const TAG_NOTIFICATION_RESPONSE: u8 = b'A';
 pub const TAG_COPY_IN_RESPONSE: u8 = b'G';
 pub const TAG_COPY_OUT_RESPONSE: u8 = b'H';
 pub const TAG_COPY_BOTH_RESPONSE: u8 = b'W';

@@ -68,7 +68,7 @@ pub(super) async fn finish_server(
     mode: PoolMode,
 ) {
     // Not pooled again (a replication client's, one found broken): no reset.
-    if !clean || server.close_needed {
+    if !clean || server.close_needed.is_some() {
         pool.release(server, false);
         return;
     }

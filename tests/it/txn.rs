@@ -10,6 +10,7 @@ mod delegated;
 mod differential;
 mod dirty;
 mod function_call;
+mod killed;
 mod limits;
 mod load;
 mod midbatch;

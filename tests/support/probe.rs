@@ -172,12 +172,16 @@ impl Observer {
 
     /// `pg_terminate_backend(pid)`.
     pub async fn terminate(&self, pid: i32) {
-        let ok: bool = self
-            .client
+        let ok = self.try_terminate(pid).await;
+        assert!(ok, "pg_terminate_backend({pid}) returned false");
+    }
+
+    /// `pg_terminate_backend(pid)`: false if there was no such backend.
+    pub async fn try_terminate(&self, pid: i32) -> bool {
+        self.client
             .query_one("SELECT pg_terminate_backend($1)", &[&pid])
             .await
             .expect("pg_terminate_backend")
-            .get(0);
-        assert!(ok, "pg_terminate_backend({pid}) returned false");
+            .get(0)
     }
 }

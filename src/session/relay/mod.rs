@@ -417,11 +417,20 @@ impl Relay {
         *readies = 0;
         *xacts_done = 0;
         let mut bad_param = false;
+        // A ReadyForQuery `I` answered everything sent (`ended`): a message after it
+        // in the same read (bar a notification) is the server's own, most often a
+        // dying backend's FATAL error, and the server is not handed out again
+        // (`dirty`), as PgBouncer drops a server that sent something after its
+        // ReadyForQuery. A read that ends with the ReadyForQuery costs one test.
+        let (mut ended, mut dirty) = (false, false);
         // One deref of the boxed connection, so its fields borrow apart.
         let server = &mut **server;
         let (server_params, close_needed) = (&mut server.params, &mut server.close_needed);
         let on_event = |e: Event<'_>| match e {
             Event::Start { tag, .. } => {
+                if ended && tag != TAG_NOTIFICATION_RESPONSE {
+                    dirty = true;
+                }
                 if watch_mid {
                     if let Some(skipped) = mid.server(tag, unsynced) {
                         // Queries inside a batch were skipped: no ReadyForQuery for
@@ -444,7 +453,7 @@ impl Relay {
                             // One ReadyForQuery more than counted may still come
                             // (copy.rs): the server is not handed to another client
                             // after this.
-                            *close_needed = true;
+                            *close_needed = Some("close needed");
                         }
                         Body::Skip
                     }
@@ -463,6 +472,7 @@ impl Relay {
                 if *status == b'I' {
                     *xacts_done += 1;
                 }
+                ended = *pending == 0 && *status == b'I' && !unsynced;
                 Body::Skip
             }
             Event::Complete {
@@ -508,6 +518,9 @@ impl Relay {
             return Err(ServerRead::Protocol(ProtocolError::Malformed(
                 "ParameterStatus",
             )));
+        }
+        if dirty {
+            server.close_needed = Some("idle server got dirty");
         }
         Ok(())
     }
