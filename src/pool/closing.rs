@@ -61,6 +61,20 @@ pub(super) fn idle_close_reason(
     }
 }
 
+/// How many connections the pool holds beyond `pool_size` and `reserve_pool_size`
+/// (0 when unlimited): more than it may after either was lowered (SET, RELOAD). Those
+/// close as they come back or sit idle ("too many servers in the pool"), and the
+/// slots they free go to no waiter, as PgBouncer's janitor trims a pool.
+#[inline]
+pub(super) fn surplus(st: &PoolState) -> u32 {
+    let r = &st.reuse;
+    if r.pool_size == 0 {
+        0
+    } else {
+        st.total.saturating_sub(r.pool_size + r.reserve_pool_size)
+    }
+}
+
 /// Why a connection given back is closed rather than pooled, if it is (None: it is
 /// pooled; on every release, so the common case falls through cheap tests).
 #[inline]
@@ -81,6 +95,8 @@ pub(super) fn release_close_reason(
         Some("db conf changed")
     } else if !lifetime.is_zero() && now.reached(conn.ident.created, lifetime) {
         Some("server lifetime over")
+    } else if surplus(st) > 0 {
+        Some("too many servers in the pool")
     } else {
         None
     }

@@ -409,8 +409,9 @@ impl Pool {
         }
     }
 
-    /// Closes idle connections past their lifetime or idle timeout, and those the
-    /// server closed (or that sent bytes nobody asked for) while idle.
+    /// Closes idle connections past their lifetime or idle timeout, those the server
+    /// closed (or that sent bytes nobody asked for) while idle, and the oldest of
+    /// those beyond a pool size lowered since they opened.
     pub fn close_expired_idle(&self) {
         let now = Tick::now();
         let doomed: Vec<(ServerConn, &'static str)> = {
@@ -422,6 +423,12 @@ impl Pool {
                     Some(reason) => doomed.push((c, reason)),
                     None => st.idle.push(c),
                 }
+            }
+            // (Each of `doomed` leaves the count when dropped, after the lock.)
+            let over = (closing::surplus(&st) as usize).saturating_sub(doomed.len());
+            let n = over.min(st.idle.len());
+            for c in st.idle.drain(..n) {
+                doomed.push((c, "too many servers in the pool"));
             }
             doomed
         };

@@ -33,7 +33,12 @@ impl Drop for SlotToken {
         // Hand the slot to the oldest waiter (every place in line is live); only when
         // nobody waits does the count go down.
         let mut st = pool.lock_state();
-        match st.waiters.pop_front() {
+        // (A pool over its size, lowered since, gives the slot up instead.)
+        let next = match super::closing::surplus(&st) {
+            0 => st.waiters.pop_front(),
+            _ => None,
+        };
+        match next {
             Some(w) => {
                 let slot = Grant::Slot(SlotToken::counted(pool.clone()));
                 let waker = w.answer(&mut st, super::line::Answer::Granted(slot));

@@ -5,6 +5,7 @@
 mod bad;
 mod basic;
 pub(crate) mod common;
+mod console_load;
 mod copy;
 mod delegated;
 mod differential;

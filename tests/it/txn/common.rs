@@ -92,6 +92,21 @@ pub async fn backends(obs: &Observer, db: &str) -> i64 {
         .get(0)
 }
 
+/// Pids of the client backends connected to database `db`.
+pub async fn backend_pids(obs: &Observer, db: &str) -> Vec<i32> {
+    obs.client
+        .query(
+            "SELECT pid FROM pg_stat_activity \
+             WHERE backend_type = 'client backend' AND datname = $1",
+            &[&db],
+        )
+        .await
+        .expect("list backends")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
 /// Polls until `cond(backends(db))` holds; returns the count, or panics after `limit`.
 pub async fn wait_backends(
     obs: &Observer,

@@ -16,18 +16,18 @@ use super::common::*;
 use crate::support::probe::{within, Observer};
 use crate::support::Sluice;
 
-const CLIENTS: u64 = 12;
+pub(super) const CLIENTS: u64 = 12;
 const POOL: u32 = 2;
 const KILLS: u64 = 20;
 /// Steps a client may take while the kills go on (a bound; the kills end first).
-const MAX_STEPS: u64 = 3_000;
+pub(super) const MAX_STEPS: u64 = 3_000;
 /// Answer sizes: one read, a few reads, and more than the delegate gathers.
-const SIZES: [usize; 4] = [0, 3_000, 40_000, 200_000];
+pub(super) const SIZES: [usize; 4] = [0, 3_000, 40_000, 200_000];
 
 /// Asks for an answer tagged with the client and step, of `size` bytes, by the simple
 /// or the extended protocol; checks that the answer is exactly that. `Err` is the
 /// error's text; a wrong answer panics.
-async fn ask(c: &Client, id: u64, step: u64) -> Result<(), String> {
+pub(super) async fn ask(c: &Client, id: u64, step: u64) -> Result<(), String> {
     let tag = format!("c{id}s{step}");
     let size = SIZES[(step % SIZES.len() as u64) as usize];
     let ctx = format!("client {id} step {step} ({size} bytes)");
@@ -68,7 +68,7 @@ async fn ask(c: &Client, id: u64, step: u64) -> Result<(), String> {
 /// A client asking until `stop`, connecting again after an error (a killed server's
 /// FATAL error ends the client's connection, as with PgBouncer). Returns (answers,
 /// errors) and the client it ended with.
-async fn run_client(
+pub(super) async fn run_client(
     s: Arc<Sluice>,
     db: String,
     id: u64,
@@ -91,6 +91,33 @@ async fn run_client(
     (ok, errors, c)
 }
 
+/// [`CLIENTS`]-many [`run_client`]s at work until [`Load::finish`].
+pub(super) struct Load {
+    stop: Arc<AtomicBool>,
+    clients: Vec<tokio::task::JoinHandle<(u64, Vec<String>, Client)>>,
+}
+
+impl Load {
+    pub(super) fn start(s: &Arc<Sluice>, db: &str) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let clients = (0..CLIENTS)
+            .map(|id| tokio::spawn(run_client(s.clone(), db.to_owned(), id, stop.clone())))
+            .collect();
+        Load { stop, clients }
+    }
+
+    /// Stops the clients; each one's answers, errors and last connection, in order.
+    pub(super) async fn finish(self) -> Vec<(u64, Vec<String>, Client)> {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut ended = Vec::new();
+        for (id, c) in self.clients.into_iter().enumerate() {
+            let r = within(Duration::from_secs(60), "a client at work", c).await;
+            ended.push(r.unwrap_or_else(|e| panic!("client {id}: {e}")));
+        }
+        ended
+    }
+}
+
 /// Kills one of `db`'s backends every `every`, `KILLS` times; returns how many
 /// were killed (one may have gone on its own first).
 async fn killer(obs: &Observer, db: &str, every: Duration) -> u64 {
@@ -98,18 +125,7 @@ async fn killer(obs: &Observer, db: &str, every: Duration) -> u64 {
     let mut killed = 0;
     for _ in 0..KILLS {
         tokio::time::sleep(every).await;
-        let pids: Vec<i32> = obs
-            .client
-            .query(
-                "SELECT pid FROM pg_stat_activity \
-                 WHERE backend_type = 'client backend' AND datname = $1",
-                &[&db],
-            )
-            .await
-            .expect("list backends")
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
+        let pids = backend_pids(obs, db).await;
         if pids.is_empty() {
             continue;
         }
@@ -130,22 +146,15 @@ async fn servers_killed_under_load_never_mix_answers() {
             .start(),
     );
     let obs = Observer::new().await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..CLIENTS)
-        .map(|id| tokio::spawn(run_client(s.clone(), db.clone(), id, stop.clone())))
-        .collect();
-
+    let load = Load::start(&s, &db);
     let killed = within(
         Duration::from_secs(60),
         "the kills",
         killer(&obs, &db, Duration::from_millis(50)),
     )
     .await;
-    stop.store(true, Ordering::Relaxed);
     let (mut ended, mut failed) = (Vec::new(), 0);
-    for (id, c) in clients.into_iter().enumerate() {
-        let r = within(Duration::from_secs(60), "a client under the kills", c).await;
-        let (ok, errors, c) = r.unwrap_or_else(|e| panic!("client {id}: {e}"));
+    for (id, (ok, errors, c)) in load.finish().await.into_iter().enumerate() {
         eprintln!(
             "client {id}: {ok} answers, {} errors: {errors:?}",
             errors.len()

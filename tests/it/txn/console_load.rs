@@ -1,0 +1,144 @@
+//! The console's control commands while many clients share a small pool in
+//! transaction mode: RECONNECT and WAIT_CLOSE, PAUSE and RESUME, SUSPEND and RESUME,
+//! SET of the pool size and RELOAD, each while answers are being relayed (most of them
+//! by the server's delegate, pool/delegate.rs). None of them may cost a client an
+//! error or an answer, or mix answers; the retired servers must all close.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::common::*;
+use super::killed::{ask, Load, CLIENTS, MAX_STEPS, SIZES};
+use crate::admin::{console, ADMIN, ADMIN_PW};
+use crate::support::probe::{within, Observer};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn control_commands_under_load_cost_no_client_an_answer() {
+    let db = fresh_db("txn_console_load");
+    let s = Arc::new(
+        txn_sluice(&db)
+            .userlist(ADMIN, ADMIN_PW)
+            .setting("default_pool_size", "2")
+            .start(),
+    );
+    let obs = Observer::new().await;
+    let load = Load::start(&s, &db);
+    let admin = console(&s, ADMIN, ADMIN_PW).await;
+    let run = |sql: String| {
+        let admin = &admin;
+        async move {
+            within(STEP, &sql, admin.simple_query(&sql))
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {}", err_text(&e)));
+        }
+    };
+    let pause = || tokio::time::sleep(Duration::from_millis(150));
+
+    pause().await;
+    for target in [String::new(), format!(" {db}")] {
+        let before = backend_pids(&obs, &db).await;
+        assert!(!before.is_empty(), "no servers under load");
+        run(format!("RECONNECT{target}")).await;
+        run(format!("WAIT_CLOSE{target}")).await;
+        // Every server of before the RECONNECT is gone (PostgreSQL lists a backend
+        // for a moment after Sluice closed it).
+        let deadline = tokio::time::Instant::now() + STEP;
+        loop {
+            let now = backend_pids(&obs, &db).await;
+            let left: Vec<_> = before.iter().filter(|p| now.contains(p)).collect();
+            if left.is_empty() {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "servers {left:?} outlived RECONNECT{target} and WAIT_CLOSE"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        pause().await;
+    }
+    for (stop_cmd, go_cmd) in [("PAUSE", "RESUME"), ("SUSPEND", "RESUME")] {
+        run(stop_cmd.to_owned()).await;
+        pause().await;
+        run(go_cmd.to_owned()).await;
+        pause().await;
+    }
+    // A pool made smaller sheds servers as they come back, under load too.
+    for size in [4, 1, 2] {
+        run(format!("SET default_pool_size = {size}")).await;
+        pause().await;
+        wait_backends(&obs, &db, STEP, |n| n <= size).await;
+    }
+    run("RELOAD".to_owned()).await;
+    pause().await;
+
+    let mut total = 0;
+    for (id, (ok, errors, c)) in load.finish().await.into_iter().enumerate() {
+        assert!(
+            errors.is_empty(),
+            "client {id} failed under the console's commands: {errors:?}\n{}",
+            s.diagnostics()
+        );
+        // Still served on the connection it had all along.
+        ask(&c, id as u64, MAX_STEPS + SIZES.len() as u64)
+            .await
+            .unwrap_or_else(|e| panic!("client {id} afterwards: {e}"));
+        total += ok;
+    }
+    assert!(total > CLIENTS, "hardly any answers: {total}");
+    wait_backends(&obs, &db, STEP, |n| n <= 2).await;
+}
+
+/// Under pgbench's load every server goes from client to client without resting idle:
+/// a pool made smaller must shed them as they come back all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_smaller_pool_under_pgbench_sheds_servers_at_release() {
+    let db = fresh_db("txn_shrunk_load");
+    let s = txn_sluice(&db)
+        .userlist(ADMIN, ADMIN_PW)
+        .setting("default_pool_size", "4")
+        .start();
+    let obs = Observer::new().await;
+    let dir = crate::support::TempDir::new("sluice-shrink");
+    let script = dir.write("select.sql", "SELECT 1;\n");
+    let script = script.to_string_lossy().into_owned();
+    let port = s.port();
+    let db2 = db.clone();
+    let run = tokio::task::spawn_blocking(move || {
+        let args = ["-n", "-c", "24", "-j", "2", "-T", "5", "-f", &script];
+        crate::support::pgbench(
+            "127.0.0.1",
+            port,
+            crate::support::MD5_USER,
+            &db2,
+            Some(crate::support::MD5_PASSWORD),
+            &args,
+            Duration::from_secs(60),
+        )
+    });
+    wait_backends(&obs, &db, STEP, |n| n == 4).await;
+    let admin = console(&s, ADMIN, ADMIN_PW).await;
+    within(STEP, "SET", admin.simple_query("SET default_pool_size = 1"))
+        .await
+        .unwrap_or_else(|e| panic!("SET: {}", err_text(&e)));
+    // Well before pgbench ends.
+    wait_backends(&obs, &db, Duration::from_secs(2), |n| n <= 1).await;
+    let run = within(Duration::from_secs(60), "pgbench", run)
+        .await
+        .unwrap();
+    let report = format!("{}\n{}", run.stdout, run.stderr);
+    assert!(run.success(), "pgbench: {report}\n{}", s.diagnostics());
+    if let Some(line) = run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("number of failed transactions"))
+    {
+        assert!(line.contains(": 0 "), "{line}\n{report}");
+    }
+    assert!(
+        s.log()
+            .contains("closing because: too many servers in the pool"),
+        "{}",
+        s.diagnostics()
+    );
+}
