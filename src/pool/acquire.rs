@@ -64,29 +64,45 @@ impl Pool {
         let now = Tick::now();
         let qwt = cfg.query_wait_timeout;
         let deadline = (!qwt.is_zero()).then(|| now + qwt);
+        self.acquire_until(&cfg, now, deadline, &mut on_notice)
+            .await
+    }
+
+    /// [`Pool::acquire_noting`] for a request that came at `now`, bounded by
+    /// `deadline`.
+    async fn acquire_until(
+        self: &Arc<Self>,
+        cfg: &PoolConfig,
+        now: Tick,
+        deadline: Option<Tick>,
+        on_notice: &mut impl FnMut(),
+    ) -> Result<ServerConn, PoolError> {
         // A place in line keeps the waker of the task that waits in it (this one).
         let waker = std::future::poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
         loop {
             let mut doomed = Vec::new();
-            let step = self.next_step(&cfg, false, now, &waker, &mut doomed)?;
+            let step = self.next_step(cfg, false, now, &waker, &mut doomed)?;
             drop(doomed);
             let slot = match step {
                 // The rare paths (a check query, a new connection) are boxed, so that
                 // waiting for a server, the common one, is a small future.
-                Step::Idle(conn) => match Box::pin(self.check_idle(conn, &cfg)).await {
+                Step::Idle(conn) => match Box::pin(self.check_idle(conn, cfg)).await {
                     Some(conn) => return Ok(conn),
                     None => continue,
                 },
                 Step::Connect => SlotToken::counted(self.clone()),
-                Step::Wait(ticket) => match self
-                    .wait_in_line(ticket, &cfg, deadline, &mut on_notice)
-                    .await?
-                {
-                    Grant::Server(conn) => return Ok(self.handed_over(conn)),
-                    Grant::Slot(slot) => slot,
-                },
+                Step::Wait(ticket) => {
+                    match self.wait_in_line(ticket, cfg, deadline, on_notice).await? {
+                        Grant::Server(conn) => return Ok(self.handed_over(conn)),
+                        Grant::Slot(slot) => slot,
+                    }
+                }
             };
-            return Box::pin(self.connect_new(&cfg, slot, deadline, &[])).await;
+            match Box::pin(self.connect_new(cfg, slot, deadline, &[])).await {
+                // The login failed, but servers are up: wait for one (login_hold.rs).
+                Err(_) if self.lock_state().logins_held_off() => continue,
+                got => return got,
+            }
         }
     }
 
@@ -107,7 +123,8 @@ impl Pool {
         if st.closed {
             return Err(PoolError::PoolClosed);
         }
-        let room = cfg.pool_size == 0 || st.total < cfg.pool_size;
+        // (No new login while one failed lately and servers are up: login_hold.rs.)
+        let room = (cfg.pool_size == 0 || st.total < cfg.pool_size) && !st.logins_held_off();
         if !(fresh_first && room) {
             if let Some(mut conn) = pop_idle(&mut st, now, doomed) {
                 st.active += 1;
@@ -219,15 +236,22 @@ impl Pool {
     pub async fn redeem(
         self: &Arc<Self>,
         ticket: &mut Ticket,
-        on_notice: impl FnMut(),
+        mut on_notice: impl FnMut(),
     ) -> Result<ServerConn, PoolError> {
-        match ticket.answer(on_notice).await {
+        match ticket.answer(&mut on_notice).await {
             Answer::Granted(Grant::Server(conn)) => Ok(self.handed_over(conn)),
             Answer::Granted(Grant::Slot(slot)) => {
                 let cfg = self.config();
                 let qwt = cfg.query_wait_timeout;
                 let deadline = (!qwt.is_zero()).then(|| ticket.since + qwt);
-                Box::pin(self.connect_new(&cfg, slot, deadline, &[])).await
+                match Box::pin(self.connect_new(&cfg, slot, deadline, &[])).await {
+                    // The login failed, but servers are up: wait for one (login_hold.rs).
+                    Err(_) if self.lock_state().logins_held_off() => {
+                        let since = ticket.since;
+                        Box::pin(self.acquire_until(&cfg, since, deadline, &mut on_notice)).await
+                    }
+                    got => got,
+                }
             }
             Answer::Refused => Err(refusal(self)),
             Answer::Served(at, n) => Err(PoolError::Served(at, n)),
@@ -290,7 +314,7 @@ impl Pool {
                 Err(_) => {
                     let mut st = self.lock_state();
                     let limit = cfg.pool_size + cfg.reserve_pool_size;
-                    if st.total < limit && ticket.leave(&mut st) {
+                    if st.total < limit && !st.logins_held_off() && ticket.leave(&mut st) {
                         st.total += 1;
                         tracing::info!(
                             "{}/{}: taking connection from reserve_pool",

@@ -13,6 +13,7 @@ pub mod error;
 mod idle_pools;
 pub mod limits;
 mod line;
+mod login_hold;
 pub mod lookup;
 pub mod opening;
 pub mod registry;

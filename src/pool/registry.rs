@@ -237,13 +237,15 @@ impl Pools {
         }
     }
 
-    /// Periodic upkeep: closes idle connections past their limits and keeps
-    /// `min_pool_size` warm.
+    /// Periodic upkeep: closes idle connections past their limits, lets clients
+    /// waiting in line log in new servers where there is room (pool/login_hold.rs),
+    /// and keeps `min_pool_size` warm.
     pub fn maintain(&self) {
         let now = crate::clock::Tick::now();
         for p in self.all() {
             p.expire_waiters(now);
             p.close_expired_idle();
+            p.grant_room_to_waiters();
             p.fill_min();
         }
     }

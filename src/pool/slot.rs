@@ -33,9 +33,10 @@ impl Drop for SlotToken {
         // Hand the slot to the oldest waiter (every place in line is live); only when
         // nobody waits does the count go down.
         let mut st = pool.lock_state();
-        // (A pool over its size, lowered since, gives the slot up instead.)
+        // (A pool over its size, lowered since, gives the slot up instead; so does one
+        // holding off new logins, whose waiters wait for the servers up: login_hold.rs.)
         let next = match super::closing::surplus(&st) {
-            0 => st.waiters.pop_front(),
+            0 if !st.logins_held_off() => st.waiters.pop_front(),
             _ => None,
         };
         match next {

@@ -111,6 +111,8 @@ pub(crate) struct Reuse {
     /// 0 = unlimited.
     pub pool_size: u32,
     pub reserve_pool_size: u32,
+    /// `server_login_retry`.
+    pub login_retry: Duration,
 }
 
 impl PoolConfig {
@@ -123,6 +125,7 @@ impl PoolConfig {
             round_robin: self.server_round_robin,
             pool_size: self.pool_size,
             reserve_pool_size: self.reserve_pool_size,
+            login_retry: self.server_login_retry,
         }
     }
 

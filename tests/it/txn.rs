@@ -14,6 +14,7 @@ mod function_call;
 mod killed;
 mod limits;
 mod load;
+mod login_failing;
 mod midbatch;
 mod mixed;
 mod params;
