@@ -29,24 +29,34 @@ impl SlotToken {
 
 impl Drop for SlotToken {
     fn drop(&mut self) {
-        let Some(pool) = self.take() else { return };
-        // Hand the slot to the oldest waiter (every place in line is live); only when
-        // nobody waits does the count go down.
-        let mut st = pool.lock_state();
-        // (A pool over its size, lowered since, gives the slot up instead; so does one
-        // holding off new logins, whose waiters wait for the servers up: login_hold.rs.)
-        let next = match super::closing::surplus(&st) {
-            0 if !st.logins_held_off() => st.waiters.pop_front(),
-            _ => None,
-        };
-        match next {
-            Some(w) => {
-                let slot = Grant::Slot(SlotToken::counted(pool.clone()));
-                let waker = w.answer(&mut st, super::line::Answer::Granted(slot));
-                drop(st);
-                waker.wake();
-            }
-            None => st.total = st.total.saturating_sub(1),
+        if let Some(pool) = self.take() {
+            free(pool);
         }
+    }
+}
+
+/// Frees a slot of `pool`. Out of line: a slot is dropped with every server
+/// connection, so this is in the drop code of whatever may drop one, where it would
+/// weigh on the inlining of the session's hot futures (a connection is closed far
+/// less often than it is moved).
+#[inline(never)]
+fn free(pool: Arc<Pool>) {
+    // Hand the slot to the oldest waiter (every place in line is live); only when
+    // nobody waits does the count go down.
+    let mut st = pool.lock_state();
+    // (A pool over its size, lowered since, gives the slot up instead; so does one
+    // holding off new logins, whose waiters wait for the servers up: login_hold.rs.)
+    let next = match super::closing::surplus(&st) {
+        0 if !st.logins_held_off() => st.waiters.pop_front(),
+        _ => None,
+    };
+    match next {
+        Some(w) => {
+            let slot = Grant::Slot(SlotToken::counted(pool.clone()));
+            let waker = w.answer(&mut st, super::line::Answer::Granted(slot));
+            drop(st);
+            waker.wake();
+        }
+        None => st.total = st.total.saturating_sub(1),
     }
 }
