@@ -35,10 +35,9 @@ impl Drop for SlotToken {
     }
 }
 
-/// Frees a slot of `pool`. Out of line: a slot is dropped with every server
-/// connection, so this is in the drop code of whatever may drop one, where it would
-/// weigh on the inlining of the session's hot futures (a connection is closed far
-/// less often than it is moved).
+/// Frees a slot of `pool`. Out of line: it is in the drop code of whatever may drop a
+/// server connection, the session's hot futures among them, and runs only when a
+/// connection closes.
 #[inline(never)]
 fn free(pool: Arc<Pool>) {
     // Hand the slot to the oldest waiter (every place in line is live); only when
