@@ -246,6 +246,13 @@ fn server_views(app: &App) -> Vec<ServerView> {
                 &row, &ident, state, since, prepared, generation,
             ));
         }
+        // Its client gone, its reset query running (PgBouncer's `tested`).
+        for (ident, since) in pool.resetting_servers() {
+            let prepared = ident.prepared();
+            views.push(unlinked_view(
+                &row, &ident, "tested", since, prepared, generation,
+            ));
+        }
         // Being opened: no backend yet, and no local end known.
         for o in pool.openings() {
             views.push(ServerView {

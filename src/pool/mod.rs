@@ -17,6 +17,7 @@ mod login_hold;
 pub mod lookup;
 pub mod opening;
 pub mod registry;
+mod resetting;
 pub mod server;
 mod server_tls;
 mod slot;
@@ -85,6 +86,8 @@ pub(crate) struct PoolState {
     /// Connections given back while cancel requests were on their way to them, held
     /// off the pool until those are done (`canceled.rs`).
     being_canceled: Vec<Arc<ServerIdent>>,
+    /// Lent connections whose reset query runs, and since when (`resetting.rs`).
+    resetting: Vec<(Arc<ServerIdent>, Tick)>,
     /// The last login failure, to fail fast until `server_login_retry` passes.
     last_login_error: Option<(Instant, PoolError)>,
     /// Bumped to retire existing connections (reload with a new target, RECONNECT).
@@ -158,6 +161,8 @@ pub struct PoolCounts {
     pub waiting: u32,
     /// Lent connections held for cancels (counted in `active` too).
     pub being_canceled: u32,
+    /// Lent connections whose reset query runs (counted in `active` too).
+    pub resetting: u32,
 }
 
 /// One pool of server connections for a (database, user) pair.
@@ -305,6 +310,7 @@ impl Pool {
             active: st.active,
             waiting: st.waiters.len() as u32,
             being_canceled: st.being_canceled.len() as u32,
+            resetting: st.resetting.len() as u32,
         }
     }
 

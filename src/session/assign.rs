@@ -80,11 +80,12 @@ pub(super) async fn finish_server(
         } else {
             cfg.server_connect_timeout
         };
-        if server
-            .run_internal(&cfg.server_reset_query, timeout)
-            .await
-            .is_err()
-        {
+        let reset = {
+            // Listed as `tested` meanwhile (pool/resetting.rs), gone before release.
+            let _listed = pool.resetting(&server.ident);
+            server.run_internal(&cfg.server_reset_query, timeout).await
+        };
+        if reset.is_err() {
             pool.release(server, false);
             return;
         }

@@ -170,3 +170,46 @@ fn a_client_whose_login_waits_is_listed_as_cl_login() {
     let sockets = show_until(&s, "SOCKETS", none);
     assert!(none(&sockets), "{sockets:?}");
 }
+
+/// A server whose reset query runs after its session-mode client left is listed as
+/// `tested` (PgBouncer's `sv_tested`), not missing from the console, then `idle`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_being_reset_is_listed_as_tested() {
+    let s = builder()
+        .setting("pool_mode", "session")
+        .setting("server_reset_query", "SELECT pg_sleep(1.5)")
+        .start();
+    let cfg = s.config(MD5_USER, MD5_PASSWORD, TEST_DB);
+    let c = support::connect(&cfg).await;
+    let pid: i32 = c
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("query")
+        .get(0);
+    drop(c);
+
+    let tested = |o: &PsqlOut| o.column("state").iter().any(|st| st == "tested");
+    let servers = tokio::task::block_in_place(|| show_until(&s, "SERVERS", tested));
+    assert!(tested(&servers), "{servers:?}\n{}", s.diagnostics());
+    assert_eq!(
+        servers.cell("state", "tested", "remote_pid"),
+        Some(pid.to_string())
+    );
+    assert_eq!(servers.cell("state", "tested", "link"), Some(String::new()));
+    let pools = tokio::task::block_in_place(|| psql(&s, "SHOW POOLS"));
+    let during = |col: &str| pools.cell("database", TEST_DB, col);
+    assert_eq!(
+        (during("sv_tested"), during("sv_active")),
+        (Some("1".into()), Some("0".into())),
+        "{pools:?}"
+    );
+    // The reset done, it is idle in the pool.
+    let idle = |o: &PsqlOut| o.column("state").iter().any(|st| st == "idle");
+    let servers = tokio::task::block_in_place(|| show_until(&s, "SERVERS", idle));
+    assert_eq!(
+        servers.cell("state", "idle", "remote_pid"),
+        Some(pid.to_string()),
+        "{servers:?}"
+    );
+    assert!(!tested(&servers), "{servers:?}");
+}
