@@ -81,8 +81,9 @@ impl Pool {
         let waker = std::future::poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
         loop {
             let mut doomed = Vec::new();
-            let step = self.next_step(cfg, false, now, &waker, &mut doomed)?;
-            drop(doomed);
+            let step = self.next_step(cfg, false, now, &waker, &mut doomed);
+            self.bury(doomed);
+            let step = step?;
             let slot = match step {
                 // The rare paths (a check query, a new connection) are boxed, so that
                 // waiting for a server, the common one, is a small future.
@@ -117,7 +118,7 @@ impl Pool {
         fresh_first: bool,
         now: Tick,
         waker: &Waker,
-        doomed: &mut Vec<ServerConn>,
+        doomed: &mut Doomed,
     ) -> Result<Step, PoolError> {
         let mut st = self.lock_state();
         if st.closed {
@@ -154,8 +155,9 @@ impl Pool {
         let waker = std::future::poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
         loop {
             let mut doomed = Vec::new();
-            let step = self.next_step(&cfg, true, Tick::now(), &waker, &mut doomed)?;
-            drop(doomed);
+            let step = self.next_step(&cfg, true, Tick::now(), &waker, &mut doomed);
+            self.bury(doomed);
+            let step = step?;
             let slot = match step {
                 Step::Connect => SlotToken::counted(self.clone()),
                 // Closed, so that its place is free for the next turn.
@@ -223,8 +225,23 @@ impl Pool {
                 None => Checkout::Slow,
             }
         };
-        drop(doomed);
+        self.bury(doomed);
         got
+    }
+
+    /// Closes, after the lock, the idle connections found unfit to lend, and logs why.
+    #[inline]
+    fn bury(&self, doomed: Doomed) {
+        if !doomed.is_empty() {
+            self.bury_all(doomed);
+        }
+    }
+
+    #[cold]
+    fn bury_all(&self, doomed: Doomed) {
+        for (conn, why) in doomed {
+            self.log_server_close(&conn, why);
+        }
     }
 
     /// Waits for the server (or the slot, then connects) a place in line taken by
@@ -555,10 +572,20 @@ impl Pool {
     }
 }
 
+/// Idle connections found unfit to lend under the pool's lock, each with why, to
+/// close after it (a connection's slot takes the lock when dropped).
+type Doomed = Vec<(ServerConn, &'static str)>;
+
+/// How long a connection must have been idle before it is probed when lent: one that
+/// PostgreSQL closed meanwhile (`idle_session_timeout`, a restart, a firewall) is not
+/// lent, as PgBouncer's loop drops such a server when its close arrives. The probe
+/// reads only if the socket was reported readable (tokio's readiness); the janitor
+/// probes every idle connection twice a second as well.
+const PROBE_IDLE: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// Takes the most recently used idle connection that is still good (or the oldest,
-/// with `server_round_robin`). Stale ones go to `doomed`, dropped after unlocking,
-/// because a connection's slot takes the lock when dropped.
-fn pop_idle(st: &mut PoolState, now: Tick, doomed: &mut Vec<ServerConn>) -> Option<ServerConn> {
+/// with `server_round_robin`). Stale ones go to `doomed`.
+fn pop_idle(st: &mut PoolState, now: Tick, doomed: &mut Doomed) -> Option<ServerConn> {
     let reuse = st.reuse;
     loop {
         let conn = if reuse.round_robin && !st.idle.is_empty() {
@@ -566,12 +593,21 @@ fn pop_idle(st: &mut PoolState, now: Tick, doomed: &mut Vec<ServerConn>) -> Opti
         } else {
             st.idle.pop()?
         };
-        // No liveness probe here (a syscall per transaction): the janitor probes
-        // idle connections twice a second, and server_check_delay covers the rest.
-        if conn.ident.generation == st.generation && !conn.expired(&reuse, now) {
-            return Some(conn);
+        // Not probed when it went idle moments ago, as under load (no read per
+        // transaction): the janitor's probe covers that.
+        let why = if conn.ident.generation != st.generation {
+            Some("db conf changed")
+        } else if let Some(why) = conn.expiry(&reuse, now) {
+            Some(why)
+        } else if now.reached(conn.last_used, PROBE_IDLE) && conn.stream.is_dead_or_chatty() {
+            Some("server conn crashed?")
+        } else {
+            None
+        };
+        match why {
+            None => return Some(conn),
+            Some(why) => doomed.push((conn, why)),
         }
-        doomed.push(conn);
     }
 }
 

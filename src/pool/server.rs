@@ -141,11 +141,6 @@ impl ServerState {
         self.params.get(name)
     }
 
-    /// Whether its age or idle time passed the pool's limits.
-    pub(crate) fn expired(&self, r: &Reuse, now: Tick) -> bool {
-        self.expiry(r, now).is_some()
-    }
-
     /// Which of the pool's limits its age or idle time passed, as PgBouncer logs it.
     pub(crate) fn expiry(&self, r: &Reuse, now: Tick) -> Option<&'static str> {
         if !r.lifetime.is_zero() && now.reached(self.ident.created, r.lifetime) {

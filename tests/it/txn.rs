@@ -11,6 +11,7 @@ mod delegated;
 mod differential;
 mod dirty;
 mod function_call;
+mod idle_closed;
 mod killed;
 mod limits;
 mod load;
