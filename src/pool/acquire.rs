@@ -11,12 +11,13 @@ use std::sync::Arc;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
+use super::idle::{pop_idle, Doomed};
 use super::limits::{ConnLimit, LimitToken};
 pub use super::line::Ticket;
 use super::line::{self, Answer};
 use super::slot::SlotToken;
 use super::target::Reuse;
-use super::{server, Grant, Pool, PoolConfig, PoolError, PoolState, ServerConn};
+use super::{server, Grant, Pool, PoolConfig, PoolError, ServerConn};
 use crate::clock::Tick;
 use crate::config::LoadBalance;
 
@@ -70,7 +71,7 @@ impl Pool {
 
     /// [`Pool::acquire_noting`] for a request that came at `now`, bounded by
     /// `deadline`.
-    async fn acquire_until(
+    pub(super) async fn acquire_until(
         self: &Arc<Self>,
         cfg: &PoolConfig,
         now: Tick,
@@ -229,21 +230,6 @@ impl Pool {
         got
     }
 
-    /// Closes, after the lock, the idle connections found unfit to lend, and logs why.
-    #[inline]
-    fn bury(&self, doomed: Doomed) {
-        if !doomed.is_empty() {
-            self.bury_all(doomed);
-        }
-    }
-
-    #[cold]
-    fn bury_all(&self, doomed: Doomed) {
-        for (conn, why) in doomed {
-            self.log_server_close(&conn, why);
-        }
-    }
-
     /// Waits for the server (or the slot, then connects) a place in line taken by
     /// [`Pool::checkout`] is granted.
     ///
@@ -268,31 +254,6 @@ impl Pool {
             }
             Answer::Refused => Err(refusal(self)),
             Answer::Served(at, n) => Err(PoolError::Served(at, n)),
-        }
-    }
-
-    /// Logs in a new server in the slot granted to a client waiting in line since
-    /// `since`. If that fails while servers are up, the client waits for one of
-    /// them instead (login_hold.rs; a `query_wait_notify` notice is not sent again in
-    /// this wait).
-    async fn connect_granted(
-        self: &Arc<Self>,
-        cfg: &PoolConfig,
-        slot: SlotToken,
-        deadline: Option<Tick>,
-        since: Tick,
-    ) -> Result<ServerConn, PoolError> {
-        match self.connect_new(cfg, slot, deadline, &[]).await {
-            Err(_) if self.lock_state().logins_held_off() => {
-                // (Behind a `dyn`: inlined, this rare wait tripled the code of the
-                // session's wait for a server, which then was not inlined itself,
-                // ~50 instructions more per transaction at 600 clients.)
-                let mut quiet = || {};
-                let wait: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send + '_>> =
-                    Box::pin(self.acquire_until(cfg, since, deadline, &mut quiet));
-                wait.await
-            }
-            got => got,
         }
     }
 
@@ -569,45 +530,6 @@ impl Pool {
                 pool.release(conn, true);
             }
         });
-    }
-}
-
-/// Idle connections found unfit to lend under the pool's lock, each with why, to
-/// close after it (a connection's slot takes the lock when dropped).
-type Doomed = Vec<(ServerConn, &'static str)>;
-
-/// How long a connection must have been idle before it is probed when lent: one that
-/// PostgreSQL closed meanwhile (`idle_session_timeout`, a restart, a firewall) is not
-/// lent, as PgBouncer's loop drops such a server when its close arrives. The probe
-/// reads only if the socket was reported readable (tokio's readiness); the janitor
-/// probes every idle connection twice a second as well.
-const PROBE_IDLE: std::time::Duration = std::time::Duration::from_millis(10);
-
-/// Takes the most recently used idle connection that is still good (or the oldest,
-/// with `server_round_robin`). Stale ones go to `doomed`.
-fn pop_idle(st: &mut PoolState, now: Tick, doomed: &mut Doomed) -> Option<ServerConn> {
-    let reuse = st.reuse;
-    loop {
-        let conn = if reuse.round_robin && !st.idle.is_empty() {
-            st.idle.remove(0)
-        } else {
-            st.idle.pop()?
-        };
-        // Not probed when it went idle moments ago, as under load (no read per
-        // transaction): the janitor's probe covers that.
-        let why = if conn.ident.generation != st.generation {
-            Some("db conf changed")
-        } else if let Some(why) = conn.expiry(&reuse, now) {
-            Some(why)
-        } else if now.reached(conn.last_used, PROBE_IDLE) && conn.stream.is_dead_or_chatty() {
-            Some("server conn crashed?")
-        } else {
-            None
-        };
-        match why {
-            None => return Some(conn),
-            Some(why) => doomed.push((conn, why)),
-        }
     }
 }
 

@@ -10,6 +10,7 @@ mod canceled;
 mod closing;
 mod delegate;
 pub mod error;
+mod idle;
 mod idle_pools;
 pub mod limits;
 mod line;
