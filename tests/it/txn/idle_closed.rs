@@ -11,7 +11,7 @@ async fn servers_postgres_closed_while_idle_are_not_handed_out() {
     let db = fresh_db("txn_idle_closed");
     direct(
         &db,
-        &format!("ALTER DATABASE {db} SET idle_session_timeout = '250ms'"),
+        &format!("ALTER DATABASE {db} SET idle_session_timeout = '200ms'"),
     );
     let s = txn_sluice(&db).setting("default_pool_size", "1").start();
     let c = client(&s, &db).await;
@@ -24,7 +24,7 @@ async fn servers_postgres_closed_while_idle_are_not_handed_out() {
         }
         // Long enough for PostgreSQL to close the idle server, at a different point
         // of the janitor's half-second each time.
-        tokio::time::sleep(Duration::from_millis(300 + 37 * step)).await;
+        tokio::time::sleep(Duration::from_millis(400 + 37 * step)).await;
     }
     assert!(errors.is_empty(), "{errors:?}\n{}", s.diagnostics());
 }
