@@ -22,5 +22,6 @@ mod params;
 mod portals;
 mod protocol;
 mod reset;
+mod restart_load;
 mod statement;
 mod timeouts;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::common::*;
 use crate::support::pg::PrivatePg;
 use crate::support::probe::{within, Observer};
-use crate::support::{self, SluiceBuilder, MD5_PASSWORD, MD5_USER, TEST_DB};
+use crate::support::{self, MD5_PASSWORD, MD5_USER, TEST_DB};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_killed_mid_transaction_while_others_wait() {
@@ -100,14 +100,7 @@ async fn probe_once(s: &support::Sluice) -> Result<String, String> {
 async fn postgres_restart() {
     let private = tokio::task::spawn_blocking(PrivatePg::start).await.unwrap();
     let private = Arc::new(private);
-    let s = SluiceBuilder::new()
-        .userlist(MD5_USER, MD5_PASSWORD)
-        .database(
-            TEST_DB,
-            &format!("host=127.0.0.1 port={} dbname={TEST_DB}", private.port()),
-        )
-        .setting("pool_mode", "transaction")
-        .setting("default_pool_size", "2")
+    let s = private_txn_sluice(&private)
         .setting("server_login_retry", "0.5")
         .setting("server_connect_timeout", "3")
         .setting("query_wait_timeout", "5")

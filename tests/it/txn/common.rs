@@ -46,6 +46,20 @@ pub fn txn_sluice(db: &str) -> SluiceBuilder {
         .setting("pool_mode", "transaction")
 }
 
+/// A Sluice serving `sluice_test` of a private PostgreSQL (one a test may stop and
+/// restart) to `sluice_md5`, with `pool_mode = transaction` and a pool of 2.
+pub fn private_txn_sluice(private: &crate::support::pg::PrivatePg) -> SluiceBuilder {
+    let db = crate::support::TEST_DB;
+    SluiceBuilder::new()
+        .userlist(MD5_USER, MD5_PASSWORD)
+        .database(
+            db,
+            &format!("host=127.0.0.1 port={} dbname={db}", private.port()),
+        )
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "2")
+}
+
 /// A tokio-postgres client of Sluice as `sluice_md5`.
 pub async fn client(s: &Sluice, db: &str) -> Client {
     let cfg = s.config(MD5_USER, MD5_PASSWORD, db);
