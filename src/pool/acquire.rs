@@ -507,14 +507,10 @@ impl Pool {
         }
         let slot = {
             let mut st = self.lock_state();
-            let recent_error = st
-                .last_login_error
-                .as_ref()
-                .is_some_and(|(at, _)| at.elapsed() < cfg.server_login_retry);
             let room = cfg.pool_size == 0 || st.total < cfg.pool_size;
             if st.closed
                 || st.welcome.is_none()
-                || recent_error
+                || st.login_failed_lately()
                 || !room
                 || st.total >= cfg.min_pool_size
             {

@@ -28,9 +28,7 @@ impl PoolState {
     /// Whether new logins wait: the last one failed lately, and servers are up to
     /// serve the clients waiting meanwhile.
     pub(super) fn logins_held_off(&self) -> bool {
-        self.last_login_error.is_some()
-            && self.active as usize + self.idle.len() > 0
-            && self.login_failed_lately()
+        self.login_failed_lately() && self.active as usize + self.idle.len() > 0
     }
 }
 

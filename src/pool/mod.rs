@@ -89,7 +89,8 @@ pub(crate) struct PoolState {
     being_canceled: Vec<Arc<ServerIdent>>,
     /// Lent connections whose reset query runs, and since when (`resetting.rs`).
     resetting: Vec<(Arc<ServerIdent>, Tick)>,
-    /// The last login failure, to fail fast until `server_login_retry` passes.
+    /// The last login failure: until `server_login_retry` passes, no new login is
+    /// tried, and a client gets this error unless servers are up (`login_hold.rs`).
     last_login_error: Option<(Instant, PoolError)>,
     /// Bumped to retire existing connections (reload with a new target, RECONNECT).
     generation: u64,

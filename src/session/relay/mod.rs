@@ -419,17 +419,17 @@ impl Relay {
         let mut bad_param = false;
         // A ReadyForQuery `I` answered everything sent (`ended`): a message after it
         // in the same read (bar a notification) is the server's own, most often a
-        // dying backend's FATAL error, and the server is not handed out again
-        // (`dirty`), as PgBouncer drops a server that sent something after its
-        // ReadyForQuery. A read that ends with the ReadyForQuery costs one test.
-        let (mut ended, mut dirty) = (false, false);
+        // dying backend's FATAL error, and the server is not handed out again, as
+        // PgBouncer drops a server that sent something after its ReadyForQuery. A
+        // read that ends with the ReadyForQuery costs one test.
+        let mut ended = false;
         // One deref of the boxed connection, so its fields borrow apart.
         let server = &mut **server;
         let (server_params, close_needed) = (&mut server.params, &mut server.close_needed);
         let on_event = |e: Event<'_>| match e {
             Event::Start { tag, .. } => {
                 if ended && tag != TAG_NOTIFICATION_RESPONSE {
-                    dirty = true;
+                    *close_needed = Some("idle server got dirty");
                 }
                 if watch_mid {
                     if let Some(skipped) = mid.server(tag, unsynced) {
@@ -518,9 +518,6 @@ impl Relay {
             return Err(ServerRead::Protocol(ProtocolError::Malformed(
                 "ParameterStatus",
             )));
-        }
-        if dirty {
-            server.close_needed = Some("idle server got dirty");
         }
         Ok(())
     }
