@@ -90,7 +90,8 @@ async fn control_commands_under_load_cost_no_client_an_answer() {
 }
 
 /// Under pgbench's load every server goes from client to client without resting idle:
-/// a pool made smaller must shed them as they come back all the same.
+/// a pool made smaller must shed them as they come back all the same, and one made
+/// larger again grow back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_smaller_pool_under_pgbench_sheds_servers_at_release() {
     let db = fresh_db("txn_shrunk_load");
@@ -105,7 +106,7 @@ async fn a_smaller_pool_under_pgbench_sheds_servers_at_release() {
     let port = s.port();
     let db2 = db.clone();
     let run = tokio::task::spawn_blocking(move || {
-        let args = ["-n", "-c", "24", "-j", "2", "-T", "5", "-f", &script];
+        let args = ["-n", "-c", "24", "-j", "2", "-T", "8", "-f", &script];
         crate::support::pgbench(
             "127.0.0.1",
             port,
@@ -123,6 +124,11 @@ async fn a_smaller_pool_under_pgbench_sheds_servers_at_release() {
         .unwrap_or_else(|e| panic!("SET: {}", err_text(&e)));
     // Well before pgbench ends.
     wait_backends(&obs, &db, Duration::from_secs(2), |n| n <= 1).await;
+    // Made larger again, it grows back while pgbench still runs.
+    within(STEP, "SET", admin.simple_query("SET default_pool_size = 4"))
+        .await
+        .unwrap_or_else(|e| panic!("SET: {}", err_text(&e)));
+    wait_backends(&obs, &db, Duration::from_secs(3), |n| n >= 3).await;
     let run = within(Duration::from_secs(60), "pgbench", run)
         .await
         .unwrap();
