@@ -20,6 +20,7 @@ mod midbatch;
 mod mixed;
 mod params;
 mod portals;
+mod prepared_load;
 mod protocol;
 mod reset;
 mod restart_load;
