@@ -206,7 +206,9 @@ pub(super) fn serve<'a>(
                 s.fresh = false;
                 match read {
                     Ok(true) => {}
-                    Ok(false) => break "client close request".into(),
+                    // PgBouncer's words: Terminate is a close request, a bare EOF not.
+                    Ok(false) if s.relay.get().terminated() => break "client close request".into(),
+                    Ok(false) => break "client unexpected eof".into(),
                     Err(Outcome::ClientProtocol(e)) => {
                         let relay = s.relay.get();
                         let why = protocol_failure(

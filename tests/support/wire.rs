@@ -129,6 +129,8 @@ pub struct RawClient {
     /// BackendKeyData seen during login.
     pub pid: u32,
     pub key: u32,
+    /// The local port of a TCP connection (0 over a unix socket).
+    pub local_port: u16,
 }
 
 impl std::fmt::Debug for RawClient {
@@ -150,7 +152,11 @@ impl RawClient {
             .expect("TCP connect timed out")
             .unwrap_or_else(|e| panic!("TCP connect to port {port}: {e}"));
         s.set_nodelay(true).ok();
-        RawClient::wrap(Box::new(s))
+        let local_port = s.local_addr().map_or(0, |a| a.port());
+        RawClient {
+            local_port,
+            ..RawClient::wrap(Box::new(s))
+        }
     }
 
     /// Opens a unix-socket connection to `<dir>/.s.PGSQL.<port>` (no startup sent).
@@ -170,6 +176,7 @@ impl RawClient {
             params: Vec::new(),
             pid: 0,
             key: 0,
+            local_port: 0,
         }
     }
 

@@ -13,6 +13,19 @@ fn log_lines(s: &Sluice, needle: &str) -> Vec<String> {
         .collect()
 }
 
+/// A raw client of `s` as the md5 test user, logged in to the test database.
+async fn raw_login(s: &Sluice) -> crate::support::wire::RawClient {
+    crate::support::wire::RawClient::login(
+        s.port(),
+        support::MD5_USER,
+        support::MD5_PASSWORD,
+        support::TEST_DB,
+        &[],
+    )
+    .await
+    .unwrap_or_else(|e| panic!("login: {e}\n{}", s.diagnostics()))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logfile_has_pgbouncer_style_connection_lines() {
     let s = md5_sluice().start();
@@ -109,17 +122,9 @@ async fn server_connections_are_logged_when_made_and_closed() {
 /// closes on it, and then its session ends before the relay sees the server go.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_lost_under_its_client_is_logged() {
-    use crate::support::wire::{first_column, RawClient};
+    use crate::support::wire::first_column;
     let s = md5_sluice().start();
-    let mut c = RawClient::login(
-        s.port(),
-        support::MD5_USER,
-        support::MD5_PASSWORD,
-        support::TEST_DB,
-        &[],
-    )
-    .await
-    .expect("login");
+    let mut c = raw_login(&s).await;
     let step = Duration::from_secs(20);
     c.simple("BEGIN", step).await;
     let pid = first_column(&c.simple("SELECT pg_backend_pid()", step).await)
@@ -242,4 +247,46 @@ async fn reconnect_and_server_lifetime_closes_are_logged() {
         "{}",
         s.log()
     );
+}
+
+/// A client that closes its socket without Terminate is logged as `client unexpected
+/// eof`, one that sends Terminate as `client close request` (PgBouncer's words), in
+/// session and in transaction mode, idle or in a transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bare_close_and_a_terminate_are_told_apart() {
+    use crate::support::wire::frame;
+    for mode in ["session", "transaction"] {
+        let s = md5_sluice().setting("pool_mode", mode).start();
+        for (sql, terminate) in [
+            ("SELECT 1", false),
+            ("SELECT 1", true),
+            ("BEGIN", false),
+            ("BEGIN", true),
+        ] {
+            let mut c = raw_login(&s).await;
+            c.simple(sql, Duration::from_secs(10)).await;
+            let port = c.local_port;
+            if terminate {
+                c.send(&frame(b'X', &[])).await.expect("send Terminate");
+            }
+            drop(c);
+            let want = if terminate {
+                "client close request"
+            } else {
+                "client unexpected eof"
+            };
+            let client = format!("@127.0.0.1:{port} closing because: ");
+            let line = || log_lines(&s, &client);
+            assert!(
+                wait_until(Duration::from_secs(5), || !line().is_empty()),
+                "{mode} {sql:?}: no closing line\n{}",
+                s.diagnostics()
+            );
+            assert!(
+                line().iter().all(|l| l.contains(want)),
+                "{mode} {sql:?} terminate={terminate}: {:?}, not {want}",
+                line()
+            );
+        }
+    }
 }
