@@ -26,3 +26,4 @@ mod reset;
 mod restart_load;
 mod statement;
 mod timeouts;
+mod vanishing;
