@@ -58,6 +58,10 @@ pub struct Request {
     /// The client sent more after leaving the request ([`Pool::more_input`]): its
     /// task has bytes of its own to send, so it must be woken at the hand-over.
     pub more: bool,
+    /// The waiter's relay keeps a clock while the server works (`query_timeout`,
+    /// `transaction_timeout`): its task must be woken at the hand-over to keep it,
+    /// not left asleep until an answer that may be late.
+    pub timed: bool,
     /// Relays the answer for the waiter (delegate.rs), kept for the client's next
     /// requests; used for this one when `delegate_ok`.
     pub delegate: Option<Arc<Delegate>>,
@@ -84,6 +88,7 @@ impl Request {
             sent: false,
             granted: None,
             more: false,
+            timed: false,
             delegate: None,
             delegate_ok: false,
             task: None,
@@ -185,7 +190,7 @@ impl Waiter {
         let Some(r) = self.request.as_mut() else {
             return false;
         };
-        if !r.sent || !r.bytes.is_empty() || r.more {
+        if !r.sent || !r.bytes.is_empty() || r.more || r.timed {
             return false;
         }
         let waker = match (&r.delegate, r.delegate_ok) {

@@ -26,4 +26,5 @@ mod reset;
 mod restart_load;
 mod statement;
 mod timeouts;
+mod timeouts_load;
 mod vanishing;

@@ -309,14 +309,19 @@ impl Relay {
         params: &Arc<ParamSet>,
         client: &Arc<ClientInfo>,
     ) -> Box<Request> {
-        let Some(mut r) = self.line_request.take() else {
-            return Request::new(bytes, params.clone(), client.clone());
+        let mut r = match self.line_request.take() {
+            Some(mut r) => {
+                r.bytes = bytes;
+                if !Arc::ptr_eq(&r.params, params) {
+                    r.params = params.clone();
+                }
+                (r.sent, r.granted, r.more) = (false, None, false);
+                r
+            }
+            None => Request::new(bytes, params.clone(), client.clone()),
         };
-        r.bytes = bytes;
-        if !Arc::ptr_eq(&r.params, params) {
-            r.params = params.clone();
-        }
-        (r.sent, r.granted, r.more) = (false, None, false);
+        // The timeouts a delegate could not keep are those the task must stay awake for.
+        r.timed = !self.delegable();
         r
     }
 

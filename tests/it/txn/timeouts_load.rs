@@ -1,0 +1,82 @@
+//! Client timeouts while many clients share a small pool in transaction mode: a slow
+//! query waits in line, is written by the client that gives a server back and may
+//! have its answer relayed by the server's delegate (pool/delegate.rs), yet
+//! `query_timeout` still ends it; a transaction left idle still meets
+//! `idle_transaction_timeout`. Only the clients that ran over are ended; the others
+//! lose nothing.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::common::*;
+use super::killed::{Load, CLIENTS};
+use crate::support::probe::within;
+
+const SLOW: usize = 4;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn timeouts_end_only_the_clients_that_ran_over_under_load() {
+    let db = fresh_db("txn_timeouts_load");
+    let s = Arc::new(
+        txn_sluice(&db)
+            .setting("default_pool_size", "2")
+            .setting("query_timeout", "1")
+            .setting("idle_transaction_timeout", "1")
+            .start(),
+    );
+    let load = Load::start(&s, &db);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // Slow queries sent while the pool is busy: each waits in line first.
+    let mut slow = Vec::new();
+    for i in 0..SLOW {
+        let c = client(&s, &db).await;
+        slow.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(150 * i as u64)).await;
+            let t = Instant::now();
+            let r = within(STEP, "pg_sleep(8)", c.simple_query("SELECT pg_sleep(8)")).await;
+            (r.map(drop).map_err(|e| err_text(&e)), t.elapsed())
+        }));
+    }
+    // A transaction left idle while others wait for its server.
+    let mut idle = raw(&s, &db, &[]).await;
+    let r = idle.simple("BEGIN; SELECT 1", STEP).await;
+    assert_eq!(status(&r), b'T');
+    let t = Instant::now();
+    expect_fatal_close(
+        &mut idle,
+        "idle transaction timeout",
+        Duration::from_secs(10),
+    )
+    .await;
+    let idle_took = t.elapsed();
+
+    for (i, h) in slow.into_iter().enumerate() {
+        let (r, took) = h.await.expect("a slow client panicked");
+        let e = r.expect_err("pg_sleep(8) outlived query_timeout = 1 under load");
+        assert!(e.contains("query_timeout"), "slow client {i}: {e}");
+        // The line is short (the quick clients' answers take milliseconds): the
+        // timeout fires about a second after the query was sent, not at its end.
+        assert!(
+            took < Duration::from_secs(6),
+            "slow client {i} took {took:?}"
+        );
+    }
+    assert!(
+        idle_took < Duration::from_secs(6),
+        "idle transaction ended after {idle_took:?}"
+    );
+
+    let mut total = 0;
+    for (id, (ok, errors, _)) in load.finish().await.into_iter().enumerate() {
+        assert!(
+            errors.is_empty(),
+            "client {id} was ended by another's timeout: {errors:?}\n{}",
+            s.diagnostics()
+        );
+        total += ok;
+    }
+    assert!(total >= CLIENTS * 4, "only {total} answers");
+    let c = client(&s, &db).await;
+    assert_eq!(one(&c, "SELECT 3").await, "3");
+}
