@@ -118,6 +118,24 @@ impl Load {
     }
 }
 
+impl Load {
+    /// [`Load::finish`] for a load nothing should have disturbed (`by`, for the
+    /// message): panics on any client's error; the answers, at least four a client.
+    pub(super) async fn finish_undisturbed(self, s: &Sluice, by: &str) -> u64 {
+        let mut total = 0;
+        for (id, (ok, errors, _)) in self.finish().await.into_iter().enumerate() {
+            assert!(
+                errors.is_empty(),
+                "client {id} was disturbed by {by}: {errors:?}\n{}",
+                s.diagnostics()
+            );
+            total += ok;
+        }
+        assert!(total >= CLIENTS * 4, "only {total} answers");
+        total
+    }
+}
+
 /// Kills one of `db`'s backends every `every`, `KILLS` times; returns how many
 /// were killed (one may have gone on its own first).
 async fn killer(obs: &Observer, db: &str, every: Duration) -> u64 {

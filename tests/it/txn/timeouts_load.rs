@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::common::*;
-use super::killed::{Load, CLIENTS};
+use super::killed::Load;
 use crate::support::probe::within;
 
 const SLOW: usize = 4;
@@ -67,16 +67,7 @@ async fn timeouts_end_only_the_clients_that_ran_over_under_load() {
         "idle transaction ended after {idle_took:?}"
     );
 
-    let mut total = 0;
-    for (id, (ok, errors, _)) in load.finish().await.into_iter().enumerate() {
-        assert!(
-            errors.is_empty(),
-            "client {id} was ended by another's timeout: {errors:?}\n{}",
-            s.diagnostics()
-        );
-        total += ok;
-    }
-    assert!(total >= CLIENTS * 4, "only {total} answers");
+    load.finish_undisturbed(&s, "another's timeout").await;
     let c = client(&s, &db).await;
     assert_eq!(one(&c, "SELECT 3").await, "3");
 }
