@@ -24,6 +24,7 @@ mod prepared_load;
 mod protocol;
 mod reset;
 mod restart_load;
+mod shutdown_load;
 mod statement;
 mod timeouts;
 mod timeouts_load;
