@@ -71,3 +71,42 @@ async fn timeouts_end_only_the_clients_that_ran_over_under_load() {
     let c = client(&s, &db).await;
     assert_eq!(one(&c, "SELECT 3").await, "3");
 }
+
+/// `client_idle_timeout` with many idle clients (most of them asleep, their state
+/// parked) beside busy ones: every idle one is ended about on time, whether it ran a
+/// query or only logged in; no busy one is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn client_idle_timeout_ends_every_idle_client_and_no_busy_one() {
+    const IDLE: usize = 150;
+    let db = fresh_db("txn_cidle_load");
+    let s = Arc::new(
+        txn_sluice(&db)
+            .setting("default_pool_size", "2")
+            .setting("client_idle_timeout", "1")
+            .setting("max_client_conn", "400")
+            .start(),
+    );
+    let load = Load::start(&s, &db);
+    let mut idle = Vec::new();
+    for i in 0..IDLE {
+        let mut c = raw(&s, &db, &[]).await;
+        if i % 2 == 0 {
+            assert_eq!(col(&c.simple("SELECT 1", STEP).await), ["1"]);
+        }
+        let t = Instant::now();
+        idle.push(tokio::spawn(async move {
+            expect_fatal_close(&mut c, "client_idle_timeout", Duration::from_secs(15)).await;
+            t.elapsed()
+        }));
+    }
+    for (i, h) in idle.into_iter().enumerate() {
+        let took = within(STEP, "an idle client's end", h)
+            .await
+            .unwrap_or_else(|e| panic!("idle client {i}: {e}\n{}", s.diagnostics()));
+        assert!(
+            took >= Duration::from_millis(800) && took < Duration::from_secs(5),
+            "idle client {i} ended after {took:?}"
+        );
+    }
+    load.finish_undisturbed(&s, "client_idle_timeout").await;
+}
