@@ -11,25 +11,54 @@ use super::common::*;
 use super::killed::{ask, Load, CLIENTS, MAX_STEPS, SIZES};
 use crate::admin::{console, ADMIN, ADMIN_PW};
 use crate::support::probe::{within, Observer};
+use crate::support::Sluice;
+use tokio_postgres::SimpleQueryMessage;
+
+/// A database of its own, and a Sluice with a console, a pool of 2 for it.
+fn console_sluice(prefix: &str) -> (String, Arc<Sluice>) {
+    let db = fresh_db(prefix);
+    let s = txn_sluice(&db)
+        .userlist(ADMIN, ADMIN_PW)
+        .setting("default_pool_size", "2")
+        .start();
+    (db, Arc::new(s))
+}
+
+/// Runs a console command; panics with its error.
+async fn admin_run(admin: &tokio_postgres::Client, sql: &str) -> Vec<SimpleQueryMessage> {
+    within(STEP, sql, admin.simple_query(sql))
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {}", err_text(&e)))
+}
+
+/// Stops the load, each client allowed `max_errors`, and asks once more on the
+/// connection each ended with (`when`, for the message).
+async fn finish_and_ask_again(load: Load, s: &Sluice, max_errors: usize, when: &str) {
+    let mut total = 0;
+    for (id, (ok, errors, c)) in load.finish().await.into_iter().enumerate() {
+        assert!(
+            errors.len() <= max_errors,
+            "client {id}: {errors:?}\n{}",
+            s.diagnostics()
+        );
+        ask(&c, id as u64, MAX_STEPS + SIZES.len() as u64)
+            .await
+            .unwrap_or_else(|e| panic!("client {id} {when}: {e}"));
+        total += ok;
+    }
+    assert!(total > CLIENTS, "hardly any answers: {total}");
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn control_commands_under_load_cost_no_client_an_answer() {
-    let db = fresh_db("txn_console_load");
-    let s = Arc::new(
-        txn_sluice(&db)
-            .userlist(ADMIN, ADMIN_PW)
-            .setting("default_pool_size", "2")
-            .start(),
-    );
+    let (db, s) = console_sluice("txn_console_load");
     let obs = Observer::new().await;
     let load = Load::start(&s, &db);
     let admin = console(&s, ADMIN, ADMIN_PW).await;
     let run = |sql: String| {
         let admin = &admin;
         async move {
-            within(STEP, &sql, admin.simple_query(&sql))
-                .await
-                .unwrap_or_else(|e| panic!("{sql}: {}", err_text(&e)));
+            admin_run(admin, &sql).await;
         }
     };
     let pause = || tokio::time::sleep(Duration::from_millis(150));
@@ -72,20 +101,7 @@ async fn control_commands_under_load_cost_no_client_an_answer() {
     run("RELOAD".to_owned()).await;
     pause().await;
 
-    let mut total = 0;
-    for (id, (ok, errors, c)) in load.finish().await.into_iter().enumerate() {
-        assert!(
-            errors.is_empty(),
-            "client {id} failed under the console's commands: {errors:?}\n{}",
-            s.diagnostics()
-        );
-        // Still served on the connection it had all along.
-        ask(&c, id as u64, MAX_STEPS + SIZES.len() as u64)
-            .await
-            .unwrap_or_else(|e| panic!("client {id} afterwards: {e}"));
-        total += ok;
-    }
-    assert!(total > CLIENTS, "hardly any answers: {total}");
+    finish_and_ask_again(load, &s, 0, "afterwards").await;
     wait_backends(&obs, &db, STEP, |n| n <= 2).await;
 }
 
@@ -119,15 +135,11 @@ async fn a_smaller_pool_under_pgbench_sheds_servers_at_release() {
     });
     wait_backends(&obs, &db, STEP, |n| n == 4).await;
     let admin = console(&s, ADMIN, ADMIN_PW).await;
-    within(STEP, "SET", admin.simple_query("SET default_pool_size = 1"))
-        .await
-        .unwrap_or_else(|e| panic!("SET: {}", err_text(&e)));
+    admin_run(&admin, "SET default_pool_size = 1").await;
     // Well before pgbench ends.
     wait_backends(&obs, &db, Duration::from_secs(2), |n| n <= 1).await;
     // Made larger again, it grows back while pgbench still runs.
-    within(STEP, "SET", admin.simple_query("SET default_pool_size = 4"))
-        .await
-        .unwrap_or_else(|e| panic!("SET: {}", err_text(&e)));
+    admin_run(&admin, "SET default_pool_size = 4").await;
     wait_backends(&obs, &db, Duration::from_secs(3), |n| n >= 3).await;
     let run = within(Duration::from_secs(60), "pgbench", run)
         .await
@@ -147,4 +159,59 @@ async fn a_smaller_pool_under_pgbench_sheds_servers_at_release() {
         "{}",
         s.diagnostics()
     );
+}
+
+/// KILL of a database under load: every client of it is dropped at once, whether it
+/// runs a long query, waits in line, or sleeps until an answer relayed for it; every
+/// server closes; no answer is mixed. After RESUME, every client is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_under_load_drops_every_client_at_once() {
+    let (db, s) = console_sluice("txn_kill_load");
+    let obs = Observer::new().await;
+    let load = Load::start(&s, &db);
+    let long = client(&s, &db).await;
+    let long = tokio::spawn(async move {
+        let t = std::time::Instant::now();
+        let r = within(
+            STEP,
+            "pg_sleep(15)",
+            long.simple_query("SELECT pg_sleep(15)"),
+        )
+        .await;
+        (r.map(drop).map_err(|e| err_text(&e)), t.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let admin = console(&s, ADMIN, ADMIN_PW).await;
+    admin_run(&admin, &format!("KILL {db}")).await;
+    let (r, took) = within(STEP, "the long query", long).await.expect("join");
+    assert!(r.is_err(), "pg_sleep(15) survived KILL");
+    assert!(
+        took < Duration::from_secs(5),
+        "the long query's client was dropped only after {took:?}"
+    );
+    // Every server goes, though clients reconnect meanwhile (they wait: KILL pauses).
+    // (PostgreSQL may keep the backend of pg_sleep until it ends: it notices the
+    // closed socket only then, with PgBouncer too; Sluice's own list must be empty.)
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let rows = admin_run(&admin, "SHOW SERVERS").await;
+        let servers = rows
+            .iter()
+            .filter(|m| matches!(m, SimpleQueryMessage::Row(_)))
+            .count();
+        if servers == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{servers} servers listed 5 s after KILL\n{}",
+            s.diagnostics()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    wait_backends(&obs, &db, Duration::from_secs(5), |n| n <= 1).await;
+    admin_run(&admin, &format!("RESUME {db}")).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // One error at most: the KILL's (the connection it ended).
+    finish_and_ask_again(load, &s, 1, "after RESUME").await;
 }
