@@ -16,6 +16,7 @@ mod killed;
 mod limits;
 mod load;
 mod login_failing;
+mod logins_load;
 mod midbatch;
 mod mixed;
 mod params;

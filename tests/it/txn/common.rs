@@ -141,6 +141,28 @@ pub async fn wait_backends(
     }
 }
 
+/// Polls `count` until it is `want`; panics after `limit` with the last count and
+/// `what` (and `s`'s diagnostics).
+pub async fn settles<F, Fut>(s: &Sluice, limit: Duration, what: &str, want: i64, count: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = i64>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let n = count().await;
+        if n == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: {n}, not {want}, after {limit:?}\n{}",
+            s.diagnostics()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// What a [`Sampler`] counts.
 enum Source {
     /// Client backends of a database in `pg_stat_activity`.

@@ -144,10 +144,8 @@ async fn clients_vanishing_mid_anything_disturb_no_other_client() {
 
     // Nothing left behind: no server inside a transaction or holding the lock.
     let obs = Observer::new().await;
-    let deadline = tokio::time::Instant::now() + STEP;
-    loop {
-        let stuck: i64 = obs
-            .client
+    let busy = || async {
+        obs.client
             .query_one(
                 "SELECT count(*) FROM pg_stat_activity \
                  WHERE backend_type = 'client backend' AND datname = $1 AND state <> 'idle'",
@@ -155,15 +153,7 @@ async fn clients_vanishing_mid_anything_disturb_no_other_client() {
             )
             .await
             .expect("count busy servers")
-            .get(0);
-        if stuck == 0 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{stuck} servers busy after every client left\n{}",
-            s.diagnostics()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+            .get::<_, i64>(0)
+    };
+    settles(&s, STEP, "servers busy after every client left", 0, busy).await;
 }
