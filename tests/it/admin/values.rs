@@ -491,3 +491,49 @@ async fn answers_to_waiting_clients_are_their_own_and_all_counted() {
         "assignments"
     );
 }
+
+/// Every transaction of pgbench clients that leave at the end is counted, though
+/// most answers were relayed for them (pool/delegate.rs) and a client folds those
+/// counts in only at its next request, or when it leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_count_every_transaction_of_clients_that_left() {
+    let s = builder()
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "1")
+        .start();
+    let dir = crate::support::TempDir::new("sluice-counted");
+    let script = dir.write("one.sql", "SELECT 1;\n");
+    let script = script.to_string_lossy().into_owned();
+    for mode in ["simple", "extended"] {
+        let (q0, x0) = (total(&s, "query_count"), total(&s, "xact_count"));
+        let script = script.clone();
+        let port = s.port();
+        let run = tokio::task::spawn_blocking(move || {
+            let args = [
+                "-n", "-c", "16", "-j", "2", "-t", "100", "-M", mode, "-f", &script,
+            ];
+            crate::support::pgbench(
+                "127.0.0.1",
+                port,
+                MD5_USER,
+                TEST_DB,
+                Some(crate::support::MD5_PASSWORD),
+                &args,
+                Duration::from_secs(60),
+            )
+        })
+        .await
+        .expect("pgbench");
+        assert!(run.success(), "{}\n{}", run.stdout, run.stderr);
+        // Sessions fold their counts in within 100 ms, or as they end.
+        let counted =
+            || total(&s, "xact_count") - x0 == 1600 && total(&s, "query_count") - q0 == 1600;
+        assert!(
+            wait_until(Duration::from_secs(5), counted),
+            "{mode}: {} transactions and {} queries counted of 1600\n{}",
+            total(&s, "xact_count") - x0,
+            total(&s, "query_count") - q0,
+            s.diagnostics()
+        );
+    }
+}
