@@ -88,16 +88,12 @@ pub fn pool_rows(app: &App) -> Vec<PoolRow> {
         .into_iter()
         .map(|p| {
             let pc = p.config();
-            let n = p.counts();
-            let idle = p.idle_servers();
             // Idle past server_check_delay: checked before reuse ("used" in PgBouncer).
-            let used = match &pc.server_check_query {
-                Some(_) => idle
-                    .iter()
-                    .filter(|s| now.reached(s.last_used, pc.server_check_delay))
-                    .count() as u32,
-                None => 0,
-            };
+            let check = pc
+                .server_check_query
+                .as_ref()
+                .map(|_| pc.server_check_delay);
+            let n = p.counts_at(check, now);
             let c = counts
                 .get(&(p.key.database.clone(), p.key.user.clone()))
                 .copied()
@@ -111,8 +107,8 @@ pub fn pool_rows(app: &App) -> Vec<PoolRow> {
                 cl_waiting_cancel_req: c.cancels_waiting,
                 sv_active: n.active.saturating_sub(n.being_canceled + n.resetting),
                 sv_being_canceled: n.being_canceled,
-                sv_idle: idle.len() as u32 - used,
-                sv_used: used,
+                sv_idle: n.idle - n.used,
+                sv_used: n.used,
                 sv_tested: n.resetting,
                 sv_login: n.total.saturating_sub(n.idle + n.active),
                 maxwait: c.maxwait,

@@ -165,6 +165,9 @@ pub struct PoolCounts {
     pub being_canceled: u32,
     /// Lent connections whose reset query runs (counted in `active` too).
     pub resetting: u32,
+    /// Idle connections past `server_check_delay` (counted in `idle` too): PgBouncer's
+    /// `sv_used`, when a check query is set.
+    pub used: u32,
 }
 
 /// One pool of server connections for a (database, user) pair.
@@ -303,9 +306,22 @@ impl Pool {
         drop(doomed);
     }
 
-    /// Counters for SHOW POOLS and tests.
+    /// Counters for tests and the console (`used` is 0).
     pub fn counts(&self) -> PoolCounts {
+        self.counts_at(None, Tick::now())
+    }
+
+    /// Counters for SHOW POOLS, all from one look at the pool, so that they add up
+    /// though other threads lend and take back meanwhile; `used` counts the idle
+    /// connections past `check_delay` at `now`.
+    pub fn counts_at(&self, check_delay: Option<std::time::Duration>, now: Tick) -> PoolCounts {
         let st = self.lock_state();
+        let used = check_delay.map_or(0, |d| {
+            st.idle
+                .iter()
+                .filter(|c| now.reached(c.last_used, d))
+                .count() as u32
+        });
         PoolCounts {
             total: st.total,
             idle: st.idle.len() as u32,
@@ -313,6 +329,7 @@ impl Pool {
             waiting: st.waiters.len() as u32,
             being_canceled: st.being_canceled.len() as u32,
             resetting: st.resetting.len() as u32,
+            used,
         }
     }
 

@@ -212,3 +212,48 @@ async fn kill_under_load_drops_every_client_at_once() {
     // One error at most: the KILL's (the connection it ended).
     finish_and_ask_again(load, &s, 1, "after RESUME").await;
 }
+
+/// SHOW POOLS and SHOW SERVERS under load, sampled again and again: every client is
+/// either active or waiting, no more servers than the pool's size are counted, and
+/// each active server is linked to a client (its answer relayed by a delegate or
+/// not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn show_pools_adds_up_under_load() {
+    let (db, s) = console_sluice("txn_pools_load");
+    let load = Load::start(&s, &db);
+    let admin = console(&s, ADMIN, ADMIN_PW).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (mut waiting_seen, mut active_seen) = (0, 0);
+    for sample in 0..60 {
+        let pools = admin_run(&admin, "SHOW POOLS").await;
+        let row = pools
+            .iter()
+            .find_map(|m| match m {
+                SimpleQueryMessage::Row(r) if r.get("database") == Some(db.as_str()) => Some(r),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no pool of {db} in SHOW POOLS"));
+        let n = |col: &str| -> u64 {
+            row.get(col)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{col} in {:?}", row.columns()))
+        };
+        let clients = n("cl_active") + n("cl_waiting");
+        assert_eq!(clients, CLIENTS, "sample {sample}: clients counted");
+        let servers = n("sv_active") + n("sv_idle") + n("sv_used") + n("sv_tested") + n("sv_login");
+        assert!(
+            servers <= 2,
+            "sample {sample}: {servers} servers in a pool of 2"
+        );
+        assert!(
+            n("sv_active") <= n("cl_active"),
+            "sample {sample}: more active servers than active clients"
+        );
+        waiting_seen += n("cl_waiting");
+        active_seen += n("sv_active");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(waiting_seen > 0, "no client ever waited: no load?");
+    assert!(active_seen > 0, "no server ever active: no load?");
+    load.finish_undisturbed(&s, "SHOW POOLS").await;
+}
