@@ -243,7 +243,8 @@ async fn show_pools_adds_up_under_load() {
         let servers = n("sv_active") + n("sv_idle") + n("sv_used") + n("sv_tested") + n("sv_login");
         assert!(
             servers <= 2,
-            "sample {sample}: {servers} servers in a pool of 2"
+            "sample {sample}: {servers} servers in a pool of 2: {:?}",
+            (0..row.len()).map(|i| row.get(i)).collect::<Vec<_>>()
         );
         assert!(
             n("sv_active") <= n("cl_active"),
