@@ -6,6 +6,7 @@
 //! that a client's `link` equals its server's `ptr` and the reverse. `id` is the
 //! number in the `C-<id>`/`S-<id>` log prefixes; KILL_CLIENT takes it.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -288,6 +289,20 @@ fn server_views(app: &App) -> Vec<ServerView> {
             ));
         }
     }
+    newest_sightings(views)
+}
+
+/// The views were read from live state, one client and one list after another, not
+/// from a snapshot: a server handed on meanwhile is met twice (linked to the client
+/// that gave it back, then to the next one or idle). The later sighting is the newer.
+fn newest_sightings(mut views: Vec<ServerView>) -> Vec<ServerView> {
+    let last: HashMap<u64, usize> = views.iter().enumerate().map(|(i, v)| (v.id, i)).collect();
+    let mut i = 0;
+    views.retain(|v| {
+        let keep = last.get(&v.id) == Some(&i);
+        i += 1;
+        keep
+    });
     views
 }
 

@@ -250,6 +250,24 @@ async fn show_pools_adds_up_under_load() {
             n("sv_active") <= n("cl_active"),
             "sample {sample}: more active servers than active clients"
         );
+        // SHOW SERVERS lists each server of the pool once, at most two.
+        let servers = admin_run(&admin, "SHOW SERVERS").await;
+        let ids: Vec<_> = servers
+            .iter()
+            .filter_map(|m| match m {
+                SimpleQueryMessage::Row(r) if r.get("database") == Some(db.as_str()) => {
+                    r.get("ptr").map(str::to_owned)
+                }
+                _ => None,
+            })
+            .collect();
+        let mut unique = ids.clone();
+        unique.sort();
+        unique.dedup();
+        assert!(
+            unique.len() == ids.len() && ids.len() <= 2,
+            "sample {sample}: SHOW SERVERS listed {ids:?}"
+        );
         waiting_seen += n("cl_waiting");
         active_seen += n("sv_active");
         tokio::time::sleep(Duration::from_millis(20)).await;
