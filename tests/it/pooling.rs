@@ -7,6 +7,7 @@
 //! therefore never set `application_name` themselves.
 
 mod hosts;
+mod leaks;
 mod limits;
 
 use std::time::{Duration, Instant};
