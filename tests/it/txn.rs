@@ -23,6 +23,7 @@ mod params;
 mod portals;
 mod prepared_load;
 mod protocol;
+mod reload_load;
 mod reset;
 mod restart_load;
 mod shutdown_load;
