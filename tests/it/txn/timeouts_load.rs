@@ -1,8 +1,8 @@
 //! Client timeouts while many clients share a small pool in transaction mode: a slow
 //! query waits in line, is written by the client that gives a server back and may
 //! have its answer relayed by the server's delegate (pool/delegate.rs), yet
-//! `query_timeout` still ends it; a transaction left idle still meets
-//! `idle_transaction_timeout`. Only the clients that ran over are ended; the others
+//! `query_timeout` (or `transaction_timeout`) still ends it; a transaction left idle
+//! still meets `idle_transaction_timeout`. Only the clients that ran over are ended; the others
 //! lose nothing.
 
 use std::sync::Arc;
@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use super::common::*;
 use super::killed::Load;
 use crate::support::probe::within;
+use crate::support::Sluice;
+use tokio::task::JoinHandle;
 
 /// Slow clients: with the idle transaction they hold one server fewer than the
 /// pool's, so the quick clients never wait a `query_timeout` in line (which counts
@@ -18,6 +20,47 @@ use crate::support::probe::within;
 const SLOW: usize = 2;
 const POOL: &str = "4";
 const ROUNDS: usize = 3;
+
+/// Slow requests (`sql`, over 1 s) sent while the pool is busy: most wait in line
+/// first, and are written by the client that gives a server back. Each of [`SLOW`]
+/// clients sends [`ROUNDS`], one connection each (the timeout ends the connection).
+fn start_slow(s: &Arc<Sluice>, db: &str, sql: &'static str) -> Vec<JoinHandle<Vec<Ended>>> {
+    (0..SLOW)
+        .map(|i| {
+            let (s, db) = (s.clone(), db.to_owned());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(150 * i as u64)).await;
+                let mut ends = Vec::new();
+                for _ in 0..ROUNDS {
+                    let c = client(&s, &db).await;
+                    let t = Instant::now();
+                    let r = within(STEP, sql, c.simple_query(sql)).await;
+                    ends.push((r.map(drop).map_err(|e| err_text(&e)), t.elapsed()));
+                }
+                ends
+            })
+        })
+        .collect()
+}
+
+/// How a slow request ended, and after how long.
+type Ended = (Result<(), String>, Duration);
+
+/// Checks that every slow request was ended by the timeout `why`, about a second
+/// after it was sent (the line is short: the quick clients' answers take
+/// milliseconds), not at its end.
+async fn ended_in_time(slow: Vec<JoinHandle<Vec<Ended>>>, why: &str) {
+    for (i, h) in slow.into_iter().enumerate() {
+        for (r, took) in h.await.expect("a slow client panicked") {
+            let e = r.expect_err("a slow request outlived a timeout of 1 s under load");
+            assert!(e.contains(why), "slow client {i}: {e}");
+            assert!(
+                took < Duration::from_secs(6),
+                "slow client {i} took {took:?}"
+            );
+        }
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn timeouts_end_only_the_clients_that_ran_over_under_load() {
@@ -32,25 +75,7 @@ async fn timeouts_end_only_the_clients_that_ran_over_under_load() {
     let load = Load::start(&s, &db);
     tokio::time::sleep(Duration::from_millis(100)).await;
 
-    // Slow queries sent while the pool is busy: most wait in line first, and are
-    // written by the client that gives a server back. Each slow client sends
-    // [`ROUNDS`], one connection each (the timeout ends the connection).
-    let mut slow = Vec::new();
-    for i in 0..SLOW {
-        let s = s.clone();
-        let db = db.clone();
-        slow.push(tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(150 * i as u64)).await;
-            let mut ends = Vec::new();
-            for _ in 0..ROUNDS {
-                let c = client(&s, &db).await;
-                let t = Instant::now();
-                let r = within(STEP, "pg_sleep(8)", c.simple_query("SELECT pg_sleep(8)")).await;
-                ends.push((r.map(drop).map_err(|e| err_text(&e)), t.elapsed()));
-            }
-            ends
-        }));
-    }
+    let slow = start_slow(&s, &db, "SELECT pg_sleep(8)");
     // A transaction left idle while others wait for its server.
     let mut idle = raw(&s, &db, &[]).await;
     let r = idle.simple("BEGIN; SELECT 1", STEP).await;
@@ -64,18 +89,7 @@ async fn timeouts_end_only_the_clients_that_ran_over_under_load() {
     .await;
     let idle_took = t.elapsed();
 
-    for (i, h) in slow.into_iter().enumerate() {
-        for (r, took) in h.await.expect("a slow client panicked") {
-            let e = r.expect_err("pg_sleep(8) outlived query_timeout = 1 under load");
-            assert!(e.contains("query_timeout"), "slow client {i}: {e}");
-            // The line is short (the quick clients' answers take milliseconds): the
-            // timeout fires about a second after the query was sent, not at its end.
-            assert!(
-                took < Duration::from_secs(6),
-                "slow client {i} took {took:?}"
-            );
-        }
-    }
+    ended_in_time(slow, "query_timeout").await;
     assert!(
         idle_took < Duration::from_secs(6),
         "idle transaction ended after {idle_took:?}"
@@ -84,6 +98,24 @@ async fn timeouts_end_only_the_clients_that_ran_over_under_load() {
     load.finish_undisturbed(&s, "another's timeout").await;
     let c = client(&s, &db).await;
     assert_eq!(one(&c, "SELECT 3").await, "3");
+}
+
+/// `transaction_timeout` for a transaction sent whole in one request that waited in
+/// line: it too is ended on time, though its answer would come only at its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transaction_timeout_ends_a_transaction_written_in_line() {
+    let db = fresh_db("txn_xtimeout_load");
+    let s = Arc::new(
+        txn_sluice(&db)
+            .setting("default_pool_size", POOL)
+            .setting("transaction_timeout", "1")
+            .start(),
+    );
+    let load = Load::start(&s, &db);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let slow = start_slow(&s, &db, "BEGIN; SELECT pg_sleep(8); COMMIT");
+    ended_in_time(slow, "transaction timeout").await;
+    load.finish_undisturbed(&s, "another's timeout").await;
 }
 
 /// `client_idle_timeout` with many idle clients (most of them asleep, their state
