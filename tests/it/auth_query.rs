@@ -320,3 +320,44 @@ async fn a_lookup_waits_while_the_database_is_paused() {
         sluice.diagnostics()
     );
 }
+
+/// Many logins at once through `auth_query` (good, wrong password, unknown user) on
+/// a pool of 2 in transaction mode: the lookups wait their turn for the auth user's
+/// connections, and each login ends as it would alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_storm_of_lookups_ends_each_login_as_alone() {
+    let sluice = std::sync::Arc::new(
+        with_auth_user("scram-sha-256")
+            .setting("pool_mode", "transaction")
+            .setting("default_pool_size", "2")
+            .start(),
+    );
+    let logins: Vec<_> = (0..60)
+        .map(|i| {
+            let s = sluice.clone();
+            tokio::spawn(async move {
+                let (user, password) = match i % 3 {
+                    0 => (support::SCRAM_USER, support::SCRAM_PASSWORD),
+                    1 => (support::SCRAM_USER, "wrong"),
+                    _ => ("sluice_no_such_role", "x"),
+                };
+                let cfg = s.config(user, password, support::TEST_DB);
+                match i % 3 {
+                    0 => assert_eq!(whoami(&cfg).await, support::SCRAM_USER, "login {i}"),
+                    _ => {
+                        let (code, msg) = login_error(&cfg).await;
+                        assert_eq!((code.as_str(), msg.as_str()), SASL_FAILED, "login {i}");
+                    }
+                }
+            })
+        })
+        .collect();
+    for (i, h) in logins.into_iter().enumerate() {
+        tokio::time::timeout(Duration::from_secs(60), h)
+            .await
+            .unwrap_or_else(|_| {
+                panic!("login {i} still going after 60 s\n{}", sluice.diagnostics())
+            })
+            .unwrap_or_else(|e| panic!("login {i}: {e}\n{}", sluice.diagnostics()));
+    }
+}
