@@ -18,7 +18,7 @@ const WHICH: &str = "SELECT ssl::text || ' ' || coalesce(version, '') \
 
 /// A private server with TLS on: sluice_scram may log in over TLS only, and
 /// sluice_plain only with a client certificate for its name.
-fn tls_server(certs: &Certs) -> PrivatePg {
+pub(crate) fn tls_server(certs: &Certs) -> PrivatePg {
     let pg = PrivatePg::start();
     pg.enable_tls(
         &[

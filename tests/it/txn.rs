@@ -30,4 +30,5 @@ mod shutdown_load;
 mod statement;
 mod timeouts;
 mod timeouts_load;
+mod tls_load;
 mod vanishing;
