@@ -152,28 +152,10 @@ async fn connections_that_come_and_go_leave_nothing_behind() {
             .setting("default_pool_size", "2")
             .start(),
     );
-    let dir = crate::support::TempDir::new("sluice-churn");
-    let script = dir.write("one.sql", "SELECT 1;\n");
-    let script = script.to_string_lossy().into_owned();
     // One pass first: the pool's servers, the threads' buffers and caches settle.
-    let pass = |s: Arc<Sluice>, script: String| async move {
-        let port = s.port();
-        let run = tokio::task::spawn_blocking(move || {
-            let args = [
-                "-n", "-C", "-c", "4", "-j", "2", "-t", "2500", "-f", &script,
-            ];
-            crate::support::pgbench(
-                "127.0.0.1",
-                port,
-                crate::support::MD5_USER,
-                TEST_DB,
-                Some(crate::support::MD5_PASSWORD),
-                &args,
-                Duration::from_secs(120),
-            )
-        })
-        .await
-        .expect("pgbench");
+    let pass = |s: Arc<Sluice>| async move {
+        let args = ["-n", "-C", "-c", "4", "-j", "2", "-t", "2500"];
+        let run = crate::support::pgbench_script(s.port(), TEST_DB, "SELECT 1;\n", &args).await;
         assert!(run.success(), "{}\n{}", run.stdout, run.stderr);
         // The last sessions' ends are logged after their sockets close.
         assert!(wait_until(Duration::from_secs(5), || psql_ok(
@@ -184,10 +166,10 @@ async fn connections_that_come_and_go_leave_nothing_behind() {
         .iter()
         .all(|d| d != TEST_DB)));
     };
-    within(T * 4, "a first pass", pass(s.clone(), script.clone())).await;
+    within(T * 4, "a first pass", pass(s.clone())).await;
     let (files, used) = (open_files(&s), mem_used(&s));
     let after_first = resident(&s);
-    within(T * 4, "a second pass", pass(s.clone(), script.clone())).await;
+    within(T * 4, "a second pass", pass(s.clone())).await;
     assert_eq!(open_files(&s), files, "open files after a second pass");
     assert_eq!(
         mem_used(&s),

@@ -348,6 +348,37 @@ pub fn pgbench(
     }
 }
 
+/// [`pgbench`] as `sluice_md5` on 127.0.0.1:`port`, off the async workers, running
+/// `script` (SQL, written to a file of its own) with `args` before its `-f`.
+pub async fn pgbench_script(port: u16, db: &str, script: &str, args: &[&str]) -> PgbenchRun {
+    let dir = TempDir::new("sluice-pgbench");
+    let file = dir
+        .write("script.sql", script)
+        .to_string_lossy()
+        .into_owned();
+    let (db, mut all) = (
+        db.to_owned(),
+        args.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+    );
+    all.extend(["-f".to_owned(), file]);
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = all.iter().map(String::as_str).collect();
+        let run = pgbench(
+            "127.0.0.1",
+            port,
+            MD5_USER,
+            &db,
+            Some(MD5_PASSWORD),
+            &args,
+            Duration::from_secs(120),
+        );
+        drop(dir);
+        run
+    })
+    .await
+    .expect("pgbench")
+}
+
 /// Connects with tokio-postgres (no TLS) and spawns the connection task on the
 /// current runtime. Returns the error instead of panicking.
 pub async fn try_connect(

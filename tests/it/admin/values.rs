@@ -501,29 +501,10 @@ async fn stats_count_every_transaction_of_clients_that_left() {
         .setting("pool_mode", "transaction")
         .setting("default_pool_size", "1")
         .start();
-    let dir = crate::support::TempDir::new("sluice-counted");
-    let script = dir.write("one.sql", "SELECT 1;\n");
-    let script = script.to_string_lossy().into_owned();
     for mode in ["simple", "extended"] {
         let (q0, x0) = (total(&s, "query_count"), total(&s, "xact_count"));
-        let script = script.clone();
-        let port = s.port();
-        let run = tokio::task::spawn_blocking(move || {
-            let args = [
-                "-n", "-c", "16", "-j", "2", "-t", "100", "-M", mode, "-f", &script,
-            ];
-            crate::support::pgbench(
-                "127.0.0.1",
-                port,
-                MD5_USER,
-                TEST_DB,
-                Some(crate::support::MD5_PASSWORD),
-                &args,
-                Duration::from_secs(60),
-            )
-        })
-        .await
-        .expect("pgbench");
+        let args = ["-n", "-c", "16", "-j", "2", "-t", "100", "-M", mode];
+        let run = crate::support::pgbench_script(s.port(), TEST_DB, "SELECT 1;\n", &args).await;
         assert!(run.success(), "{}\n{}", run.stdout, run.stderr);
         // Sessions fold their counts in within 100 ms, or as they end.
         let counted =

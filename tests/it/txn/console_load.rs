@@ -116,22 +116,10 @@ async fn a_smaller_pool_under_pgbench_sheds_servers_at_release() {
         .setting("default_pool_size", "4")
         .start();
     let obs = Observer::new().await;
-    let dir = crate::support::TempDir::new("sluice-shrink");
-    let script = dir.write("select.sql", "SELECT 1;\n");
-    let script = script.to_string_lossy().into_owned();
-    let port = s.port();
-    let db2 = db.clone();
-    let run = tokio::task::spawn_blocking(move || {
-        let args = ["-n", "-c", "24", "-j", "2", "-T", "8", "-f", &script];
-        crate::support::pgbench(
-            "127.0.0.1",
-            port,
-            crate::support::MD5_USER,
-            &db2,
-            Some(crate::support::MD5_PASSWORD),
-            &args,
-            Duration::from_secs(60),
-        )
+    let (port, db2) = (s.port(), db.clone());
+    let run = tokio::spawn(async move {
+        let args = ["-n", "-c", "24", "-j", "2", "-T", "8"];
+        crate::support::pgbench_script(port, &db2, "SELECT 1;\n", &args).await
     });
     wait_backends(&obs, &db, STEP, |n| n == 4).await;
     let admin = console(&s, ADMIN, ADMIN_PW).await;
