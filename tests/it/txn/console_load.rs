@@ -264,3 +264,53 @@ async fn show_pools_adds_up_under_load() {
     assert!(active_seen > 0, "no server ever active: no load?");
     load.finish_undisturbed(&s, "SHOW POOLS").await;
 }
+
+/// Every SHOW the console knows, from four consoles at once, again and again under
+/// load: each answers, and the clients lose nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_show_answers_under_load() {
+    const SHOWS: [&str; 21] = [
+        "HELP",
+        "VERSION",
+        "CONFIG",
+        "STATE",
+        "DATABASES",
+        "POOLS",
+        "USERS",
+        "LISTS",
+        "MEM",
+        "DNS_HOSTS",
+        "DNS_ZONES",
+        "PEERS",
+        "PEER_POOLS",
+        "CLIENTS",
+        "SERVERS",
+        "SOCKETS",
+        "ACTIVE_SOCKETS",
+        "STATS",
+        "STATS_TOTALS",
+        "STATS_AVERAGES",
+        "TOTALS",
+    ];
+    let (db, s) = console_sluice("txn_shows_load");
+    let load = Load::start(&s, &db);
+    let mut consoles = Vec::new();
+    for c in 0..4 {
+        let admin = console(&s, ADMIN, ADMIN_PW).await;
+        consoles.push(tokio::spawn(async move {
+            for round in 0..8 {
+                // Each console in its own order.
+                for i in 0..SHOWS.len() {
+                    let what = SHOWS[(i + c * 5 + round) % SHOWS.len()];
+                    admin_run(&admin, &format!("SHOW {what}")).await;
+                }
+            }
+        }));
+    }
+    for (c, h) in consoles.into_iter().enumerate() {
+        within(Duration::from_secs(60), "a console", h)
+            .await
+            .unwrap_or_else(|e| panic!("console {c}: {e}\n{}", s.diagnostics()));
+    }
+    load.finish_undisturbed(&s, "the consoles").await;
+}
