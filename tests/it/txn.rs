@@ -4,6 +4,7 @@
 
 mod bad;
 mod basic;
+mod chaos;
 pub(crate) mod common;
 mod console_load;
 mod copy;

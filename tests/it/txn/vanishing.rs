@@ -15,10 +15,10 @@ use crate::support::wire::frame;
 const VANISHERS: u64 = 4;
 const ROUNDS: u64 = 24;
 /// The ways a vanishing client leaves (see [`vanish`]).
-const WAYS: u64 = 8;
+pub(super) const WAYS: u64 = 8;
 
 /// One client that logs in, starts something and leaves without finishing it.
-async fn vanish(s: &crate::support::Sluice, db: &str, way: u64) {
+pub(super) async fn vanish(s: &crate::support::Sluice, db: &str, way: u64) {
     let mut c = raw(s, db, &[]).await;
     let bytes = match way {
         // A transaction holding a lock the others need, then gone.

@@ -1,0 +1,116 @@
+//! Every fault at once, in a seeded random order, while clients work through a small
+//! pool in transaction mode: backends killed, RECONNECT, PAUSE and RESUME, the pool
+//! resized, clients vanishing mid-request. Each fault alone has its test; together
+//! they meet in every order (a PAUSE while a killed server's client is being failed,
+//! a RECONNECT while a request is written in line...). No answer may be mixed or cut;
+//! no client may be harmed but by a kill of its own server; and once the faults stop,
+//! every client is served again. `CHAOS_SEED=<n>` picks another order.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::common::*;
+use super::killed::{ask, Load, MAX_STEPS, SIZES};
+use super::vanishing::{vanish, WAYS};
+use crate::admin::{console, ADMIN, ADMIN_PW};
+use crate::support::probe::{within, Observer};
+
+const FAULTS: u64 = 80;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn faults_together_never_mix_answers() {
+    let db = fresh_db("txn_chaos");
+    direct(
+        &db,
+        "CREATE TABLE shared (v int); GRANT ALL ON shared TO sluice_md5;",
+    );
+    let s = Arc::new(
+        txn_sluice(&db)
+            .userlist(ADMIN, ADMIN_PW)
+            .setting("default_pool_size", "2")
+            .setting("query_wait_timeout", "30")
+            .start(),
+    );
+    let obs = Observer::new().await;
+    let admin = console(&s, ADMIN, ADMIN_PW).await;
+    let load = Load::start(&s, &db);
+    let mut rng = Rng::new(
+        std::env::var("CHAOS_SEED")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(54),
+    );
+    let (mut killed, mut log) = (0u64, Vec::new());
+    for _ in 0..FAULTS {
+        tokio::time::sleep(Duration::from_millis(10 + rng.below(40))).await;
+        let fault = rng.below(6);
+        log.push(fault);
+        let run = |sql: String| {
+            let admin = &admin;
+            async move {
+                within(STEP, &sql, admin.simple_query(&sql))
+                    .await
+                    .unwrap_or_else(|e| panic!("{sql}: {}", err_text(&e)));
+            }
+        };
+        match fault {
+            0 => {
+                let pids = backend_pids(&obs, &db).await;
+                if let Some(&pid) = pids.get(rng.below(pids.len().max(1) as u64) as usize) {
+                    killed += u64::from(obs.try_terminate(pid).await);
+                }
+            }
+            1 => run("RECONNECT".into()).await,
+            2 => {
+                // PAUSE returns once the servers are back; clients then wait.
+                run(format!("PAUSE {db}")).await;
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                run(format!("RESUME {db}")).await;
+            }
+            3 => run(format!("SET default_pool_size = {}", 1 + rng.below(3))).await,
+            _ => {
+                let (s, db, way) = (s.clone(), db.clone(), rng.below(WAYS));
+                tokio::spawn(async move { vanish(&s, &db, way).await });
+            }
+        }
+    }
+    run_final(&admin, &format!("RESUME {db}")).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let (mut ended, mut failed) = (Vec::new(), 0u64);
+    for (id, (ok, errors, c)) in load.finish().await.into_iter().enumerate() {
+        eprintln!("client {id}: {ok} answers, errors {errors:?}");
+        for e in &errors {
+            assert!(!e.trim().is_empty(), "client {id}: an error without a text");
+        }
+        failed += errors.len() as u64;
+        ended.push(c);
+    }
+    eprintln!("faults {log:?}: {killed} servers killed, {failed} client errors");
+    assert!(
+        failed <= killed,
+        "{failed} client errors from {killed} kills\n{}",
+        s.diagnostics()
+    );
+    // Every client is served again, on its connection or a new one.
+    for (id, mut c) in ended.into_iter().enumerate() {
+        if c.is_closed() {
+            c = client(&s, &db).await;
+        }
+        for step in 0..SIZES.len() as u64 {
+            within(
+                STEP,
+                "a client after the faults",
+                ask(&c, id as u64, MAX_STEPS + step),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("client {id} after the faults: {e}\n{}", s.diagnostics()));
+        }
+    }
+}
+
+/// A RESUME that may find nothing paused (PgBouncer then says so): either answer is
+/// fine, as long as one comes.
+async fn run_final(admin: &tokio_postgres::Client, sql: &str) {
+    let _ = within(STEP, sql, admin.simple_query(sql)).await;
+}
