@@ -1,5 +1,6 @@
 //! Every fault at once, in a seeded random order, while clients work through a small
-//! pool in transaction mode: backends killed, RECONNECT, PAUSE and RESUME, the pool
+//! pool in transaction mode (simple and extended queries, and named prepared
+//! statements with a server cache smaller than the statements in use): backends killed, RECONNECT, PAUSE and RESUME, the pool
 //! resized, clients vanishing mid-request. Each fault alone has its test; together
 //! they meet in every order (a PAUSE while a killed server's client is being failed,
 //! a RECONNECT while a request is written in line...). No answer may be mixed or cut;
@@ -29,11 +30,13 @@ async fn faults_together_never_mix_answers() {
             .userlist(ADMIN, ADMIN_PW)
             .setting("default_pool_size", "2")
             .setting("query_wait_timeout", "30")
+            .setting("max_prepared_statements", "4")
             .start(),
     );
     let obs = Observer::new().await;
     let admin = console(&s, ADMIN, ADMIN_PW).await;
     let load = Load::start(&s, &db);
+    let named = super::prepared_load::Load::start(&s, &db);
     let mut rng = Rng::new(
         std::env::var("CHAOS_SEED")
             .ok()
@@ -77,7 +80,12 @@ async fn faults_together_never_mix_answers() {
     run_final(&admin, &format!("RESUME {db}")).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let (mut ended, mut failed) = (Vec::new(), 0u64);
+    let (named_ok, named_errors) = named.finish().await;
+    let (mut ended, mut failed) = (Vec::new(), named_errors.len() as u64);
+    assert!(named_ok > 0, "no named statement ran");
+    for e in &named_errors {
+        assert!(!e.contains("does not exist"), "{e}\n{}", s.diagnostics());
+    }
     for (id, (ok, errors, c)) in load.finish().await.into_iter().enumerate() {
         eprintln!("client {id}: {ok} answers, errors {errors:?}");
         for e in &errors {

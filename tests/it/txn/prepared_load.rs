@@ -205,13 +205,14 @@ async fn client_at_work(
     (ok, errors)
 }
 
-struct Load {
+/// [`CLIENTS`]-many clients of named statements at work until [`Load::finish`].
+pub(super) struct Load {
     stop: Arc<AtomicBool>,
     clients: Vec<tokio::task::JoinHandle<(u64, Vec<String>)>>,
 }
 
 impl Load {
-    fn start(s: &Arc<Sluice>, db: &str) -> Load {
+    pub(super) fn start(s: &Arc<Sluice>, db: &str) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let clients = (0..CLIENTS)
             .map(|id| tokio::spawn(client_at_work(s.clone(), db.to_owned(), id, stop.clone())))
@@ -220,7 +221,7 @@ impl Load {
     }
 
     /// Stops the clients; returns (answers, errors) summed, after logging each one's.
-    async fn finish(self) -> (u64, Vec<String>) {
+    pub(super) async fn finish(self) -> (u64, Vec<String>) {
         self.stop.store(true, Ordering::Relaxed);
         let (mut ok, mut errors) = (0, Vec::new());
         for (id, c) in self.clients.into_iter().enumerate() {
