@@ -5,7 +5,8 @@
 //! they meet in every order (a PAUSE while a killed server's client is being failed,
 //! a RECONNECT while a request is written in line...). No answer may be mixed or cut;
 //! no client may be harmed but by a kill of its own server; and once the faults stop,
-//! every client is served again. `CHAOS_SEED=<n>` picks another order.
+//! every client is served again. In transaction and in statement pooling;
+//! `CHAOS_SEED=<n>` picks another order.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +21,17 @@ const FAULTS: u64 = 80;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn faults_together_never_mix_answers() {
-    let db = fresh_db("txn_chaos");
+    chaos("transaction").await;
+}
+
+/// The same in statement pooling, where every statement gives its server back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn faults_together_never_mix_answers_in_statement_pooling() {
+    chaos("statement").await;
+}
+
+async fn chaos(mode: &str) {
+    let db = fresh_db(&format!("txn_chaos_{mode}"));
     direct(
         &db,
         "CREATE TABLE shared (v int); GRANT ALL ON shared TO sluice_md5;",
@@ -31,6 +42,7 @@ async fn faults_together_never_mix_answers() {
             .setting("default_pool_size", "2")
             .setting("query_wait_timeout", "30")
             .setting("max_prepared_statements", "4")
+            .setting("pool_mode", mode)
             .start(),
     );
     let obs = Observer::new().await;
