@@ -20,6 +20,7 @@ mod login_failing;
 mod logins_load;
 mod midbatch;
 mod mixed;
+mod pairs;
 mod params;
 mod portals;
 mod prepared_load;

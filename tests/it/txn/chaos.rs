@@ -49,6 +49,11 @@ async fn chaos(mode: &str) {
     let admin = console(&s, ADMIN, ADMIN_PW).await;
     let load = Load::start(&s, &db);
     let named = super::prepared_load::Load::start(&s, &db);
+    // Transactions of several requests: transaction pooling only.
+    let pairs = (mode == "transaction").then(|| {
+        super::pairs::create(&db);
+        super::pairs::Pairs::start(&s, &db)
+    });
     let mut rng = Rng::new(
         std::env::var("CHAOS_SEED")
             .ok()
@@ -93,7 +98,12 @@ async fn chaos(mode: &str) {
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let (named_ok, named_errors) = named.finish().await;
-    let (mut ended, mut failed) = (Vec::new(), named_errors.len() as u64);
+    let pair_errors = match pairs {
+        Some(p) => p.finish(&s, &db).await,
+        None => Vec::new(),
+    };
+    let mut failed = (named_errors.len() + pair_errors.len()) as u64;
+    let mut ended = Vec::new();
     assert!(named_ok > 0, "no named statement ran");
     for e in &named_errors {
         assert!(!e.contains("does not exist"), "{e}\n{}", s.diagnostics());
