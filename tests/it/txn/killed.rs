@@ -95,6 +95,7 @@ pub(super) async fn run_client(
 pub(super) struct Load {
     stop: Arc<AtomicBool>,
     clients: Vec<tokio::task::JoinHandle<(u64, Vec<String>, Client)>>,
+    started: tokio::time::Instant,
 }
 
 impl Load {
@@ -103,7 +104,12 @@ impl Load {
         let clients = (0..CLIENTS)
             .map(|id| tokio::spawn(run_client(s.clone(), db.to_owned(), id, stop.clone())))
             .collect();
-        Load { stop, clients }
+        let started = tokio::time::Instant::now();
+        Load {
+            stop,
+            clients,
+            started,
+        }
     }
 
     /// Stops the clients; each one's answers, errors and last connection, in order.
@@ -121,7 +127,10 @@ impl Load {
 impl Load {
     /// [`Load::finish`] for a load nothing should have disturbed (`by`, for the
     /// message): panics on any client's error; the answers, at least four a client.
+    /// The load runs a second at least, so that a short test on a busy machine still
+    /// sees its clients at work.
     pub(super) async fn finish_undisturbed(self, s: &Sluice, by: &str) -> u64 {
+        tokio::time::sleep_until(self.started + Duration::from_secs(1)).await;
         let mut total = 0;
         for (id, (ok, errors, _)) in self.finish().await.into_iter().enumerate() {
             assert!(
