@@ -374,7 +374,13 @@ impl Pool {
                 Ok(conn)
             }
             Err(e) => {
-                self.lock_state().last_login_error = Some((Instant::now(), e.clone()));
+                // A server that died just after logging in did not refuse the login:
+                // PgBouncer counts it as connected, and fails no client fast for it.
+                let accepted =
+                    matches!(e, PoolError::Protocol(m) if m == super::server::TRAILING_LOGIN);
+                if !accepted {
+                    self.lock_state().last_login_error = Some((Instant::now(), e.clone()));
+                }
                 Err(e)
             }
         }

@@ -22,6 +22,9 @@ enum Script {
     Silent,
     /// Asks for a cleartext password; records it, then refuses.
     Cleartext,
+    /// Logs in at once (trust), then sends a FATAL error with its ReadyForQuery, as
+    /// a backend terminated as it logs in does; reports each startup.
+    DiesAfterLogin,
 }
 
 fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
@@ -89,6 +92,19 @@ fn serve(mut s: TcpStream, script: Script, seen: std::sync::mpsc::Sender<Vec<u8>
         Script::Silent => {
             std::thread::sleep(Duration::from_secs(20));
             return;
+        }
+        Script::DiesAfterLogin => {
+            let _ = seen.send(Vec::new());
+            let mut out = auth(0, &[]);
+            out.extend(msg(b'S', b"server_version\x0099.0\0"));
+            out.extend(msg(b'K', &[0, 0, 0, 1, 0, 0, 0, 2]));
+            out.extend(msg(b'Z', b"I"));
+            let mut e =
+                b"SFATAL\0VFATAL\0C57P01\0Mterminating connection due to administrator command\0"
+                    .to_vec();
+            e.push(0);
+            out.extend(msg(b'E', &e));
+            let _ = s.write_all(&out);
         }
         Script::Cleartext => {
             let _ = s.write_all(&auth(3, &[]));
@@ -180,4 +196,31 @@ async fn auth_server_fake_cleartext_sends_the_configured_password() {
     assert_eq!((code.as_str(), msg.as_str()), ("28P01", "fake refusal"));
     let body = rx.recv_timeout(Duration::from_secs(5)).expect("a password");
     assert_eq!(body, b"s3cret\0");
+}
+
+/// A server that dies right after each login (its FATAL error with its ReadyForQuery)
+/// fails the client it was for, but is no refused login: the next client gets a login
+/// of its own, not the first one's error at once for `server_login_retry` (PgBouncer
+/// counts such a server as connected and fails nobody fast for it).
+#[tokio::test]
+async fn auth_server_fake_a_server_dying_after_login_fails_no_one_fast() {
+    let (port, startups) = fake_server(Script::DiesAfterLogin);
+    let sluice = SluiceBuilder::new()
+        .no_default_database()
+        .setting("auth_type", "any")
+        .setting("server_login_retry", "30")
+        .database(
+            "fake",
+            &format!("host=127.0.0.1 port={port} dbname=fake user=fake"),
+        )
+        .start();
+    for attempt in 1..=2 {
+        let (code, msg) = login_error(&sluice.config("anyone", "", "fake")).await;
+        assert!(!code.is_empty(), "attempt {attempt}: {msg}");
+        let seen = startups.try_iter().count();
+        assert_eq!(
+            seen, 1,
+            "attempt {attempt}: {seen} server logins ({code} {msg})"
+        );
+    }
 }
