@@ -374,11 +374,8 @@ impl Pool {
                 Ok(conn)
             }
             Err(e) => {
-                // A server that died just after logging in did not refuse the login:
-                // PgBouncer counts it as connected, and fails no client fast for it.
-                let accepted =
-                    matches!(e, PoolError::Protocol(m) if m == super::server::TRAILING_LOGIN);
-                if !accepted {
+                // A server that died just after logging in did not refuse the login.
+                if !matches!(e, PoolError::DiedAfterLogin) {
                     self.lock_state().last_login_error = Some((Instant::now(), e.clone()));
                 }
                 Err(e)

@@ -24,6 +24,11 @@ pub enum PoolError {
     /// The server broke the protocol.
     #[error("server protocol error: {0}")]
     Protocol(&'static str),
+    /// The server answered a login whole, then sent more: almost always its FATAL
+    /// error (a backend terminated as it logged in). The login was accepted, so it
+    /// is no reason to fail other clients fast (acquire.rs), as in PgBouncer.
+    #[error("server closed the connection right after its login")]
+    DiedAfterLogin,
     /// A wait ran out.
     #[error("{0}")]
     Timeout(&'static str),

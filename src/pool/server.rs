@@ -396,11 +396,6 @@ pub(crate) fn conn_for_tests(stream: Stream, slot: SlotToken, generation: u64) -
     }))
 }
 
-/// A login answered whole, then more: almost always the server's FATAL error right
-/// after its ReadyForQuery (a backend terminated as it logged in). The login itself
-/// was accepted, so it is no reason to fail other clients fast (acquire.rs).
-pub(super) const TRAILING_LOGIN: &str = "unexpected bytes after ReadyForQuery";
-
 struct LoginState<'a> {
     cfg: &'a PoolConfig,
     addr: &'a ServerAddr,
@@ -462,7 +457,7 @@ impl LoginState<'_> {
                 }
                 header::TAG_READY_FOR_QUERY => {
                     if !buf.is_empty() {
-                        return Err(PoolError::Protocol(TRAILING_LOGIN));
+                        return Err(PoolError::DiedAfterLogin);
                     }
                     return Ok((pid, key, params));
                 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::common::*;
-use super::killed::{ask, Load, MAX_STEPS, SIZES};
+use super::killed::{served_again, Load, SIZES};
 use super::vanishing::{vanish, WAYS};
 use crate::admin::{console, ADMIN, ADMIN_PW};
 use crate::support::probe::{within, Observer};
@@ -75,6 +75,9 @@ async fn chaos(mode: &str) {
         };
         match fault {
             0 => {
+                // Only backends done logging in: a kill during a login is a failed login,
+                // after which clients fail fast while no server is up (as in
+                // PgBouncer), harm beyond the kill's own client not counted here.
                 let pids = logged_in_pids(&obs, &db).await;
                 if let Some(&pid) = pids.get(rng.below(pids.len().max(1) as u64) as usize) {
                     killed += u64::from(obs.try_terminate(pid).await);
@@ -102,62 +105,23 @@ async fn chaos(mode: &str) {
         Some(p) => p.finish(&s, &db).await,
         None => Vec::new(),
     };
-    let mut failed = (named_errors.len() + pair_errors.len()) as u64;
-    let mut ended = Vec::new();
     assert!(named_ok > 0, "no named statement ran");
     for e in &named_errors {
         assert!(!e.contains("does not exist"), "{e}\n{}", s.diagnostics());
     }
-    for (id, (ok, errors, c)) in load.finish().await.into_iter().enumerate() {
-        eprintln!("client {id}: {ok} answers, errors {errors:?}");
-        for e in &errors {
-            assert!(!e.trim().is_empty(), "client {id}: an error without a text");
-        }
-        failed += errors.len() as u64;
-        ended.push(c);
-    }
+    let (ended, failed) = load.finish_counting().await;
+    let failed = failed + (named_errors.len() + pair_errors.len()) as u64;
     eprintln!("faults {log:?}: {killed} servers killed, {failed} client errors");
     assert!(
         failed <= killed,
         "{failed} client errors from {killed} kills\n{}",
         s.diagnostics()
     );
-    // Every client is served again, on its connection or a new one.
-    for (id, mut c) in ended.into_iter().enumerate() {
-        if c.is_closed() {
-            c = client(&s, &db).await;
-        }
-        for step in 0..SIZES.len() as u64 {
-            within(
-                STEP,
-                "a client after the faults",
-                ask(&c, id as u64, MAX_STEPS + step),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("client {id} after the faults: {e}\n{}", s.diagnostics()));
-        }
-    }
+    served_again(&s, &db, ended, SIZES.len() as u64).await;
 }
 
 /// A RESUME that may find nothing paused (PgBouncer then says so): either answer is
 /// fine, as long as one comes.
 async fn run_final(admin: &tokio_postgres::Client, sql: &str) {
     let _ = within(STEP, sql, admin.simple_query(sql)).await;
-}
-
-/// The backends of `db` done logging in. A kill during a server's login is a failed
-/// login, after which clients fail fast while no server is up (as in PgBouncer):
-/// harm beyond the kill's own client that this test does not count.
-async fn logged_in_pids(obs: &Observer, db: &str) -> Vec<i32> {
-    obs.client
-        .query(
-            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' \
-             AND datname = $1 AND state IS NOT NULL",
-            &[&db],
-        )
-        .await
-        .expect("list backends")
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
 }

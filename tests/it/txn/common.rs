@@ -108,12 +108,21 @@ pub async fn backends(obs: &Observer, db: &str) -> i64 {
 
 /// Pids of the client backends connected to database `db`.
 pub async fn backend_pids(obs: &Observer, db: &str) -> Vec<i32> {
+    pids_where(obs, db, "").await
+}
+
+/// [`backend_pids`] of the backends done logging in (a state reported).
+pub async fn logged_in_pids(obs: &Observer, db: &str) -> Vec<i32> {
+    pids_where(obs, db, " AND state IS NOT NULL").await
+}
+
+async fn pids_where(obs: &Observer, db: &str, and: &str) -> Vec<i32> {
+    let sql = format!(
+        "SELECT pid FROM pg_stat_activity \
+         WHERE backend_type = 'client backend' AND datname = $1{and}"
+    );
     obs.client
-        .query(
-            "SELECT pid FROM pg_stat_activity \
-             WHERE backend_type = 'client backend' AND datname = $1",
-            &[&db],
-        )
+        .query(&sql, &[&db])
         .await
         .expect("list backends")
         .iter()

@@ -145,6 +145,53 @@ impl Load {
     }
 }
 
+impl Load {
+    /// [`Load::finish`] for a load that faults may harm: each client's errors must
+    /// have a text. The connections the clients ended with, and their errors in all.
+    pub(super) async fn finish_counting(self) -> (Vec<Client>, u64) {
+        let (mut ended, mut failed) = (Vec::new(), 0);
+        for (id, (ok, errors, c)) in self.finish().await.into_iter().enumerate() {
+            eprintln!(
+                "client {id}: {ok} answers, {} errors: {errors:?}",
+                errors.len()
+            );
+            for e in &errors {
+                assert!(!e.trim().is_empty(), "client {id}: an error without a text");
+            }
+            failed += errors.len() as u64;
+            ended.push(c);
+        }
+        (ended, failed)
+    }
+}
+
+/// Every client served again, `steps` answers each, on the connection it ended with
+/// or a new one if that was closed: no server known dead is handed out, and no
+/// client is left stuck in line.
+pub(super) async fn served_again(s: &Arc<Sluice>, db: &str, ended: Vec<Client>, steps: u64) {
+    let mut after = Vec::new();
+    for (id, mut c) in ended.into_iter().enumerate() {
+        let id = id as u64;
+        if c.is_closed() {
+            c = client(s, db).await;
+        }
+        after.push(tokio::spawn(async move {
+            for step in 0..steps {
+                ask(&c, id, MAX_STEPS + step)
+                    .await
+                    .map_err(|e| format!("client {id} step {step} afterwards: {e}"))?;
+            }
+            Ok::<_, String>(())
+        }));
+    }
+    for a in after {
+        within(STEP, "a client afterwards", a)
+            .await
+            .expect("a client panicked")
+            .unwrap_or_else(|e| panic!("{e}\n{}", s.diagnostics()));
+    }
+}
+
 /// Kills one of `db`'s backends every `every`, `KILLS` times; returns how many
 /// were killed (one may have gone on its own first).
 async fn killer(obs: &Observer, db: &str, every: Duration) -> u64 {
@@ -180,18 +227,7 @@ async fn servers_killed_under_load_never_mix_answers() {
         killer(&obs, &db, Duration::from_millis(50)),
     )
     .await;
-    let (mut ended, mut failed) = (Vec::new(), 0);
-    for (id, (ok, errors, c)) in load.finish().await.into_iter().enumerate() {
-        eprintln!(
-            "client {id}: {ok} answers, {} errors: {errors:?}",
-            errors.len()
-        );
-        for e in &errors {
-            assert!(!e.trim().is_empty(), "client {id}: an error without a text");
-        }
-        failed += errors.len() as u64;
-        ended.push(c);
-    }
+    let (ended, failed) = load.finish_counting().await;
     eprintln!("{failed} client errors from {killed} servers killed");
     // A kill harms at most the client its server was serving: no other client is
     // disturbed.
@@ -208,27 +244,7 @@ async fn servers_killed_under_load_never_mix_answers() {
     // The kills over, every client is served at once: no server known dead is handed
     // out, and no client is left stuck in line.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut after = Vec::new();
-    for (id, mut c) in ended.into_iter().enumerate() {
-        let id = id as u64;
-        if c.is_closed() {
-            c = client(&s, &db).await;
-        }
-        after.push(tokio::spawn(async move {
-            for step in 0..(2 * SIZES.len() as u64) {
-                ask(&c, id, MAX_STEPS + step)
-                    .await
-                    .map_err(|e| format!("client {id} step {step} after the kills: {e}"))?;
-            }
-            Ok::<_, String>(())
-        }));
-    }
-    for a in after {
-        within(STEP, "a client after the kills", a)
-            .await
-            .unwrap()
-            .unwrap_or_else(|e| panic!("{e}\n{}", s.diagnostics()));
-    }
+    served_again(&s, &db, ended, 2 * SIZES.len() as u64).await;
     // And the pool holds no more servers than it may.
     wait_backends(&obs, &db, STEP, |n| n <= i64::from(POOL)).await;
 }
