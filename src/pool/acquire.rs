@@ -88,7 +88,7 @@ impl Pool {
             let slot = match step {
                 // The rare paths (a check query, a new connection) are boxed, so that
                 // waiting for a server, the common one, is a small future.
-                Step::Idle(conn) => match Box::pin(self.check_idle(conn, cfg)).await {
+                Step::Idle(conn) => match Box::pin(self.check_idle(conn, cfg, deadline)).await? {
                     Some(conn) => return Ok(conn),
                     None => continue,
                 },
@@ -269,27 +269,48 @@ impl Pool {
     }
 
     /// Runs `server_check_query` on a connection that sat idle past
-    /// `server_check_delay`. Returns it if healthy; a failed one is closed.
-    async fn check_idle(&self, mut conn: ServerConn, cfg: &PoolConfig) -> Option<ServerConn> {
+    /// `server_check_delay`. Returns it if healthy; a failed one is closed. The
+    /// client waits in line the while, as in PgBouncer (`cl_waiting`), so its
+    /// `deadline` (query_wait_timeout) bounds the check too: a server that never
+    /// answers it is closed, and the client told `query_wait_timeout`.
+    async fn check_idle(
+        &self,
+        mut conn: ServerConn,
+        cfg: &PoolConfig,
+        deadline: Option<Tick>,
+    ) -> Result<Option<ServerConn>, PoolError> {
         let Some(query) = &cfg.server_check_query else {
-            return Some(conn);
+            return Ok(Some(conn));
         };
-        if !needs_check(&conn, &cfg.reuse(), Tick::now()) {
-            return Some(conn);
+        let now = Tick::now();
+        if !needs_check(&conn, &cfg.reuse(), now) {
+            return Ok(Some(conn));
         }
-        match conn
-            .run_internal(
-                query,
-                cfg.server_connect_timeout.max(Duration::from_secs(1)),
-            )
-            .await
-        {
-            Ok(()) => Some(conn),
+        let own = cfg.server_connect_timeout.max(Duration::from_secs(1));
+        let left = deadline.map(|d| d.since(now));
+        let waits_out = left.is_some_and(|l| l < own);
+        let checked = {
+            // Listed as `tested` meanwhile, as PgBouncer lists a server its check runs on.
+            let _listed = self.resetting(&conn.ident);
+            let limit = left.map_or(own, |l| l.min(own));
+            conn.run_internal(query, limit).await
+        };
+        match checked {
+            Ok(()) => Ok(Some(conn)),
             Err(e) => {
-                tracing::info!("S-{}: server check failed, closing: {e}", conn.ident.id);
+                let waited_out = waits_out && matches!(e, PoolError::Timeout(_));
+                let why = if waited_out {
+                    "query_wait_timeout".to_string()
+                } else {
+                    e.to_string()
+                };
+                tracing::info!("S-{}: server check failed, closing: {why}", conn.ident.id);
                 // Its lent mark takes it out of `active`.
                 drop(conn);
-                None
+                if waited_out {
+                    return Err(refusal(self));
+                }
+                Ok(None)
             }
         }
     }

@@ -1,5 +1,6 @@
-//! Servers whose reset query runs at the end of a client's session (PgBouncer's
-//! `sv_tested`). Such a server is lent still but linked to no client: SHOW SERVERS
+//! Servers whose reset query runs at the end of a client's session, or whose
+//! `server_check_query` runs before a client gets it (PgBouncer's `sv_tested`).
+//! Such a server is lent still but linked to no client: SHOW SERVERS
 //! lists it as `tested` and SHOW POOLS counts it in `sv_tested`, not in `sv_active`,
 //! so that it is never missing from the console between its client and the pool.
 

@@ -6,6 +6,7 @@
 //! [`marked_sluice`]) so that a test counts only its own backends; the clients here
 //! therefore never set `application_name` themselves.
 
+mod frozen;
 mod hosts;
 mod leaks;
 mod limits;
