@@ -11,6 +11,7 @@ mod copy;
 mod delegated;
 mod differential;
 mod dirty;
+mod frozen_load;
 mod function_call;
 mod idle_closed;
 mod killed;

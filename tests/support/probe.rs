@@ -185,3 +185,30 @@ impl Observer {
             .get(0)
     }
 }
+
+/// A backend stopped with SIGSTOP, continued when dropped (a test that fails must not
+/// leave the shared PostgreSQL with a frozen backend). Signalled by `kill`: the
+/// tests run as PostgreSQL's user or as root.
+pub struct Frozen(i32);
+
+impl Frozen {
+    pub fn new(pid: i32) -> Frozen {
+        assert!(signal("-STOP", pid), "kill -STOP {pid}");
+        Frozen(pid)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        // No panic here (it may run while a test unwinds); a backend gone is fine.
+        signal("-CONT", self.0);
+    }
+}
+
+/// Sends `sig` to `pid` with kill(1); whether it was sent.
+fn signal(sig: &str, pid: i32) -> bool {
+    std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success())
+}

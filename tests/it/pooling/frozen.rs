@@ -2,11 +2,10 @@
 //! partition or a stalled host looks like to a pooler). Clients that meet it are
 //! bounded by the timeouts a PgBouncer user sets, and nobody else is held up.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::{backend_pid, client, T};
-use crate::support::probe::{marked_sluice, unique_marker, within};
+use crate::support::probe::{marked_sluice, unique_marker, within, Frozen};
 use crate::support::{MD5_PASSWORD, MD5_USER, TEST_DB};
 
 /// The named columns of `sql`'s rows on the console whose column `key` is `value`.
@@ -29,32 +28,6 @@ async fn console_rows(
             _ => None,
         })
         .collect()
-}
-
-/// A backend stopped with SIGSTOP, continued when dropped (a test that fails must not
-/// leave the shared PostgreSQL with a frozen backend).
-struct Frozen(i32);
-
-impl Frozen {
-    fn new(pid: i32) -> Frozen {
-        signal("-STOP", pid);
-        Frozen(pid)
-    }
-}
-
-impl Drop for Frozen {
-    fn drop(&mut self) {
-        signal("-CONT", self.0);
-    }
-}
-
-fn signal(sig: &str, pid: i32) {
-    let ok = Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    assert!(ok, "kill {sig} {pid}");
 }
 
 /// A client whose server must first pass `server_check_query` waits in line the

@@ -15,7 +15,7 @@ use crate::support::Sluice;
 use tokio_postgres::SimpleQueryMessage;
 
 /// A database of its own, and a Sluice with a console, a pool of 2 for it.
-fn console_sluice(prefix: &str) -> (String, Arc<Sluice>) {
+pub(super) fn console_sluice(prefix: &str) -> (String, Arc<Sluice>) {
     let db = fresh_db(prefix);
     let s = txn_sluice(&db)
         .userlist(ADMIN, ADMIN_PW)
@@ -25,7 +25,10 @@ fn console_sluice(prefix: &str) -> (String, Arc<Sluice>) {
 }
 
 /// Runs a console command; panics with its error.
-async fn admin_run(admin: &tokio_postgres::Client, sql: &str) -> Vec<SimpleQueryMessage> {
+pub(super) async fn admin_run(
+    admin: &tokio_postgres::Client,
+    sql: &str,
+) -> Vec<SimpleQueryMessage> {
     within(STEP, sql, admin.simple_query(sql))
         .await
         .unwrap_or_else(|e| panic!("{sql}: {}", err_text(&e)))
@@ -265,33 +268,35 @@ async fn show_pools_adds_up_under_load() {
     load.finish_undisturbed(&s, "SHOW POOLS").await;
 }
 
+/// Every SHOW the console knows.
+pub(super) const SHOWS: [&str; 21] = [
+    "HELP",
+    "VERSION",
+    "CONFIG",
+    "STATE",
+    "DATABASES",
+    "POOLS",
+    "USERS",
+    "LISTS",
+    "MEM",
+    "DNS_HOSTS",
+    "DNS_ZONES",
+    "PEERS",
+    "PEER_POOLS",
+    "CLIENTS",
+    "SERVERS",
+    "SOCKETS",
+    "ACTIVE_SOCKETS",
+    "STATS",
+    "STATS_TOTALS",
+    "STATS_AVERAGES",
+    "TOTALS",
+];
+
 /// Every SHOW the console knows, from four consoles at once, again and again under
 /// load: each answers, and the clients lose nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_show_answers_under_load() {
-    const SHOWS: [&str; 21] = [
-        "HELP",
-        "VERSION",
-        "CONFIG",
-        "STATE",
-        "DATABASES",
-        "POOLS",
-        "USERS",
-        "LISTS",
-        "MEM",
-        "DNS_HOSTS",
-        "DNS_ZONES",
-        "PEERS",
-        "PEER_POOLS",
-        "CLIENTS",
-        "SERVERS",
-        "SOCKETS",
-        "ACTIVE_SOCKETS",
-        "STATS",
-        "STATS_TOTALS",
-        "STATS_AVERAGES",
-        "TOTALS",
-    ];
     let (db, s) = console_sluice("txn_shows_load");
     let load = Load::start(&s, &db);
     let mut consoles = Vec::new();
