@@ -286,7 +286,7 @@ impl Pool {
         if !needs_check(&conn, &cfg.reuse(), now) {
             return Ok(Some(conn));
         }
-        let own = cfg.server_connect_timeout.max(Duration::from_secs(1));
+        let own = cfg.internal_timeout();
         let left = deadline.map(|d| d.since(now));
         let waits_out = left.is_some_and(|l| l < own);
         let checked = {

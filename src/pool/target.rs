@@ -116,6 +116,17 @@ pub(crate) struct Reuse {
 }
 
 impl PoolConfig {
+    /// The bound on a query Sluice runs itself on a server (the check, the reset,
+    /// the SETs of a client's parameters): `server_connect_timeout`, or 15 s where
+    /// that is 0 ("no limit" for a connect, but such a query must not hang forever).
+    pub fn internal_timeout(&self) -> Duration {
+        if self.server_connect_timeout.is_zero() {
+            Duration::from_secs(15)
+        } else {
+            self.server_connect_timeout
+        }
+    }
+
     pub(crate) fn reuse(&self) -> Reuse {
         Reuse {
             lifetime: self.server_lifetime,

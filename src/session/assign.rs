@@ -40,13 +40,7 @@ pub(super) async fn acquire_linked(
         None => pool.acquire_noting(on_notice).await?,
     };
     if let Some(sql) = params.sync_sql(&mut server) {
-        // A zero server_connect_timeout means "no limit" elsewhere; keep a sane bound.
-        let timeout = pool.config().server_connect_timeout;
-        let timeout = if timeout.is_zero() {
-            std::time::Duration::from_secs(15)
-        } else {
-            timeout
-        };
+        let timeout = pool.config().internal_timeout();
         if let Err(e) = Box::pin(server.run_internal(&sql, timeout)).await {
             // The server is fine but the client's value was refused; closing it keeps
             // the pool clean, and the client learns why.
@@ -75,11 +69,7 @@ pub(super) async fn finish_server(
     let cfg = pool.config();
     let reset = mode == PoolMode::Session || cfg.server_reset_query_always;
     if reset && !cfg.server_reset_query.trim().is_empty() {
-        let timeout = if cfg.server_connect_timeout.is_zero() {
-            std::time::Duration::from_secs(15)
-        } else {
-            cfg.server_connect_timeout
-        };
+        let timeout = cfg.internal_timeout();
         let reset = {
             // Listed as `tested` meanwhile (pool/resetting.rs), gone before release.
             let _listed = pool.resetting(&server.ident);
