@@ -159,12 +159,48 @@ impl App {
     /// Swaps in a reloaded config and lets the pools adapt.
     pub fn set_config(&self, config: Config) {
         let config = Arc::new(config);
-        match self.config.write() {
-            Ok(mut g) => *g = config.clone(),
-            Err(p) => *p.into_inner() = config.clone(),
-        }
+        let old = match self.config.write() {
+            Ok(mut g) => std::mem::replace(&mut *g, config.clone()),
+            Err(p) => std::mem::replace(&mut *p.into_inner(), config.clone()),
+        };
         self.pools.reconfigure(&config);
+        self.drop_removed_databases(&old, &config);
         self.reloads.send_modify(|n| *n += 1);
+    }
+
+    /// Disconnects the clients of the databases a reloaded config no longer serves
+    /// (not named, and no `*` entry), as PgBouncer drops such a database at a
+    /// reload: each client is told `database removed`, as its pool's waiters are.
+    fn drop_removed_databases(&self, old: &Config, new: &Config) {
+        if new.fallback_database.is_some() {
+            return;
+        }
+        let gone = |db: &str| !new.databases.contains_key(db);
+        let mut removed: std::collections::BTreeSet<&str> = old
+            .databases
+            .keys()
+            .map(String::as_str)
+            .filter(|d| gone(d))
+            .collect();
+        let clients: Vec<_> = self
+            .client_reg
+            .all()
+            .into_iter()
+            .filter(|c| !c.meta.is_admin() && gone(&c.meta.database))
+            .collect();
+        removed.extend(clients.iter().map(|c| &*c.meta.database));
+        for d in removed {
+            tracing::warn!(
+                "dropping database '{d}' as it does not exist anymore or inactive auto-database"
+            );
+        }
+        if clients.is_empty() {
+            return;
+        }
+        for c in clients {
+            c.kill(crate::stats::conns::KillReason::DatabaseRemoved);
+        }
+        self.keeper.kick();
     }
 
     /// Changes at each reload ([`App::set_config`]).

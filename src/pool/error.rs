@@ -32,8 +32,10 @@ pub enum PoolError {
     /// A wait ran out.
     #[error("{0}")]
     Timeout(&'static str),
-    /// The pool is closing (shutdown, database removed).
-    #[error("pool is closed")]
+    /// The pool is closed: its database was removed at a reload, or the pool freed
+    /// (an unused auto-database, `pool_idle_timeout`). PgBouncer's words for the
+    /// clients of a database it drops.
+    #[error("database removed")]
     PoolClosed,
     /// Not a failure: a delegate relayed the answer already (pool/delegate.rs), at
     /// this time and of this many bytes; the waiter handles it before any error path.
@@ -52,6 +54,8 @@ impl PoolError {
             PoolError::Server(f) => (f.code.clone(), f.message.clone()),
             PoolError::Timeout(m) => (sqlstate::QUERY_CANCELED.into(), (*m).into()),
             PoolError::Auth(m) => (sqlstate::INVALID_AUTHORIZATION.into(), (*m).into()),
+            // As a killed client is told (KILL, a removed database).
+            PoolError::PoolClosed => (sqlstate::PROTOCOL_VIOLATION.into(), self.to_string()),
             other => (sqlstate::CONNECTION_FAILURE.into(), other.to_string()),
         }
     }

@@ -330,3 +330,78 @@ async fn sighup_keeps_the_listen_port_and_warns() {
     select(&c, 1).await;
     assert!(tcp_refused(new_port), "now also listening on {new_port}");
 }
+
+/// A database taken out of the ini is dropped at the reload, as PgBouncer drops it:
+/// its clients are disconnected with `database removed`, idle, in a transaction or
+/// in session pooling alike, and its servers closed; other databases' clients go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_removing_a_database_drops_its_clients() {
+    for mode in ["session", "transaction"] {
+        removing_a_database_drops_its_clients(mode).await;
+    }
+}
+
+async fn removing_a_database_drops_its_clients(mode: &str) {
+    use crate::support::wire::RawClient;
+    let connstr = format!("host=127.0.0.1 port=@PG_PORT@ dbname={}", support::TEST_DB);
+    let mut s = md5_sluice()
+        .setting("pool_mode", mode)
+        .setting("default_pool_size", "1")
+        .database("doomed_db", &connstr)
+        .start();
+    let (user, pw) = (support::MD5_USER, support::MD5_PASSWORD);
+    let port = s.port();
+    let login = |db: &'static str| RawClient::login(port, user, pw, db, &[]);
+    let mut in_txn = login("doomed_db").await.expect("login to doomed_db");
+    in_txn.simple("BEGIN", Duration::from_secs(10)).await;
+    let mut idle = login("doomed_db").await.expect("login to doomed_db");
+    // Waits for the one server, held by the transaction.
+    let mut waiting = login("doomed_db").await.expect("login to doomed_db");
+    waiting.query("SELECT 1").await.expect("send a query");
+    let other = connect_md5(&s, support::TEST_DB).await;
+    select(&other, 1).await;
+
+    let ini = std::fs::read_to_string(s.ini_path()).expect("read ini");
+    let kept: Vec<&str> = ini
+        .lines()
+        .filter(|l| !l.starts_with("doomed_db"))
+        .collect();
+    s.rewrite_ini(&(kept.join("\n") + "\n"));
+    hup_and_wait(&mut s, "config reloaded");
+
+    let clients = [
+        ("idle", &mut idle),
+        ("in a transaction", &mut in_txn),
+        ("waiting", &mut waiting),
+    ];
+    for (what, c) in clients {
+        let m = c.recv(Duration::from_secs(5)).await;
+        let m = m.unwrap_or_else(|| panic!("{mode}, {what}: closed without a word"));
+        assert_eq!(m.tag, b'E', "{mode}, {what}: {m:?}");
+        assert_eq!(
+            m.field(b'M').as_deref(),
+            Some("database removed"),
+            "{what}: {m:?}"
+        );
+        assert!(
+            c.recv(Duration::from_secs(5)).await.is_none(),
+            "{what}: still open"
+        );
+    }
+    select(&other, 2).await;
+    let log = s.log();
+    assert!(
+        log.contains("dropping database 'doomed_db' as it does not exist anymore"),
+        "{}",
+        s.diagnostics()
+    );
+    assert!(
+        log.contains("closing because: database removed"),
+        "{}",
+        s.diagnostics()
+    );
+    let again = login("doomed_db")
+        .await
+        .expect_err("logged in to a removed database");
+    assert!(again.contains("no such database"), "{again}");
+}
