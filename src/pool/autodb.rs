@@ -52,6 +52,10 @@ impl Pools {
         for db in expired {
             let closed = self.forget_database(&db, |pool| pool_in_use(pool, 1));
             if closed > 0 {
+                // PgBouncer's words when it drops a database, for either cause.
+                tracing::warn!(
+                    "dropping database '{db}' as it does not exist anymore or inactive auto-database"
+                );
                 tracing::info!("database {db}: unused for {timeout:?} (autodb_idle_timeout), its {closed} pool(s) freed");
             }
         }

@@ -55,12 +55,14 @@ async fn an_unused_database_from_the_fallback_entry_is_forgotten() {
         "still listed 15 s after its last client left\n{}",
         s.diagnostics()
     );
+    let log = s.log();
     assert!(
-        s.log()
-            .contains("(autodb_idle_timeout), its 1 pool(s) freed"),
-        "{}",
-        s.log()
+        log.contains("(autodb_idle_timeout), its 1 pool(s) freed"),
+        "{log}"
     );
+    // And PgBouncer's warning for a database it drops.
+    let dropped = format!("dropping database '{TEST_DB}' as it does not exist anymore");
+    assert!(log.contains(&dropped), "{log}");
 
     // Asked for again, it is made again.
     let c = pooled(&s, None).await;
