@@ -165,6 +165,7 @@ impl App {
         };
         self.pools.reconfigure(&config);
         self.drop_removed_databases(&old, &config);
+        self.close_retired_sessions();
         self.reloads.send_modify(|n| *n += 1);
     }
 
@@ -201,6 +202,29 @@ impl App {
             c.kill(crate::stats::conns::KillReason::DatabaseRemoved);
         }
         self.keeper.kick();
+    }
+
+    /// Disconnects the clients whose server was just retired (RECONNECT, a reload
+    /// that changed its database entry) and should not be kept to the end of their
+    /// session, as PgBouncer's janitor does: with `server_fast_close`, session-mode
+    /// clients between transactions (one in a transaction is ended at its end, by
+    /// its session: run.rs); and replication clients, whose sessions may never end.
+    /// Each is told `database configuration changed`.
+    pub fn close_retired_sessions(&self) {
+        let fast = self.config().settings.server_fast_close;
+        for c in self.client_reg.all() {
+            let replication = c.meta.replication().is_some();
+            if c.meta.is_admin() || !(replication || (fast && c.is_ready())) {
+                continue;
+            }
+            let Some(server) = c.linked() else { continue };
+            let Some(pool) = self.pools.get(&c.meta.database, &c.meta.pool_user) else {
+                continue;
+            };
+            if server.generation != pool.generation() {
+                c.kill(crate::stats::conns::KillReason::ConfigChanged);
+            }
+        }
     }
 
     /// Changes at each reload ([`App::set_config`]).

@@ -231,6 +231,7 @@ pub fn reconnect(ctx: &mut Ctx<'_>, db: &str) -> Result<(), CmdError> {
     for p in pools_of(ctx.app, db) {
         p.reconnect_all();
     }
+    ctx.app.close_retired_sessions();
     rows::command_complete(&mut ctx.out, "RECONNECT");
     Ok(())
 }

@@ -185,6 +185,11 @@ impl Pools {
         pool
     }
 
+    /// The pool for (`database`, `user`), if there is one.
+    pub fn get(&self, database: &str, user: &str) -> Option<Arc<Pool>> {
+        self.lock().get(&(database, user) as &dyn Names).cloned()
+    }
+
     /// A fresh server connection id (`S-<id>`), for a connection no pool owns: a
     /// cancel request's.
     pub fn next_server_id(&self) -> u64 {

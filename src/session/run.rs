@@ -31,6 +31,7 @@ use crate::protocol::sqlstate::*;
 use crate::stats::conns::ClientInfo;
 
 mod delegated;
+mod fast_close;
 mod turn;
 mod watch;
 mod welcome;
@@ -463,21 +464,7 @@ impl Session {
     async fn after(&mut self, stream: &Stream, outcome: Outcome) -> Step {
         match outcome {
             Outcome::ReleasePoint if self.mode == PoolMode::Session => {
-                // Only with server_fast_close: keep the server unless it was retired.
-                let generation = self.pool.generation();
-                let retired = self
-                    .server
-                    .as_ref()
-                    .is_some_and(|s| s.ident.generation != generation);
-                if retired {
-                    self.info.unlink();
-                    return Step::Done(
-                        self.fail(stream, ADMIN_SHUTDOWN, "server_fast_close")
-                            .await
-                            .into(),
-                    );
-                }
-                Step::Next
+                Box::pin(self.between_transactions(stream)).await
             }
             Outcome::ReleasePoint => {
                 let relay = self.relay.get();

@@ -110,6 +110,9 @@ pub enum KillReason {
     AdminForced = 1,
     /// KILL of its database (or of all).
     DatabaseRemoved = 2,
+    /// Its server was retired (RECONNECT, a reload) while it sat between
+    /// transactions with `server_fast_close`, or it is a replication client.
+    ConfigChanged = 3,
 }
 
 impl KillReason {
@@ -117,6 +120,7 @@ impl KillReason {
         match self {
             KillReason::AdminForced => "admin forced disconnect",
             KillReason::DatabaseRemoved => "database removed",
+            KillReason::ConfigChanged => "database configuration changed",
         }
     }
 
@@ -124,6 +128,7 @@ impl KillReason {
         match v {
             1 => Some(KillReason::AdminForced),
             2 => Some(KillReason::DatabaseRemoved),
+            3 => Some(KillReason::ConfigChanged),
             _ => None,
         }
     }
@@ -139,6 +144,9 @@ pub enum Slept {
     /// Asked to, by the janitor's sweep.
     WhenAsked,
 }
+
+/// `ClientInfo::state` of a linked client between transactions (session mode).
+const READY: u8 = 3;
 
 /// One registered client.
 #[derive(Debug)]
@@ -201,9 +209,22 @@ impl ClientInfo {
     pub fn state(&self) -> ClientState {
         match self.state.load(Ordering::Relaxed) {
             1 => ClientState::Waiting,
-            2 => ClientState::Active,
+            2 | READY => ClientState::Active,
             _ => ClientState::Idle,
         }
+    }
+
+    /// A session-mode client that holds its server waits for its next request
+    /// outside a transaction (`server_fast_close` may end it then); or, with
+    /// `false`, its request came. Only while linked.
+    pub fn set_ready(&self, ready: bool) {
+        self.state
+            .store(if ready { READY } else { 2 }, Ordering::Relaxed);
+    }
+
+    /// Whether [`ClientInfo::set_ready`] marked it ready.
+    pub fn is_ready(&self) -> bool {
+        self.state.load(Ordering::Relaxed) == READY
     }
 
     /// A request that arrived at `at` makes the client wait for a server.

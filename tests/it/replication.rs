@@ -71,6 +71,26 @@ fn psql_replication_with(
     support::outcome(&out)
 }
 
+/// A physical replication client held open (application_name `app`), after its
+/// IDENTIFY_SYSTEM: one walsender.
+async fn held_replica(s: &Sluice, app: &str) -> RawClient {
+    let mut raw = RawClient::login(
+        s.port(),
+        REPL_USER,
+        REPL_PASSWORD,
+        "replication",
+        &[("replication", "true"), ("application_name", app)],
+    )
+    .await
+    .expect("replication login");
+    raw.query("IDENTIFY_SYSTEM").await.expect("send");
+    let msgs = raw.until_ready(T).await;
+    assert!(wire::first_error(&msgs).is_none(), "{msgs:?}");
+    assert_eq!(wire::first_column(&msgs).len(), 1, "{msgs:?}");
+    assert_eq!(walsenders(app), 1);
+    raw
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replication_clients_get_servers_of_their_own() {
     let s = start();
@@ -100,20 +120,7 @@ async fn replication_clients_get_servers_of_their_own() {
     assert_eq!((ok, text.as_str()), (true, "3"), "{}", s.diagnostics());
 
     // A physical client held open: the console shows it and its server as such.
-    let mut raw = RawClient::login(
-        s.port(),
-        REPL_USER,
-        REPL_PASSWORD,
-        "replication",
-        &[("replication", "true"), ("application_name", HELD)],
-    )
-    .await
-    .expect("replication login");
-    raw.query("IDENTIFY_SYSTEM").await.expect("send");
-    let msgs = raw.until_ready(T).await;
-    assert!(wire::first_error(&msgs).is_none(), "{msgs:?}");
-    assert_eq!(wire::first_column(&msgs).len(), 1, "{msgs:?}");
-    assert_eq!(walsenders(HELD), 1);
+    let raw = held_replica(&s, HELD).await;
     let admin = crate::admin::console(&s, "admin", "adminpw").await;
     for show in ["SHOW CLIENTS", "SHOW SERVERS"] {
         let rows = within(T, show, admin.simple_query(show)).await.expect(show);
@@ -379,4 +386,29 @@ fn pg_receivewal_streams_to_its_end_position() {
         .map(|d| d.filter_map(Result::ok).count())
         .unwrap_or(0);
     assert!(received > 0, "no WAL was received");
+}
+
+/// A replication client whose server RECONNECT retires is disconnected at once, as
+/// PgBouncer disconnects it (its session may never end, so waiting for it is no
+/// option), with `database configuration changed`; its walsender goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_drops_a_replication_client_at_once() {
+    const APP: &str = "sluice_reconnected_replica";
+    let s = start();
+    let mut raw = held_replica(&s, APP).await;
+
+    let admin = crate::admin::console(&s, "admin", "adminpw").await;
+    within(T, "RECONNECT", admin.simple_query("RECONNECT"))
+        .await
+        .expect("RECONNECT");
+    let m = raw.recv(T).await.expect("closed without a word");
+    assert_eq!(m.tag, b'E', "{m:?}");
+    let why = m.field(b'M');
+    assert_eq!(why.as_deref(), Some("database configuration changed"));
+    assert!(raw.recv(T).await.is_none(), "still open");
+    assert!(
+        wait_until(Duration::from_secs(10), || walsenders(APP) == 0),
+        "walsenders left: {}",
+        walsenders(APP)
+    );
 }
