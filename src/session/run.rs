@@ -532,7 +532,8 @@ impl Session {
                 Step::Done(self.fail(stream, code, why).await.into())
             }
             Outcome::LongTransaction => {
-                let why = "Long transactions not allowed";
+                // PgBouncer's words since 1.16 ("Long transactions not allowed" before).
+                let why = "transaction blocks not allowed in statement pooling mode";
                 Step::Done(self.fail(stream, PROTOCOL_VIOLATION, why).await.into())
             }
             Outcome::ServerClosed(_) | Outcome::ServerProtocol(_) => {

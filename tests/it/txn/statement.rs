@@ -57,7 +57,11 @@ async fn begin_is_refused_and_the_server_not_reused() {
 
     let mut r = raw(&s, &db, &[]).await;
     r.query("BEGIN; INSERT INTO t VALUES (1)").await.unwrap();
-    expect_fatal_close(&mut r, "long transactions not allowed", STEP).await;
+    let why = "transaction blocks not allowed in statement pooling mode";
+    expect_fatal_close(&mut r, why, STEP).await;
+    // Logged for the server and the client, as PgBouncer logs it.
+    let line = format!("closing because: {why}");
+    assert_eq!(s.log().matches(&line).count(), 2, "{}", s.diagnostics());
 
     // The server of the refused transaction is not reused with it open.
     let c = client(&s, &db).await;
@@ -84,8 +88,7 @@ async fn begin_itself_fails_in_statement_mode() {
         .expect_err("BEGIN succeeded in statement mode");
     let text = err_text(&e);
     assert!(
-        text.to_lowercase()
-            .contains("long transactions not allowed"),
+        text.contains("transaction blocks not allowed in statement pooling mode"),
         "{text}"
     );
 
