@@ -161,9 +161,10 @@ impl Pool {
             let step = step?;
             let slot = match step {
                 Step::Connect => SlotToken::counted(self.clone()),
-                // Closed, so that its place is free for the next turn.
+                // Closed, so that its place is free for the next turn (PgBouncer's
+                // eviction for a replication connection).
                 Step::Idle(conn) => {
-                    self.release(conn, false);
+                    self.close_lent(conn, "evicted");
                     continue;
                 }
                 Step::Wait(ticket) => {
@@ -173,7 +174,7 @@ impl Pool {
                     {
                         Grant::Server(conn) => {
                             let conn = self.handed_over(conn);
-                            self.release(conn, false);
+                            self.close_lent(conn, "evicted");
                             continue;
                         }
                         Grant::Slot(slot) => slot,

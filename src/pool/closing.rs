@@ -29,6 +29,12 @@ impl Pool {
     }
 
     /// Logs a server connection the pool closes, and why.
+    /// Closes a connection lent out (its place goes to the next in line) with the
+    /// `closing because:` line for `reason`.
+    pub fn close_lent(&self, conn: super::ServerConn, reason: &str) {
+        self.log_server_close(&conn, reason);
+    }
+
     pub(crate) fn log_server_close(&self, conn: &ServerState, reason: &str) {
         if !self.cfg.load().log_disconnections {
             return;

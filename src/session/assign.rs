@@ -44,7 +44,7 @@ pub(super) async fn acquire_linked(
         if let Err(e) = Box::pin(server.run_internal(&sql, timeout)).await {
             // The server is fine but the client's value was refused; closing it keeps
             // the pool clean, and the client learns why.
-            pool.release(server, false);
+            pool.close_lent(server, "invalid server parameter");
             return Err(e);
         }
         // Remembers the match (when the server reports every value it was given).
@@ -61,9 +61,15 @@ pub(super) async fn finish_server(
     clean: bool,
     mode: PoolMode,
 ) {
-    // Not pooled again (a replication client's, one found broken): no reset.
-    if !clean || server.close_needed.is_some() {
-        pool.release(server, false);
+    // The client left in a transaction or with a request under way: no reset can
+    // make it clean. PgBouncer's words (since 1.16; "unclean server" before).
+    if !clean {
+        pool.close_lent(server, "client disconnect while server was not ready");
+        return;
+    }
+    // Not pooled again (a replication client's): no reset; closed with its reason.
+    if server.close_needed.is_some() {
+        pool.release(server, true);
         return;
     }
     let cfg = pool.config();
@@ -76,7 +82,7 @@ pub(super) async fn finish_server(
             server.run_internal(&cfg.server_reset_query, timeout).await
         };
         if reset.is_err() {
-            pool.release(server, false);
+            pool.close_lent(server, "reset query failed");
             return;
         }
         // The reset (DISCARD ALL by default) may have dropped the server's prepared

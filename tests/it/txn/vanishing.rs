@@ -135,7 +135,7 @@ async fn clients_vanishing_mid_anything_disturb_no_other_client() {
     let unclean = s
         .log()
         .lines()
-        .filter(|l| l.contains("closing because: unclean server"))
+        .filter(|l| l.contains("closing because: client disconnect while server was not ready"))
         .count() as u64;
     assert!(
         unclean >= VANISHERS * ROUNDS / 2,
