@@ -368,7 +368,7 @@ impl Pool {
             let st = self.lock_state();
             if let Some((at, err)) = &st.last_login_error {
                 if at.elapsed() < cfg.server_login_retry {
-                    return Err(err.clone());
+                    return Err(PoolError::LoginFailing(Box::new(err.clone())));
                 }
             }
             (st.generation, st.scram_keys)

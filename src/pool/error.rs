@@ -29,6 +29,11 @@ pub enum PoolError {
     /// is no reason to fail other clients fast (acquire.rs), as in PgBouncer.
     #[error("server closed the connection right after its login")]
     DiedAfterLogin,
+    /// A login failed less than `server_login_retry` ago, and no other is tried
+    /// yet: what a new client is told, as PgBouncer tells it (applications match on
+    /// "server login has been failing" to retry later).
+    #[error("server login has been failing, cached error: {} (server_login_retry)", cached_text(.0))]
+    LoginFailing(Box<PoolError>),
     /// A wait ran out.
     #[error("{0}")]
     Timeout(&'static str),
@@ -55,8 +60,18 @@ impl PoolError {
             PoolError::Timeout(m) => (sqlstate::QUERY_CANCELED.into(), (*m).into()),
             PoolError::Auth(m) => (sqlstate::INVALID_AUTHORIZATION.into(), (*m).into()),
             // As a killed client is told (KILL, a removed database).
-            PoolError::PoolClosed => (sqlstate::PROTOCOL_VIOLATION.into(), self.to_string()),
+            PoolError::PoolClosed | PoolError::LoginFailing(_) => {
+                (sqlstate::PROTOCOL_VIOLATION.into(), self.to_string())
+            }
             other => (sqlstate::CONNECTION_FAILURE.into(), other.to_string()),
         }
+    }
+}
+
+/// The cached error as PgBouncer quotes it: a server's own message alone.
+fn cached_text(e: &PoolError) -> String {
+    match e {
+        PoolError::Server(f) => f.message.clone(),
+        other => other.to_string(),
     }
 }

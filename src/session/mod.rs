@@ -360,7 +360,8 @@ async fn open_session(
     match app.count_client(&info, db_max, user_max) {
         Ok(()) => {}
         Err(setting) => {
-            let message = format!("no more connections allowed ({setting})");
+            // PgBouncer's words for these two limits (max_client_conn's differ).
+            let message = format!("client connections exceeded ({setting})");
             let tag = ClientTag::new(&info, log_pooler_errors);
             tracing::warn!("{tag} closing because: {message}");
             Box::pin(send_fatal(stream, TOO_MANY_CONNECTIONS, &message)).await;

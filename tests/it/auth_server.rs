@@ -230,9 +230,15 @@ async fn auth_server_missing_server_database_reaches_the_client() {
     let (code, msg) = login_error(&cfg).await;
     assert_eq!(code, "3D000");
     assert_eq!(msg, "database \"no_such_db_on_pg\" does not exist");
-    // Still the same while the failure is remembered (server_login_retry).
-    let (code, _) = login_error(&cfg).await;
-    assert_eq!(code, "3D000");
+    // While the failure is remembered (server_login_retry), PgBouncer's words, which
+    // applications match on to retry later.
+    let (code, msg) = login_error(&cfg).await;
+    assert_eq!(code, "08P01");
+    assert_eq!(
+        msg,
+        "server login has been failing, cached error: \
+         database \"no_such_db_on_pg\" does not exist (server_login_retry)"
+    );
     // Other databases are not affected.
     assert_eq!(
         whoami(&sluice.config(support::TRUST_USER, "", support::TEST_DB)).await,

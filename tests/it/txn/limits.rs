@@ -266,7 +266,7 @@ async fn expect_refused(s: &Sluice, user: &str, pw: &str, db: &str, setting: &st
         Err(e) => {
             let text = err_text(&e);
             assert!(
-                text.contains(&format!("no more connections allowed ({setting})")),
+                text.contains(&format!("client connections exceeded ({setting})")),
                 "{text}"
             );
         }
