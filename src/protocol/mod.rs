@@ -31,4 +31,8 @@ pub enum ProtocolError {
     /// PgBouncer's reason.
     #[error("{0}")]
     Refused(&'static str),
+    /// A message type no client may send once logged in (PgBouncer's reason, as it
+    /// tells the client; its log names the type).
+    #[error("unknown pkt")]
+    UnknownMessage(u8),
 }

@@ -482,9 +482,14 @@ async fn protocol_failure(
     tag: ClientTag<'_>,
     e: &crate::protocol::ProtocolError,
 ) -> String {
+    use crate::protocol::ProtocolError;
     let message = match e {
         // A refusal's reason is PgBouncer's text as it is.
-        crate::protocol::ProtocolError::Refused(why) => (*why).to_owned(),
+        ProtocolError::Refused(why) => (*why).to_owned(),
+        ProtocolError::UnknownMessage(t) => {
+            tracing::error!("{tag} unknown pkt from client: {t}/0x{t:x}");
+            e.to_string()
+        }
         e => format!("client protocol error: {e}"),
     };
     fail_with(stream, relay, tag, PROTOCOL_VIOLATION, &message).await

@@ -20,6 +20,9 @@ pub(in crate::session::relay) enum Counted {
     End(u64),
     Terminate,
     Other,
+    /// No frontend message type (nor one a logged-in client may send): the session
+    /// ends on it, and it goes to no server (PgBouncer's `unknown pkt`).
+    Unknown,
 }
 
 /// Counts one client message: what the server will owe for it, the extended messages
@@ -65,7 +68,7 @@ pub(in crate::session::relay) fn count_client_tag(
         TAG_FLUSH => *unsynced |= FLUSHED,
         TAG_COPY_DATA | TAG_COPY_DONE | TAG_COPY_FAIL => copy.copy_message(tag),
         TAG_TERMINATE => return Counted::Terminate,
-        _ => {}
+        _ => return Counted::Unknown,
     }
     Counted::Other
 }
@@ -90,6 +93,7 @@ impl Relay {
         );
         let mid = &mut self.mid;
         let (mut desync, mut refused) = (false, false);
+        let mut unknown = None;
         let no_simple_query = self.no_simple_query;
         let r = self
             .client_framer
@@ -101,6 +105,9 @@ impl Relay {
                     refused |= no_simple_query && tag == TAG_QUERY;
                     match count_client_tag(tag, pending, unsynced, (parses, binds), copy) {
                         Counted::Other => {}
+                        Counted::Unknown => {
+                            unknown.get_or_insert(tag);
+                        }
                         Counted::End(before) => {
                             let query = tag != TAG_SYNC;
                             if ((before != 0 && query) || mid.following())
@@ -124,6 +131,11 @@ impl Relay {
                 Body::Skip
             });
         self.desync |= desync;
+        if let Some(tag) = unknown {
+            // None of it goes to a server (it would end the server's session too).
+            self.c2s.clear();
+            return Err(ProtocolError::UnknownMessage(tag));
+        }
         if refused {
             // None of it goes to a server: the session ends on this error.
             self.c2s.clear();

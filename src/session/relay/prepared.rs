@@ -388,6 +388,7 @@ impl Relay {
             &mut self.copy,
         );
         let (no_simple_query, mut refused) = (self.no_simple_query, false);
+        let mut unknown = None;
         let r = p.rewriter.process(
             &mut p.input,
             &mut self.c2s,
@@ -400,9 +401,16 @@ impl Relay {
                         count_client_tag(tag, pending, unsynced, (&mut *parses, &mut *binds), copy);
                     // (Queries inside batches: the tracker follows them, not midbatch.rs.)
                     *terminated = counted == Counted::Terminate;
+                    if counted == Counted::Unknown {
+                        unknown.get_or_insert(tag);
+                    }
                 }
             },
         );
+        if let Some(tag) = unknown {
+            self.c2s.clear();
+            return Err(Outcome::ClientProtocol(ProtocolError::UnknownMessage(tag)));
+        }
         if refused {
             self.c2s.clear();
             return Err(Outcome::ClientProtocol(ProtocolError::Refused(

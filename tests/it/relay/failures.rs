@@ -168,7 +168,21 @@ async fn garbage_after_login_only_hurts_its_sender() {
         .expect("raw login");
     raw.simple("SELECT 1", T).await;
     raw.send(&wire::frame(b'y', b"garbage")).await.unwrap();
-    expect_error_and_close(&mut raw, "unknown message type").await;
+    let msgs = expect_error_and_close(&mut raw, "unknown message type").await;
+    // PgBouncer's words, and its log line naming the type; the message reached no
+    // server (PostgreSQL would have ended that server's session too).
+    let err = msgs.iter().find(|m| m.tag == TAG_ERROR).unwrap();
+    assert_eq!(err.field(b'M').as_deref(), Some("unknown pkt"), "{msgs:?}");
+    assert!(
+        s.log().contains("unknown pkt from client: 121/0x79"),
+        "{}",
+        s.diagnostics()
+    );
+    assert!(
+        !s.log().contains("invalid frontend message type"),
+        "{}",
+        s.diagnostics()
+    );
 
     // Random bytes.
     let mut raw = RawClient::login(s.port(), MD5_USER, MD5_PASSWORD, TEST_DB, &[])
