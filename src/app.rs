@@ -244,6 +244,11 @@ impl App {
         });
         if mode >= Shutdown::WaitForServers {
             self.update_gate(|g| g.stopping = true);
+            // Those waiting in line are told now (as PgBouncer's janitor tells them);
+            // those waiting on the gate, by their sessions (session/run.rs).
+            for p in self.pools.all() {
+                p.stop_lending();
+            }
         }
     }
 

@@ -125,6 +125,9 @@ impl Pool {
         if st.closed {
             return Err(PoolError::PoolClosed);
         }
+        if st.stopping {
+            return Err(PoolError::ShuttingDown);
+        }
         // (No new login while one failed lately and servers are up: login_hold.rs.)
         let room = (cfg.pool_size == 0 || st.total < cfg.pool_size) && !st.logins_held_off();
         if !(fresh_first && room) {
@@ -197,7 +200,7 @@ impl Pool {
         let mut doomed = Vec::new();
         let got = {
             let mut st = self.lock_state();
-            if st.closed {
+            if st.closed || st.stopping {
                 return Checkout::Slow;
             }
             let idle = if st.waiters.is_empty() {
@@ -557,8 +560,11 @@ impl Pool {
 /// Why a place in line ended without a grant: the pool closed, or the janitor took
 /// it out of line at `query_wait_timeout`.
 fn refusal(pool: &Pool) -> PoolError {
-    if pool.lock_state().closed {
+    let st = pool.lock_state();
+    if st.closed {
         PoolError::PoolClosed
+    } else if st.stopping {
+        PoolError::ShuttingDown
     } else {
         PoolError::Timeout("query_wait_timeout")
     }

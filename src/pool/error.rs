@@ -34,6 +34,10 @@ pub enum PoolError {
     /// "server login has been failing" to retry later).
     #[error("server login has been failing, cached error: {} (server_login_retry)", cached_text(.0))]
     LoginFailing(Box<PoolError>),
+    /// A shutdown that waits for the servers (SIGINT, `SHUTDOWN WAIT_FOR_SERVERS`)
+    /// lends no more: what a client that needs one is told, as PgBouncer tells it.
+    #[error("server shutting down")]
+    ShuttingDown,
     /// A wait ran out.
     #[error("{0}")]
     Timeout(&'static str),
@@ -60,7 +64,7 @@ impl PoolError {
             PoolError::Timeout(m) => (sqlstate::QUERY_CANCELED.into(), (*m).into()),
             PoolError::Auth(m) => (sqlstate::INVALID_AUTHORIZATION.into(), (*m).into()),
             // As a killed client is told (KILL, a removed database).
-            PoolError::PoolClosed | PoolError::LoginFailing(_) => {
+            PoolError::PoolClosed | PoolError::LoginFailing(_) | PoolError::ShuttingDown => {
                 (sqlstate::PROTOCOL_VIOLATION.into(), self.to_string())
             }
             other => (sqlstate::CONNECTION_FAILURE.into(), other.to_string()),

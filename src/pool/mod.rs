@@ -98,6 +98,8 @@ pub(crate) struct PoolState {
     welcome: Option<Arc<Vec<(String, String)>>>,
     /// Keys from a client's SCRAM login, for pass-through to the server.
     scram_keys: Option<ScramKeys>,
+    /// A shutdown that waits for the servers began: nothing more is lent.
+    stopping: bool,
     closed: bool,
     /// The settings' part that checkout and release read (see [`Reuse`]).
     reuse: Reuse,
@@ -473,6 +475,19 @@ impl Pool {
         for c in doomed {
             self.log_server_close(&c, "db conf changed");
         }
+    }
+
+    /// Lends no more (a shutdown that waits for the servers): the clients waiting in
+    /// line get `server shutting down`, as PgBouncer's janitor tells them, and so
+    /// does any later one; servers still lent come back and stay idle.
+    pub fn stop_lending(&self) {
+        let refused = {
+            let mut st = self.lock_state();
+            st.stopping = true;
+            let waiters = std::mem::take(&mut st.waiters);
+            line::refuse(&mut st, waiters)
+        };
+        refused.into_iter().for_each(Waker::wake);
     }
 
     /// Closes the pool: idle connections now, waiters get an error, no new lending.

@@ -397,11 +397,25 @@ impl Session {
     /// not (`fast`: the idle server it took). Returns how the session ends if it
     /// cannot.
     async fn link(&mut self, stream: &Stream, mut fast: Option<ServerConn>) -> Option<Step> {
-        // A paused or stopping pooler lends no more servers; the client waits, then
-        // tries the common cases again.
+        // A paused pooler lends no more servers; the client waits, then tries the
+        // common cases again. A stopping one never lends again: the client is told.
         let mut waited = false;
         let mut gate = self.app().gate_watch();
-        while gate.borrow_and_update().blocks(&self.pool.key.database) {
+        loop {
+            let (stopping, blocks) = {
+                let g = gate.borrow_and_update();
+                (g.stopping, g.blocks(&self.pool.key.database))
+            };
+            if stopping {
+                if let Some(f) = fast.take() {
+                    self.pool.release(f, true);
+                }
+                let e = Some(PoolError::ShuttingDown);
+                return Some(Box::pin(self.not_linked(stream, e)).await);
+            }
+            if !blocks {
+                break;
+            }
             waited = true;
             if gate.changed().await.is_err() {
                 break;

@@ -405,3 +405,61 @@ async fn removing_a_database_drops_its_clients(mode: &str) {
         .expect_err("logged in to a removed database");
     assert!(again.contains("no such database"), "{again}");
 }
+
+/// SIGINT in transaction pooling, as PgBouncer's WAIT_FOR_SERVERS: nothing more is
+/// lent, so a client waiting in line for the one server, and a client that asks
+/// later, are told `server shutting down` at once; the transaction under way ends
+/// normally, and the process exits once its server is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_tells_waiting_clients_the_server_is_shutting_down() {
+    use crate::support::wire::RawClient;
+    let mut s = md5_sluice()
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "1")
+        .start();
+    let (user, pw, db) = (support::MD5_USER, support::MD5_PASSWORD, support::TEST_DB);
+    let mut holder = RawClient::login(s.port(), user, pw, db, &[])
+        .await
+        .expect("login");
+    holder.simple("BEGIN", Duration::from_secs(10)).await;
+    let mut later = RawClient::login(s.port(), user, pw, db, &[])
+        .await
+        .expect("login");
+    let mut waiting = RawClient::login(s.port(), user, pw, db, &[])
+        .await
+        .expect("login");
+    waiting.query("SELECT 1").await.expect("send");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    s.signal(libc::SIGINT);
+    let told = |m: Option<crate::support::wire::RawMsg>, who: &str| {
+        let m = m.unwrap_or_else(|| panic!("{who}: closed without a word"));
+        assert_eq!(m.tag, b'E', "{who}: {m:?}");
+        assert_eq!(
+            m.field(b'M').as_deref(),
+            Some("server shutting down"),
+            "{who}"
+        );
+    };
+    told(
+        waiting.recv(Duration::from_secs(3)).await,
+        "the client in line",
+    );
+    later.query("SELECT 2").await.expect("send");
+    told(
+        later.recv(Duration::from_secs(3)).await,
+        "a client asking later",
+    );
+
+    // The transaction under way ends normally; then the process exits.
+    let msgs = holder.simple("SELECT 3", Duration::from_secs(10)).await;
+    let rows = crate::support::wire::first_column(&msgs);
+    assert_eq!(rows, [Some("3".to_owned())], "{msgs:?}");
+    holder.simple("COMMIT", Duration::from_secs(10)).await;
+    let status = s.wait_exit(Duration::from_secs(5));
+    assert!(
+        status.is_some_and(|st| st.success()),
+        "{status:?}\n{}",
+        s.diagnostics()
+    );
+}
