@@ -27,6 +27,7 @@ use crate::net::{Origin, PeerAddr, Stream};
 use crate::pool::PoolError;
 use crate::protocol::backend;
 use crate::protocol::sqlstate::*;
+use crate::protocol::startup::Replication;
 use crate::stats::conns::{ClientInfo, ClientKind, ClientMeta};
 use crate::stats::logins::{LoginNames, LoginWatch};
 use crate::tls::{TlsInfo, TlsPeer};
@@ -175,8 +176,14 @@ async fn serve_client(app: Arc<App>, mut stream: Stream, origin: Origin) {
                     let db = params.get("database").unwrap_or(user);
                     let t: &dyn std::fmt::Display =
                         if tls.info.is_tls() { &tls.info } else { &"no" };
+                    // PgBouncer's words for it (1.23 on); a bad value is refused later.
+                    let r = match params.get("replication").map(Replication::parse) {
+                        Some(Ok(Some(Replication::Physical))) => "yes",
+                        Some(Ok(Some(Replication::Logical))) => "database",
+                        _ => "no",
+                    };
                     tracing::info!(
-                        "C-{id}: {db}/{user}@{peer} login attempt: db={db} user={user} tls={t}"
+                        "C-{id}: {db}/{user}@{peer} login attempt: db={db} user={user} tls={t} replication={r}"
                     );
                 }
                 // Its names for SHOW SOCKETS, made only if the login waits.

@@ -88,6 +88,9 @@ async fn held_replica(s: &Sluice, app: &str) -> RawClient {
     assert!(wire::first_error(&msgs).is_none(), "{msgs:?}");
     assert_eq!(wire::first_column(&msgs).len(), 1, "{msgs:?}");
     assert_eq!(walsenders(app), 1);
+    // PgBouncer's login line names the kind.
+    let line = format!("login attempt: db=replication user={REPL_USER} tls=no replication=yes");
+    assert!(s.log().contains(&line), "{}", s.diagnostics());
     raw
 }
 

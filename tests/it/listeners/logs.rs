@@ -46,8 +46,9 @@ async fn logfile_has_pgbouncer_style_connection_lines() {
     );
     let prefix = format!(" UTC [{}] LOG C-", s.pid());
     let login = log_lines(&s, "login attempt:");
+    // PgBouncer's line, to its end.
     let want = format!(
-        "login attempt: db={} user={}",
+        "login attempt: db={} user={} tls=no replication=no",
         support::TEST_DB,
         support::MD5_USER
     );
