@@ -61,7 +61,8 @@ impl PoolError {
     pub fn client_error(&self) -> (String, String) {
         match self {
             PoolError::Server(f) => (f.code.clone(), f.message.clone()),
-            PoolError::Timeout(m) => (sqlstate::QUERY_CANCELED.into(), (*m).into()),
+            // 08P01 below: PgBouncer's code for every error it ends a client with.
+            PoolError::Timeout(m) => (sqlstate::PROTOCOL_VIOLATION.into(), (*m).into()),
             PoolError::Auth(m) => (sqlstate::INVALID_AUTHORIZATION.into(), (*m).into()),
             // As a killed client is told (KILL, a removed database).
             PoolError::PoolClosed | PoolError::LoginFailing(_) | PoolError::ShuttingDown => {

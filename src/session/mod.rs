@@ -152,7 +152,7 @@ async fn serve_client(app: Arc<App>, mut stream: Stream, origin: Origin) {
     if !app.try_add_client(cfg.settings.max_client_conn) {
         tracing::warn!("C-{id}: (nodb)/(nouser)@{peer} closing because: no more connections allowed (max_client_conn)");
         let msg = "no more connections allowed (max_client_conn)";
-        Box::pin(send_fatal(&stream, TOO_MANY_CONNECTIONS, msg)).await;
+        Box::pin(send_fatal(&stream, PROTOCOL_VIOLATION, msg)).await;
         return;
     }
     let slot = ClientSlot(app.clone());
@@ -371,7 +371,7 @@ async fn open_session(
             let message = format!("client connections exceeded ({setting})");
             let tag = ClientTag::new(&info, log_pooler_errors);
             tracing::warn!("{tag} closing because: {message}");
-            Box::pin(send_fatal(stream, TOO_MANY_CONNECTIONS, &message)).await;
+            Box::pin(send_fatal(stream, PROTOCOL_VIOLATION, &message)).await;
             return None;
         }
     };

@@ -537,13 +537,9 @@ impl Session {
                     .into(),
                 )
             }
+            // 08P01, as every error PgBouncer itself ends a client with.
             Outcome::Timeout(why) => {
-                let code = if why == "query_timeout" {
-                    QUERY_CANCELED
-                } else {
-                    PROTOCOL_VIOLATION
-                };
-                Step::Done(self.fail(stream, code, why).await.into())
+                Step::Done(self.fail(stream, PROTOCOL_VIOLATION, why).await.into())
             }
             Outcome::LongTransaction => {
                 // PgBouncer's words since 1.16 ("Long transactions not allowed" before).
@@ -554,7 +550,7 @@ impl Session {
                 let msg = "server conn crashed?";
                 self.drop_server(msg);
                 let mut out = BytesMut::new();
-                backend::error_response(&mut out, "FATAL", CONNECTION_FAILURE, msg);
+                backend::error_response(&mut out, "FATAL", PROTOCOL_VIOLATION, msg);
                 let _ = Box::pin(self.relay.get().send_to_client(stream, &out)).await;
                 Step::End(msg.into())
             }

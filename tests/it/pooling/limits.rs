@@ -195,6 +195,7 @@ async fn wait_times_out(s: &support::Sluice) -> Duration {
         .map(|d| d.message().to_owned())
         .unwrap_or_else(|| e.to_string());
     assert!(text.contains("query_wait_timeout"), "error: {text} ({e:?})");
+    assert_eq!(e.code().map(|c| c.code()), Some("08P01"), "{e:?}");
     waited
 }
 

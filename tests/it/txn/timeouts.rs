@@ -16,6 +16,8 @@ async fn query_timeout_ends_a_long_query() {
         .expect_err("pg_sleep(5) finished despite query_timeout = 1");
     let took = t.elapsed();
     assert!(err_text(&e).contains("query_timeout"), "{}", err_text(&e));
+    // PgBouncer's code for every error it ends a client with.
+    assert_eq!(e.code().map(|c| c.code()), Some("08P01"), "{e:?}");
     assert!(took < Duration::from_secs(4), "took {took:?}");
     // Short queries are fine, and the pool serves the next client.
     let c = client(&s, &db).await;
