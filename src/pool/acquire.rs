@@ -340,7 +340,8 @@ impl Pool {
                     let limit = cfg.pool_size + cfg.reserve_pool_size;
                     if st.total < limit && !st.logins_held_off() && ticket.leave(&mut st) {
                         st.total += 1;
-                        tracing::info!(
+                        // A warning, as PgBouncer's (the pool is under strain).
+                        tracing::warn!(
                             "{}/{}: taking connection from reserve_pool",
                             self.key.database,
                             self.key.user
