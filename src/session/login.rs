@@ -13,7 +13,7 @@ use super::params::{self, ClientParams, StartupTracked};
 use super::ClientError;
 use crate::app::App;
 use crate::auth::Secret;
-use crate::config::{AuthType, SslMode};
+use crate::config::{AuthType, DatabaseEntry, SslMode};
 use crate::net::{PeerAddr, Stream};
 use crate::pool::{Pool, PoolConfig};
 use crate::protocol::backend;
@@ -282,30 +282,32 @@ pub async fn login(
             "the admin console is not available in this version of Sluice".into(),
         ));
     }
-    let db = cfg
+    // An unknown database is told only to a client that authenticates (as PgBouncer's
+    // "fake" database does), so that nobody learns which databases exist without a
+    // password: its login runs against an entry of that name with no settings.
+    let fake;
+    let (db, unknown) = match cfg
         .databases
         .get(&database)
         .or(cfg.fallback_database.as_ref())
-        .ok_or_else(|| {
-            ClientError::fatal(
-                INVALID_CATALOG_NAME,
-                format!("no such database: {database}"),
-            )
-        })?;
-    // DISABLE db (admin console): new logins are refused, connected clients stay.
-    if app.gate().disabled(&database) {
-        return Err(ClientError::fatal(
-            PROTOCOL_VIOLATION,
-            format!("database \"{database}\" is disabled"),
-        ));
-    }
+    {
+        Some(db) => (db, false),
+        None => {
+            fake = DatabaseEntry {
+                name: database.clone(),
+                ..DatabaseEntry::default()
+            };
+            (&fake, true)
+        }
+    };
 
     // A user missing from auth_file is looked up with auth_query, when an auth_user
     // applies (boxed: a rare path, kept out of every login's future). Not for `any`
     // (nothing is checked), `pam` or `ldap` (they check; PgBouncer does not combine
-    // them with a lookup).
+    // them with a lookup), nor for an unknown database (PgBouncer's neither).
     let listed = cfg.userlist.get(&user).map(String::as_str);
     let queried = match listed {
+        None if unknown => None,
         None if !matches!(s.auth_type, AuthType::Any | AuthType::Pam | AuthType::Ldap) => {
             Box::pin(super::authq::look_up(app, &cfg, db, &database, &user))
                 .await
@@ -331,6 +333,25 @@ pub async fn login(
     )
     .await
     .map_err(|e| e.naming(&database, &user))?;
+    if unknown {
+        if s.log_connections {
+            tracing::info!("login failed: db={database} user={user}");
+        }
+        let e = ClientError::fatal(
+            INVALID_CATALOG_NAME,
+            format!("no such database: {database}"),
+        );
+        return Err(e.naming(&database, &user));
+    }
+    // DISABLE db (admin console): new logins are refused, connected clients stay;
+    // told after the password, as PgBouncer tells it.
+    if app.gate().disabled(&database) {
+        let e = ClientError::fatal(
+            PROTOCOL_VIOLATION,
+            format!("database \"{database}\" is disabled"),
+        );
+        return Err(e.naming(&database, &user));
+    }
 
     // As in PgBouncer, a forced user owns the pool: every client of the database
     // shares the forced user's server connections, whoever logged in.

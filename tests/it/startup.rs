@@ -63,6 +63,24 @@ async fn startup_unknown_database_is_refused() {
         (code.as_str(), msg.as_str()),
         ("3D000", "no such database: nosuchdb")
     );
+    // Told only after the password, as PgBouncer tells it: a client that cannot log
+    // in learns nothing of which databases exist.
+    let (code, msg) = login_error(&sluice.config(support::MD5_USER, "wrong", "nosuchdb")).await;
+    assert_eq!(
+        (code.as_str(), msg.as_str()),
+        ("28P01", "password authentication failed"),
+        "{}",
+        sluice.diagnostics()
+    );
+    let (_, msg) = login_error(&sluice.config("nobody", "wrong", "nosuchdb")).await;
+    assert_eq!(msg, "password authentication failed");
+    assert!(
+        sluice
+            .log()
+            .contains("login failed: db=nosuchdb user=sluice_md5"),
+        "{}",
+        sluice.diagnostics()
+    );
     // Without a database parameter the user name is the database name.
     let sluice = trust_builder().start();
     expect_refused(
