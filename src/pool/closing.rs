@@ -55,10 +55,11 @@ pub(super) fn idle_close_reason(
     conn: &ServerState,
     st: &PoolState,
     now: Tick,
+    connected: u32,
 ) -> Option<&'static str> {
     if conn.ident.generation != st.generation {
         Some("db conf changed")
-    } else if let Some(why) = conn.expiry(&st.reuse, now) {
+    } else if let Some(why) = conn.expiry(&st.reuse, now, connected) {
         Some(why)
     } else if conn.stream.is_dead_or_chatty() {
         Some("server conn crashed?")

@@ -31,7 +31,9 @@ pub(super) fn pop_idle(st: &mut PoolState, now: Tick, doomed: &mut Doomed) -> Op
         // transaction): the janitor's probe covers that.
         let why = if conn.ident.generation != st.generation {
             Some("db conf changed")
-        } else if let Some(why) = conn.expiry(&reuse, now) {
+        } else if let Some(why) =
+            conn.expiry(&reuse, now, st.total.saturating_sub(doomed.len() as u32))
+        {
             Some(why)
         } else if now.reached(conn.last_used, PROBE_IDLE) && conn.stream.is_dead_or_chatty() {
             Some("server conn crashed?")

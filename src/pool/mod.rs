@@ -447,7 +447,8 @@ impl Pool {
             let mut doomed = Vec::new();
             let idle = std::mem::take(&mut st.idle);
             for c in idle {
-                match closing::idle_close_reason(&c, &st, now) {
+                let connected = st.total.saturating_sub(doomed.len() as u32);
+                match closing::idle_close_reason(&c, &st, now, connected) {
                     Some(reason) => doomed.push((c, reason)),
                     None => st.idle.push(c),
                 }

@@ -142,10 +142,16 @@ impl ServerState {
     }
 
     /// Which of the pool's limits its age or idle time passed, as PgBouncer logs it.
-    pub(crate) fn expiry(&self, r: &Reuse, now: Tick) -> Option<&'static str> {
+    /// `connected`: the pool's connections, this one among them; as in PgBouncer,
+    /// `server_idle_timeout` leaves `min_pool_size` of them open (their lifetime
+    /// still ends them).
+    pub(crate) fn expiry(&self, r: &Reuse, now: Tick, connected: u32) -> Option<&'static str> {
         if !r.lifetime.is_zero() && now.reached(self.ident.created, r.lifetime) {
             Some("server lifetime over")
-        } else if !r.idle_timeout.is_zero() && now.reached(self.last_used, r.idle_timeout) {
+        } else if !r.idle_timeout.is_zero()
+            && now.reached(self.last_used, r.idle_timeout)
+            && connected > r.min_pool_size
+        {
             Some("server idle timeout")
         } else {
             None

@@ -113,6 +113,8 @@ pub(crate) struct Reuse {
     pub reserve_pool_size: u32,
     /// `server_login_retry`.
     pub login_retry: Duration,
+    /// `server_idle_timeout` closes no connection that would leave fewer.
+    pub min_pool_size: u32,
 }
 
 impl PoolConfig {
@@ -137,6 +139,7 @@ impl PoolConfig {
             pool_size: self.pool_size,
             reserve_pool_size: self.reserve_pool_size,
             login_retry: self.server_login_retry,
+            min_pool_size: self.min_pool_size,
         }
     }
 

@@ -259,6 +259,42 @@ async fn min_pool_size_keeps_idle_servers() {
     );
 }
 
+/// As in PgBouncer, `server_idle_timeout` leaves `min_pool_size` servers open: the
+/// same backends stay, rather than being closed and opened again each time.
+#[tokio::test]
+async fn server_idle_timeout_leaves_min_pool_size_open() {
+    let db = fresh_db("txn_minpool_idle");
+    let s = txn_sluice(&db)
+        .setting("default_pool_size", "5")
+        .setting("min_pool_size", "2")
+        .setting("server_idle_timeout", "1")
+        .start();
+    let obs = Observer::new().await;
+    let (a, b, c) = (
+        client(&s, &db).await,
+        client(&s, &db).await,
+        client(&s, &db).await,
+    );
+    // Three servers at once: one more than min_pool_size.
+    let sleep = "SELECT pg_sleep(0.3)";
+    tokio::join!(one(&a, sleep), one(&b, sleep), one(&c, sleep));
+    assert_eq!(backends(&obs, &db).await, 3);
+    // Past the idle timeout: one closes, two stay, and stay the same two.
+    wait_backends(&obs, &db, Duration::from_secs(10), |n| n == 2).await;
+    let before = backend_pids(&obs, &db).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let mut after = backend_pids(&obs, &db).await;
+    let mut before = before;
+    before.sort_unstable();
+    after.sort_unstable();
+    assert_eq!(after, before, "{}", s.diagnostics());
+    let idle_closes = s
+        .log()
+        .matches("closing because: server idle timeout")
+        .count();
+    assert_eq!(idle_closes, 1, "{}", s.diagnostics());
+}
+
 async fn expect_refused(s: &Sluice, user: &str, pw: &str, db: &str, setting: &str) {
     let cfg = s.config(user, pw, db);
     match within(STEP, "refused connect", support::try_connect(&cfg)).await {
