@@ -50,6 +50,25 @@ impl Pool {
     }
 }
 
+/// The reason a connection past `server_lifetime` is closed with.
+pub(super) const LIFETIME_OVER: &str = "server lifetime over";
+
+/// Whether a connection made at `created` is to close for its lifetime now: past
+/// it, and, as in PgBouncer, the pool's last such close at least `server_lifetime /
+/// pool_size` ago, so that connections opened together are not all opened again
+/// together (the caller notes the close in `last_lifetime_close`).
+pub(super) fn lifetime_due(created: Tick, st: &PoolState, now: Tick) -> bool {
+    let r = &st.reuse;
+    if r.lifetime.is_zero() || !now.reached(created, r.lifetime) {
+        return false;
+    }
+    let gap = match r.pool_size {
+        0 => std::time::Duration::ZERO,
+        n => r.lifetime / n,
+    };
+    st.last_lifetime_close.is_none_or(|t| now.reached(t, gap))
+}
+
 /// Why an idle connection is closed at the janitor's sweep, if it is.
 pub(super) fn idle_close_reason(
     conn: &ServerState,
@@ -59,7 +78,7 @@ pub(super) fn idle_close_reason(
 ) -> Option<&'static str> {
     if conn.ident.generation != st.generation {
         Some("db conf changed")
-    } else if let Some(why) = conn.expiry(&st.reuse, now, connected) {
+    } else if let Some(why) = conn.expiry(st, now, connected) {
         Some(why)
     } else if conn.stream.is_dead_or_chatty() {
         Some("server conn crashed?")
@@ -100,8 +119,8 @@ pub(super) fn release_close_reason(
         Some("database removed")
     } else if conn.ident.generation != st.generation {
         Some("db conf changed")
-    } else if !lifetime.is_zero() && now.reached(conn.ident.created, lifetime) {
-        Some("server lifetime over")
+    } else if !lifetime.is_zero() && lifetime_due(conn.ident.created, st, now) {
+        Some(LIFETIME_OVER)
     } else if surplus(st) > 0 {
         Some("too many servers in the pool")
     } else {

@@ -31,8 +31,7 @@ pub(super) fn pop_idle(st: &mut PoolState, now: Tick, doomed: &mut Doomed) -> Op
         // transaction): the janitor's probe covers that.
         let why = if conn.ident.generation != st.generation {
             Some("db conf changed")
-        } else if let Some(why) =
-            conn.expiry(&reuse, now, st.total.saturating_sub(doomed.len() as u32))
+        } else if let Some(why) = conn.expiry(st, now, st.total.saturating_sub(doomed.len() as u32))
         {
             Some(why)
         } else if now.reached(conn.last_used, PROBE_IDLE) && conn.stream.is_dead_or_chatty() {
@@ -42,7 +41,12 @@ pub(super) fn pop_idle(st: &mut PoolState, now: Tick, doomed: &mut Doomed) -> Op
         };
         match why {
             None => return Some(conn),
-            Some(why) => doomed.push((conn, why)),
+            Some(why) => {
+                if why == super::closing::LIFETIME_OVER {
+                    st.last_lifetime_close = Some(now);
+                }
+                doomed.push((conn, why))
+            }
         }
     }
 }

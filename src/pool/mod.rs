@@ -98,6 +98,8 @@ pub(crate) struct PoolState {
     welcome: Option<Arc<Vec<(String, String)>>>,
     /// Keys from a client's SCRAM login, for pass-through to the server.
     scram_keys: Option<ScramKeys>,
+    /// When a connection last closed for its lifetime (spacing those closes).
+    last_lifetime_close: Option<Tick>,
     /// A shutdown that waits for the servers began: nothing more is lent.
     stopping: bool,
     closed: bool,
@@ -398,6 +400,9 @@ impl Pool {
         let mut st = self.lock_state();
         // Not reusable (unclean, too old, from before a reload...): closed, and why.
         if let Some(reason) = closing::release_close_reason(&conn, clean, &st, now) {
+            if reason == closing::LIFETIME_OVER {
+                st.last_lifetime_close = Some(now);
+            }
             if conn.lent.disarm() {
                 st.active = st.active.saturating_sub(1);
             }
@@ -449,7 +454,12 @@ impl Pool {
             for c in idle {
                 let connected = st.total.saturating_sub(doomed.len() as u32);
                 match closing::idle_close_reason(&c, &st, now, connected) {
-                    Some(reason) => doomed.push((c, reason)),
+                    Some(reason) => {
+                        if reason == closing::LIFETIME_OVER {
+                            st.last_lifetime_close = Some(now);
+                        }
+                        doomed.push((c, reason))
+                    }
                     None => st.idle.push(c),
                 }
             }

@@ -10,7 +10,7 @@ use bytes::{Buf, BytesMut};
 use super::error::PoolError;
 use super::limits::LimitToken;
 use super::slot::SlotToken;
-use super::target::{PoolConfig, Reuse, ServerAddr};
+use super::target::{PoolConfig, ServerAddr};
 use crate::auth::{md5_response, DerivedKeys, ScramClient, ScramCredential, Secret};
 use crate::clock::Tick;
 use crate::net::framed::{read_message, ReadError};
@@ -145,9 +145,15 @@ impl ServerState {
     /// `connected`: the pool's connections, this one among them; as in PgBouncer,
     /// `server_idle_timeout` leaves `min_pool_size` of them open (their lifetime
     /// still ends them).
-    pub(crate) fn expiry(&self, r: &Reuse, now: Tick, connected: u32) -> Option<&'static str> {
-        if !r.lifetime.is_zero() && now.reached(self.ident.created, r.lifetime) {
-            Some("server lifetime over")
+    pub(crate) fn expiry(
+        &self,
+        st: &super::PoolState,
+        now: Tick,
+        connected: u32,
+    ) -> Option<&'static str> {
+        let r = &st.reuse;
+        if super::closing::lifetime_due(self.ident.created, st, now) {
+            Some(super::closing::LIFETIME_OVER)
         } else if !r.idle_timeout.is_zero()
             && now.reached(self.last_used, r.idle_timeout)
             && connected > r.min_pool_size

@@ -145,6 +145,41 @@ async fn server_lifetime_retires_old_servers() {
     }
 }
 
+/// Servers opened together do not all close together when their lifetime ends: as
+/// in PgBouncer, one goes per `server_lifetime / pool_size`, so that they are not all
+/// opened again at once.
+#[tokio::test]
+async fn server_lifetimes_end_one_at_a_time() {
+    let marker = unique_marker("pool_lifetime_gap");
+    let s = marked_sluice(&marker)
+        .setting("server_lifetime", "2")
+        .setting("default_pool_size", "2")
+        .start();
+    let obs = Observer::new().await;
+    let (a, b) = (client(&s).await, client(&s).await);
+    backend_pid(&a).await;
+    backend_pid(&b).await;
+    drop((a, b));
+    let n = obs
+        .wait_count(&marker, Duration::from_secs(10), |n| n == 0)
+        .await;
+    assert_eq!(n, 0);
+    // Milliseconds of the day of each close, from the log's timestamps.
+    let at: Vec<u64> = s
+        .log()
+        .lines()
+        .filter(|l| l.contains("closing because: server lifetime over"))
+        .filter_map(|l| {
+            let t = l.split(' ').nth(1)?;
+            let mut p = t.split([':', '.']).map(|x| x.parse::<u64>().ok());
+            let (h, m, s, ms) = (p.next()??, p.next()??, p.next()??, p.next()??);
+            Some(((h * 60 + m) * 60 + s) * 1000 + ms)
+        })
+        .collect();
+    assert_eq!(at.len(), 2, "{}", s.diagnostics());
+    assert!(at[1] >= at[0] + 900, "closed {} ms apart", at[1] - at[0]);
+}
+
 #[tokio::test]
 async fn server_idle_timeout_closes_idle_servers() {
     let marker = unique_marker("pool_idle");
