@@ -143,6 +143,10 @@ pub fn resume(ctx: &mut Ctx<'_>, db: &str) -> Result<(), CmdError> {
     let app = ctx.app;
     if db.is_empty() {
         tracing::info!("RESUME command issued");
+        // PgBouncer's answer: a shutdown's pause is not for RESUME to lift.
+        if app.shutdown_mode() != crate::app::Shutdown::No {
+            return Err("pooler is shutting down".into());
+        }
         let g = app.gate();
         if !g.paused && !g.suspended {
             return Err("pooler is not paused/suspended".into());

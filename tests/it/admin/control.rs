@@ -339,9 +339,18 @@ async fn shutdown_wait_for_clients_waits_for_the_last_client() {
     let mut s = builder().start();
     let c = pooled(&s, None).await;
     select1(&c).await;
+    let admin = console(&s, ADMIN, ADMIN_PW).await;
     psql_ok(&s, "SHUTDOWN WAIT_FOR_CLIENTS");
     std::thread::sleep(Duration::from_millis(500));
     assert!(s.is_running(), "exited with a client connected");
+    // A shutdown is not for RESUME to lift (PgBouncer's answer).
+    let e = admin
+        .simple_query("RESUME")
+        .await
+        .expect_err("RESUME in a shutdown");
+    let text = e.as_db_error().map(|d| d.message().to_owned());
+    assert_eq!(text.as_deref(), Some("pooler is shutting down"), "{e:?}");
+    drop(admin);
     drop(c);
     assert!(
         s.wait_exit(Duration::from_secs(10)).is_some(),
