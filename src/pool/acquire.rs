@@ -468,7 +468,16 @@ impl Pool {
                     return Ok(conn);
                 }
                 Err(e) => {
-                    tracing::warn!("S-{id}: {}/{}@{addr} {e}", self.key.database, self.key.user);
+                    let (db, user) = (&self.key.database, &self.key.user);
+                    match &e {
+                        // PgBouncer's words for a login the server refused.
+                        PoolError::Server(f) => tracing::warn!(
+                            "S-{id}: {db}/{user}@{addr} server login failed: {} {}",
+                            f.severity,
+                            f.message
+                        ),
+                        e => tracing::warn!("S-{id}: {db}/{user}@{addr} {e}"),
+                    }
                     if n > 1 {
                         self.note_host(at, n, Some(Tick::now()));
                     }

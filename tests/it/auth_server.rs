@@ -214,6 +214,10 @@ async fn auth_server_wrong_scram_keys_are_refused_by_postgres() {
         msg,
         "password authentication failed for user \"sluice_scram\""
     );
+    // Logged in PgBouncer's words.
+    let line =
+        "server login failed: FATAL password authentication failed for user \"sluice_scram\"";
+    assert!(sluice.log().contains(line), "{}", sluice.diagnostics());
 }
 
 #[tokio::test]
