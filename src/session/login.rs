@@ -285,7 +285,9 @@ pub async fn login(
     // An unknown database is told only to a client that authenticates (as PgBouncer's
     // "fake" database does), so that nobody learns which databases exist without a
     // password: its login runs against an entry of that name with no settings.
-    let fake;
+    // (Boxed: the entry lives across the login's awaits, and a whole one in the
+    // login's future would be moved along with it for every client.)
+    let fake: Box<DatabaseEntry>;
     let (db, unknown) = match cfg
         .databases
         .get(&database)
@@ -293,11 +295,11 @@ pub async fn login(
     {
         Some(db) => (db, false),
         None => {
-            fake = DatabaseEntry {
+            fake = Box::new(DatabaseEntry {
                 name: database.clone(),
                 ..DatabaseEntry::default()
-            };
-            (&fake, true)
+            });
+            (&*fake, true)
         }
     };
 
