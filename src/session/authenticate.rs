@@ -53,12 +53,16 @@ pub(crate) async fn authenticate(
     let secret = listed.filter(|p| !p.is_empty()).map(Secret::parse);
     let failed = || ClientError::fatal(INVALID_PASSWORD, "password authentication failed".into());
     match auth_type {
-        AuthType::Any => {
-            if db.user.is_none() {
-                tracing::warn!("auth_type=any needs a forced user= on database {}", db.name);
-            }
-            Ok(Proof::Nothing)
+        // Nothing is checked, so the server user must be the database entry's, not
+        // one the client names: without `user=` the login is refused, as in PgBouncer.
+        AuthType::Any if db.user.is_none() => {
+            tracing::error!("auth_type=any requires forced user (database {})", db.name);
+            Err(ClientError::fatal(
+                PROTOCOL_VIOLATION,
+                "bouncer config error".into(),
+            ))
         }
+        AuthType::Any => Ok(Proof::Nothing),
         AuthType::Trust => match listed {
             Some(_) => Ok(Proof::Nothing),
             None => Err(ClientError::fatal(

@@ -179,7 +179,7 @@ async fn auth_server_scram_secret_without_keys_is_reported() {
 
 #[tokio::test]
 async fn auth_server_wrong_userlist_password_reaches_the_client() {
-    for auth_type in ["trust", "any"] {
+    for auth_type in ["trust"] {
         let sluice = SluiceBuilder::new()
             .setting("auth_type", auth_type)
             .userlist(support::MD5_USER, "not-the-password")
@@ -303,4 +303,25 @@ async fn auth_server_scram_keys_are_derived_once_per_pool() {
     );
     assert_eq!(sluice.log().matches(reused).count(), 1, "{}", sluice.log());
     first.batch_execute("COMMIT").await.expect("commit");
+}
+
+/// `auth_type = any` checks nothing, so a database without a forced `user=` would let
+/// any client log in to the server as any role the auth file can log in as: refused,
+/// as PgBouncer refuses it.
+#[tokio::test]
+async fn auth_any_without_a_forced_user_is_refused() {
+    let sluice = SluiceBuilder::new()
+        .setting("auth_type", "any")
+        .userlist(support::MD5_USER, support::MD5_PASSWORD)
+        .start();
+    let (code, msg) = login_error(&sluice.config(support::MD5_USER, "", support::TEST_DB)).await;
+    assert_eq!(
+        (code.as_str(), msg.as_str()),
+        ("08P01", "bouncer config error")
+    );
+    assert!(
+        sluice.log().contains("auth_type=any requires forced user"),
+        "{}",
+        sluice.diagnostics()
+    );
 }
