@@ -577,13 +577,17 @@ impl Pool {
 
     /// Takes the least recently used idle connection, for closing it to make room
     /// under a shared limit.
+    /// Logged `closing because: evicted`, PgBouncer's words.
     pub(crate) fn evict_idle(&self) -> Option<ServerConn> {
-        let mut st = self.lock_state();
-        if st.idle.is_empty() {
-            None
-        } else {
-            Some(st.idle.remove(0))
-        }
+        let conn = {
+            let mut st = self.lock_state();
+            if st.idle.is_empty() {
+                return None;
+            }
+            st.idle.remove(0)
+        };
+        self.log_server_close(&conn, "evicted");
+        Some(conn)
     }
 
     /// Records a failed login to be reported to clients until the retry delay passes.
