@@ -318,6 +318,10 @@ pub async fn login(
         _ => None,
     };
     let stored = listed.or(queried.as_deref());
+    if stored.is_none() && !matches!(s.auth_type, AuthType::Any | AuthType::Pam | AuthType::Ldap) {
+        // PgBouncer's line; the client gets the mock exchange and the usual error.
+        tracing::info!("no such user: {user}");
+    }
     let came = Came {
         physical_replication: replication == Some(Replication::Physical),
         ..came

@@ -105,7 +105,11 @@ async fn shared_limit_phases(s: &Sluice, db: &str, a: (&str, &str, &str), b: (&s
     assert_eq!(max, 2, "server connections Sluice held open to {db}");
     // Each idle server closed to make room is logged in PgBouncer's words.
     let evicted = s.log().matches("closing because: evicted").count();
-    assert!(evicted >= 2, "{evicted} evictions logged\n{}", s.diagnostics());
+    assert!(
+        evicted >= 2,
+        "{evicted} evictions logged\n{}",
+        s.diagnostics()
+    );
 }
 
 #[tokio::test]
