@@ -74,7 +74,11 @@ async fn startup_unknown_database_is_refused() {
     );
     let (_, msg) = login_error(&sluice.config("nobody", "wrong", "nosuchdb")).await;
     assert_eq!(msg, "password authentication failed");
-    assert!(sluice.log().contains("no such user: nobody"), "{}", sluice.diagnostics());
+    assert!(
+        sluice.log().contains("no such user: nobody"),
+        "{}",
+        sluice.diagnostics()
+    );
     assert!(
         sluice
             .log()
