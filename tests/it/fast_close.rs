@@ -137,3 +137,24 @@ async fn application_name_add_host_appends_the_client_address() {
     .unwrap();
     assert!(name.starts_with("app - 127.0.0.1:"), "{name}");
 }
+
+/// With `server_fast_close` a session stops at each transaction's end; requests sent
+/// together (pipelined) still all get their answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_fast_close_serves_pipelined_requests() {
+    use crate::support::wire::{query_msg, RawClient};
+    let (s, _c, _) = session(true).await;
+    let mut raw = RawClient::login(s.port(), MD5_USER, MD5_PASSWORD, TEST_DB, &[])
+        .await
+        .expect("login");
+    let mut batch = Vec::new();
+    for i in 0..5 {
+        batch.extend(query_msg(&format!("SELECT {i}")));
+    }
+    raw.send(&batch).await.expect("send");
+    for i in 0..5 {
+        let msgs = raw.until_ready(STEP).await;
+        let rows = crate::support::wire::first_column(&msgs);
+        assert_eq!(rows, [Some(i.to_string())], "{msgs:?}");
+    }
+}

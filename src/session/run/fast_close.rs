@@ -26,7 +26,13 @@ impl Session {
             let why = self.fail(stream, PROTOCOL_VIOLATION, CONFIG_CHANGED).await;
             return Step::Done(why.into());
         }
-        let idle = self.relay.wait_idle(stream, &self.info, None, false).await;
+        // (A request already read goes on at once; the release point leaves at most
+        // part of one, whose rest makes the socket readable.)
+        let idle = if self.relay.get().has_request() {
+            Ok(crate::session::relay::Idle::Request)
+        } else {
+            self.relay.wait_idle(stream, &self.info, None, false).await
+        };
         self.info.set_ready(false);
         match idle {
             Ok(_) => Step::Next,
