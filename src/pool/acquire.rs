@@ -547,6 +547,7 @@ impl Pool {
             let mut st = self.lock_state();
             let room = cfg.pool_size == 0 || st.total < cfg.pool_size;
             if st.closed
+                || st.stopping
                 || st.welcome.is_none()
                 || st.login_failed_lately()
                 || !room
