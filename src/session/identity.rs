@@ -18,6 +18,9 @@ pub struct Came<'a> {
     /// A physical replication connection, which only hba rules for the
     /// `replication` database match.
     pub physical_replication: bool,
+    /// Its `C-<id>` and peer, for the log lines of its login.
+    pub id: u64,
+    pub peer: &'a crate::net::PeerAddr,
 }
 
 fn refuse(message: &str) -> ClientError {

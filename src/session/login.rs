@@ -320,7 +320,8 @@ pub async fn login(
     let stored = listed.or(queried.as_deref());
     if stored.is_none() && !matches!(s.auth_type, AuthType::Any | AuthType::Pam | AuthType::Ldap) {
         // PgBouncer's line; the client gets the mock exchange and the usual error.
-        tracing::info!("no such user: {user}");
+        let (id, peer) = (came.id, came.peer);
+        tracing::info!("C-{id}: {database}/{user}@{peer} no such user: {user}");
     }
     let came = Came {
         physical_replication: replication == Some(Replication::Physical),
@@ -341,7 +342,10 @@ pub async fn login(
     .map_err(|e| e.naming(&database, &user))?;
     if unknown {
         if s.log_connections {
-            tracing::info!("login failed: db={database} user={user}");
+            let (id, peer) = (came.id, came.peer);
+            tracing::info!(
+                "C-{id}: {database}/{user}@{peer} login failed: db={database} user={user}"
+            );
         }
         let e = ClientError::fatal(
             INVALID_CATALOG_NAME,

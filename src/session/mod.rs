@@ -205,6 +205,8 @@ async fn serve_client(app: Arc<App>, mut stream: Stream, origin: Origin) {
                     addr,
                     tls: &tls,
                     physical_replication: false,
+                    id,
+                    peer: &peer,
                 };
                 if crate::admin::is_console(&params) {
                     // Boxed: rare, and its future is as large as a pooled login's.

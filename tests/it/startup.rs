@@ -74,9 +74,12 @@ async fn startup_unknown_database_is_refused() {
     );
     let (_, msg) = login_error(&sluice.config("nobody", "wrong", "nosuchdb")).await;
     assert_eq!(msg, "password authentication failed");
+    // PgBouncer's line, with the client's prefix.
+    let log = sluice.log();
+    let line = log.lines().find(|l| l.contains("no such user: nobody"));
     assert!(
-        sluice.log().contains("no such user: nobody"),
-        "{}",
+        line.is_some_and(|l| l.contains(": nosuchdb/nobody@127.0.0.1:")),
+        "{line:?}\n{}",
         sluice.diagnostics()
     );
     assert!(
