@@ -69,6 +69,15 @@ pub(super) fn lifetime_due(created: Tick, st: &PoolState, now: Tick) -> bool {
     st.last_lifetime_close.is_none_or(|t| now.reached(t, gap))
 }
 
+/// Passes on the reason a connection is closed for, noting a close for its lifetime
+/// (the next one waits the gap of [`lifetime_due`]).
+pub(super) fn noted(st: &mut PoolState, reason: &'static str, now: Tick) -> &'static str {
+    if reason == LIFETIME_OVER {
+        st.last_lifetime_close = Some(now);
+    }
+    reason
+}
+
 /// Why an idle connection is closed at the janitor's sweep, if it is.
 pub(super) fn idle_close_reason(
     conn: &ServerState,

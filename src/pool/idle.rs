@@ -41,12 +41,7 @@ pub(super) fn pop_idle(st: &mut PoolState, now: Tick, doomed: &mut Doomed) -> Op
         };
         match why {
             None => return Some(conn),
-            Some(why) => {
-                if why == super::closing::LIFETIME_OVER {
-                    st.last_lifetime_close = Some(now);
-                }
-                doomed.push((conn, why))
-            }
+            Some(why) => doomed.push((conn, super::closing::noted(st, why, now))),
         }
     }
 }

@@ -400,9 +400,7 @@ impl Pool {
         let mut st = self.lock_state();
         // Not reusable (unclean, too old, from before a reload...): closed, and why.
         if let Some(reason) = closing::release_close_reason(&conn, clean, &st, now) {
-            if reason == closing::LIFETIME_OVER {
-                st.last_lifetime_close = Some(now);
-            }
+            let reason = closing::noted(&mut st, reason, now);
             if conn.lent.disarm() {
                 st.active = st.active.saturating_sub(1);
             }
@@ -454,12 +452,7 @@ impl Pool {
             for c in idle {
                 let connected = st.total.saturating_sub(doomed.len() as u32);
                 match closing::idle_close_reason(&c, &st, now, connected) {
-                    Some(reason) => {
-                        if reason == closing::LIFETIME_OVER {
-                            st.last_lifetime_close = Some(now);
-                        }
-                        doomed.push((c, reason))
-                    }
+                    Some(reason) => doomed.push((c, closing::noted(&mut st, reason, now))),
                     None => st.idle.push(c),
                 }
             }
