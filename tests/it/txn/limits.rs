@@ -242,6 +242,16 @@ async fn reserve_pool_gives_one_more_server_to_waiting_clients() {
     // the first finished.
     assert!(took[2] < Duration::from_millis(2800), "{took:?}");
     assert!(took[3] >= Duration::from_millis(2900), "{took:?}");
+    // Logged as PgBouncer logs it: a warning.
+    let log = s.log();
+    let taken = log
+        .lines()
+        .filter(|l| l.contains("taking connection from reserve_pool"));
+    assert!(
+        taken.clone().count() == 1 && taken.clone().all(|l| l.contains(" WARNING ")),
+        "{}",
+        s.diagnostics()
+    );
 }
 
 #[tokio::test]
