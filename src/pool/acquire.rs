@@ -11,12 +11,12 @@ use std::sync::Arc;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
+use super::check::needs_check;
 use super::idle::{pop_idle, Doomed};
 use super::limits::{ConnLimit, LimitToken};
 pub use super::line::Ticket;
 use super::line::{self, Answer};
 use super::slot::SlotToken;
-use super::target::Reuse;
 use super::{server, Grant, Pool, PoolConfig, PoolError, ServerConn};
 use crate::clock::Tick;
 use crate::config::LoadBalance;
@@ -97,6 +97,13 @@ impl Pool {
                     match self.wait_in_line(ticket, cfg, deadline, on_notice).await? {
                         Grant::Server(conn) => return Ok(self.handed_over(conn)),
                         Grant::Slot(slot) => slot,
+                        Grant::Check(conn) => {
+                            let conn = self.handed_over(conn);
+                            match Box::pin(self.check_idle(conn, cfg, deadline)).await? {
+                                Some(conn) => return Ok(conn),
+                                None => continue,
+                            }
+                        }
                     }
                 }
             };
@@ -175,7 +182,7 @@ impl Pool {
                         .wait_in_line(ticket, &cfg, deadline, &mut || {})
                         .await?
                     {
-                        Grant::Server(conn) => {
+                        Grant::Server(conn) | Grant::Check(conn) => {
                             let conn = self.handed_over(conn);
                             self.close_lent(conn, "evicted");
                             continue;
@@ -250,6 +257,13 @@ impl Pool {
         // more per transaction at 600 clients.)
         match ticket.answer(on_notice).await {
             Answer::Granted(Grant::Server(conn)) => Ok(self.handed_over(conn)),
+            Answer::Granted(Grant::Check(conn)) => {
+                let conn = self.handed_over(conn);
+                let cfg = self.config();
+                let qwt = cfg.query_wait_timeout;
+                let deadline = (!qwt.is_zero()).then(|| ticket.since + qwt);
+                Box::pin(self.check_handed(conn, &cfg, deadline, ticket.since)).await
+            }
             Answer::Granted(Grant::Slot(slot)) => {
                 let cfg = self.config();
                 let qwt = cfg.query_wait_timeout;
@@ -270,53 +284,6 @@ impl Pool {
             conn.lent = super::LentMark::lent_by(self.clone());
         }
         conn
-    }
-
-    /// Runs `server_check_query` on a connection that sat idle past
-    /// `server_check_delay`. Returns it if healthy; a failed one is closed. The
-    /// client waits in line the while, as in PgBouncer (`cl_waiting`), so its
-    /// `deadline` (query_wait_timeout) bounds the check too: a server that never
-    /// answers it is closed, and the client told `query_wait_timeout`.
-    async fn check_idle(
-        &self,
-        mut conn: ServerConn,
-        cfg: &PoolConfig,
-        deadline: Option<Tick>,
-    ) -> Result<Option<ServerConn>, PoolError> {
-        let Some(query) = &cfg.server_check_query else {
-            return Ok(Some(conn));
-        };
-        let now = Tick::now();
-        if !needs_check(&conn, &cfg.reuse(), now) {
-            return Ok(Some(conn));
-        }
-        let own = cfg.internal_timeout();
-        let left = deadline.map(|d| d.since(now));
-        let waits_out = left.is_some_and(|l| l < own);
-        let checked = {
-            // Listed as `tested` meanwhile, as PgBouncer lists a server its check runs on.
-            let _listed = self.resetting(&conn.ident);
-            let limit = left.map_or(own, |l| l.min(own));
-            conn.run_internal(query, limit).await
-        };
-        match checked {
-            Ok(()) => Ok(Some(conn)),
-            Err(e) => {
-                let waited_out = waits_out && matches!(e, PoolError::Timeout(_));
-                let why = if waited_out {
-                    "query_wait_timeout".to_string()
-                } else {
-                    e.to_string()
-                };
-                tracing::info!("S-{}: server check failed, closing: {why}", conn.ident.id);
-                // Its lent mark takes it out of `active`.
-                drop(conn);
-                if waited_out {
-                    return Err(refusal(self));
-                }
-                Ok(None)
-            }
-        }
     }
 
     /// Waits for a grant; after `reserve_pool_timeout` a waiter may leave the line
@@ -570,7 +537,7 @@ impl Pool {
 
 /// Why a place in line ended without a grant: the pool closed, or the janitor took
 /// it out of line at `query_wait_timeout`.
-fn refusal(pool: &Pool) -> PoolError {
+pub(super) fn refusal(pool: &Pool) -> PoolError {
     let st = pool.lock_state();
     if st.closed {
         PoolError::PoolClosed
@@ -579,9 +546,4 @@ fn refusal(pool: &Pool) -> PoolError {
     } else {
         PoolError::Timeout("query_wait_timeout")
     }
-}
-
-/// Whether a connection sat idle long enough to be checked before reuse.
-fn needs_check(conn: &ServerConn, r: &Reuse, now: Tick) -> bool {
-    r.check && now.reached(conn.last_used, r.check_delay)
 }

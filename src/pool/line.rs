@@ -330,7 +330,7 @@ impl Drop for Ticket {
         // waiter as its token drops. A connection its request was written to is
         // closed: the answer to it is on the way, and nobody would read it.
         let (answer, request) = answer;
-        if let Answer::Granted(Grant::Server(conn)) = answer {
+        if let Answer::Granted(Grant::Server(conn) | Grant::Check(conn)) = answer {
             let clean = !request.is_some_and(|r| r.sent);
             self.pool.release(conn, clean);
         }

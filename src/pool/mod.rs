@@ -7,6 +7,7 @@
 mod acquire;
 mod autodb;
 mod canceled;
+mod check;
 mod closing;
 mod delegate;
 pub mod error;
@@ -62,6 +63,9 @@ enum Grant {
     Server(ServerConn),
     /// A free slot: the waiter opens a new connection itself.
     Slot(SlotToken),
+    /// A connection to check before use (`server_check_delay = 0`: pool/check.rs),
+    /// handed over without the waiter's request, which the waiter sends after.
+    Check(ServerConn),
 }
 
 /// The mutable part of a pool, behind one short-held mutex.
@@ -413,6 +417,14 @@ impl Pool {
         // mark: the console never sees it neither idle nor lent, and the waiter need
         // not take the lock again to count it.
         match st.waiters.pop_front() {
+            // `server_check_delay = 0`: checked before every reuse, as in PgBouncer,
+            // so the waiter checks it first and sends its request itself.
+            Some(w) if st.reuse.check && st.reuse.check_delay.is_zero() => {
+                let waker = w.answer(&mut st, line::Answer::Granted(Grant::Check(conn)));
+                drop(st);
+                waker.wake();
+                true
+            }
             Some(mut w) => {
                 let mut conn = conn;
                 if let Some(r) = w.request.as_mut() {

@@ -178,6 +178,47 @@ async fn server_check_replaces_a_server_killed_while_idle() {
     assert_eq!(backends(&obs, &db).await, 1);
 }
 
+/// With `server_check_delay = 0` the check runs before every reuse, as PgBouncer
+/// documents it ("the check is always run"): a server a client releases while
+/// another waits is checked before the waiting client's query reaches it.
+#[tokio::test]
+async fn server_check_delay_zero_checks_a_server_handed_to_a_waiter() {
+    let db = fresh_db("txn_check_handed");
+    let s = txn_sluice(&db)
+        .setting("default_pool_size", "1")
+        .setting("server_check_delay", "0")
+        .setting("server_check_query", "select nextval('checks')")
+        .start();
+    let mut holder = raw(&s, &db, &[]).await;
+    // A new server: nothing to check yet.
+    let r = holder.simple("CREATE SEQUENCE checks", STEP).await;
+    assert!(first_error(&r).is_none(), "{r:?}");
+    // Its first reuse (from the idle list) is checked.
+    let r = holder
+        .simple("BEGIN; SELECT last_value FROM checks", STEP)
+        .await;
+    assert_eq!(col(&r), ["1"]);
+    assert_eq!(status(&r), b'T');
+    let waiter = client(&s, &db).await;
+    let waiting = tokio::spawn(async move {
+        let q = waiter.simple_query("SELECT last_value FROM checks");
+        within(STEP, "the waiting query", q).await.map(|m| {
+            m.into_iter()
+                .find_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                    _ => None,
+                })
+                .unwrap_or_default()
+        })
+    });
+    // The waiter is in line before the holder lets the server go.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = holder.simple("COMMIT", STEP).await;
+    assert!(first_error(&r).is_none(), "{r:?}");
+    let seen = waiting.await.expect("task").expect("the waiting query");
+    assert_eq!(seen, "2", "the server went to the waiter unchecked");
+}
+
 /// The timers on the multi-threaded runtime (Sluice's default above 2 cores, which
 /// the CI machines do not have): each worker thread keeps its own, and a client's
 /// task may be woken on another worker than the one its timer was set on.

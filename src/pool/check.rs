@@ -1,0 +1,87 @@
+//! The check a server gets before it is lent again (`server_check_query`), as
+//! PgBouncer's: when it sat idle past `server_check_delay`, and before every reuse
+//! when that is 0 (PgBouncer's documented "the check is always run"), a server
+//! handed from one client straight to a waiting one included.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use super::acquire::refusal;
+use super::target::Reuse;
+use super::{Pool, PoolConfig, PoolError, ServerConn};
+use crate::clock::Tick;
+
+impl Pool {
+    /// Runs `server_check_query` on a connection that sat idle past
+    /// `server_check_delay`. Returns it if healthy; a failed one is closed. The
+    /// client waits in line the while, as in PgBouncer (`cl_waiting`), so its
+    /// `deadline` (query_wait_timeout) bounds the check too: a server that never
+    /// answers it is closed, and the client told `query_wait_timeout`.
+    pub(super) async fn check_idle(
+        &self,
+        mut conn: ServerConn,
+        cfg: &PoolConfig,
+        deadline: Option<Tick>,
+    ) -> Result<Option<ServerConn>, PoolError> {
+        let Some(query) = &cfg.server_check_query else {
+            return Ok(Some(conn));
+        };
+        let now = Tick::now();
+        if !needs_check(&conn, &cfg.reuse(), now) {
+            return Ok(Some(conn));
+        }
+        let own = cfg.internal_timeout();
+        let left = deadline.map(|d| d.since(now));
+        let waits_out = left.is_some_and(|l| l < own);
+        let checked = {
+            // Listed as `tested` meanwhile, as PgBouncer lists a server its check runs on.
+            let _listed = self.resetting(&conn.ident);
+            let limit = left.map_or(own, |l| l.min(own));
+            conn.run_internal(query, limit).await
+        };
+        match checked {
+            Ok(()) => Ok(Some(conn)),
+            Err(e) => {
+                let waited_out = waits_out && matches!(e, PoolError::Timeout(_));
+                let why = if waited_out {
+                    "query_wait_timeout".to_string()
+                } else {
+                    e.to_string()
+                };
+                tracing::info!("S-{}: server check failed, closing: {why}", conn.ident.id);
+                // Its lent mark takes it out of `active`.
+                drop(conn);
+                if waited_out {
+                    return Err(refusal(self));
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// A server a releasing client handed to this waiter with its check still owed
+    /// (`server_check_delay = 0`): checked first, and if it fails, another is
+    /// acquired as if the client had just asked, within the same `deadline`.
+    pub(super) async fn check_handed(
+        self: &Arc<Self>,
+        conn: ServerConn,
+        cfg: &PoolConfig,
+        deadline: Option<Tick>,
+        since: Tick,
+    ) -> Result<ServerConn, PoolError> {
+        if let Some(conn) = self.check_idle(conn, cfg, deadline).await? {
+            return Ok(conn);
+        }
+        // (Behind a `dyn`, as login_hold.rs's wait: the recursion needs a box anyway.)
+        let mut quiet = || {};
+        let again: Pin<Box<dyn Future<Output = _> + Send + '_>> =
+            Box::pin(self.acquire_until(cfg, since, deadline, &mut quiet));
+        again.await
+    }
+}
+
+/// Whether a connection sat idle long enough to be checked before reuse.
+pub(super) fn needs_check(conn: &ServerConn, r: &Reuse, now: Tick) -> bool {
+    r.check && now.reached(conn.last_used, r.check_delay)
+}
