@@ -286,23 +286,15 @@ impl App {
         self.shutdown.subscribe()
     }
 
-    /// Counts a client in; fails when `max_client_conn` is reached.
-    pub fn try_add_client(&self, max: u32) -> bool {
-        let mut cur = self.clients.load(Ordering::Relaxed);
-        loop {
-            if max != 0 && cur >= max {
-                return false;
-            }
-            match self.clients.compare_exchange_weak(
-                cur,
-                cur + 1,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return true,
-                Err(now) => cur = now,
-            }
-        }
+    /// Counts a client in, from its accept (PgBouncer's count of client sockets).
+    pub fn add_client(&self) {
+        self.clients.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Clients connected now (logged in or logging in), this one included, as
+    /// `max_client_conn` counts them.
+    pub fn client_count(&self) -> u32 {
+        self.clients.load(Ordering::Acquire)
     }
 
     /// Counts a logged-in client against the limits of its database and user (0 means

@@ -149,12 +149,9 @@ async fn serve_client(app: Arc<App>, mut stream: Stream, origin: Origin) {
         local,
         read_at_once,
     } = origin;
-    if !app.try_add_client(cfg.settings.max_client_conn) {
-        tracing::warn!("C-{id}: (nodb)/(nouser)@{peer} closing because: no more connections allowed (max_client_conn)");
-        let msg = "no more connections allowed (max_client_conn)";
-        Box::pin(send_fatal(&stream, PROTOCOL_VIOLATION, msg)).await;
-        return;
-    }
+    // Counted from its accept, as PgBouncer counts every client socket; held to
+    // `max_client_conn` once its startup packet names its database (below).
+    app.add_client();
     let slot = ClientSlot(app.clone());
     let mut buf = BytesMut::new();
     let mut tls = TlsPeer::default();
@@ -171,6 +168,16 @@ async fn serve_client(app: Arc<App>, mut stream: Stream, origin: Origin) {
         match login::read_startup(&app, stream, &mut buf, how, &mut tls, from).await? {
             Startup::Cancel => Ok(None),
             Startup::Login { minor, params } => {
+                // As PgBouncer: a cancel request and the console are never turned
+                // away, so that an operator can get in when clients fill the pooler.
+                let max = cfg.settings.max_client_conn;
+                if max != 0 && app.client_count() > max && !crate::admin::is_console(&params) {
+                    let user = params.get("user").unwrap_or("");
+                    let db = params.get("database").filter(|d| !d.is_empty());
+                    let msg = "no more connections allowed (max_client_conn)";
+                    let e = ClientError::fatal(PROTOCOL_VIOLATION, msg.into());
+                    return Err(e.naming(db.unwrap_or(user), user));
+                }
                 if cfg.settings.log_connections {
                     let user = params.get("user").unwrap_or("");
                     let db = params.get("database").unwrap_or(user);

@@ -213,6 +213,51 @@ async fn max_client_conn_turns_away_the_third_client() {
     select(&c, 3).await;
 }
 
+/// As PgBouncer: `max_client_conn` never turns away the console or a cancel request,
+/// so that an operator can look and cancel when clients fill the pooler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_client_conn_lets_the_console_and_cancels_in() {
+    use crate::admin::{builder, console, ADMIN, ADMIN_PW};
+    let s = builder().setting("max_client_conn", "1").start();
+    let cfg = cfg_at("127.0.0.1", s.port());
+    let busy = support::connect(&cfg).await;
+    let refused = support::try_connect(&cfg)
+        .await
+        .err()
+        .and_then(|e| e.as_db_error().map(|d| d.message().to_owned()));
+    assert!(
+        refused
+            .as_deref()
+            .is_some_and(|e| e.contains("max_client_conn")),
+        "{refused:?}"
+    );
+    // The console gets in beside it, and sees it.
+    let admin = console(&s, ADMIN, ADMIN_PW).await;
+    let rows = admin
+        .simple_query("SHOW CLIENTS")
+        .await
+        .expect("SHOW CLIENTS");
+    let clients = rows
+        .iter()
+        .filter(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(_)))
+        .count();
+    assert!(clients >= 2, "{clients} rows");
+    // A cancel request, a third connection, reaches the busy client's query.
+    let token = busy.cancel_token();
+    let running = tokio::spawn(async move { busy.simple_query("SELECT pg_sleep(20)").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    token
+        .cancel_query(tokio_postgres::NoTls)
+        .await
+        .expect("cancel request");
+    let e = tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the query was not cancelled")
+        .expect("task")
+        .expect_err("pg_sleep(20) finished");
+    assert_eq!(e.code().map(|c| c.code()), Some("57014"), "{e}");
+}
+
 /// Lines of the logfile containing `needle`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unix_socket_only_when_listen_addr_is_empty() {
