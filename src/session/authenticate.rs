@@ -129,14 +129,20 @@ pub(crate) async fn authenticate(
                             "LDAP"
                         };
                         tracing::warn!("{by} refused user {user}: {why}");
-                        Err(failed())
+                        // PgBouncer's words, which name the method.
+                        let message = format!("{by} authentication failed");
+                        Err(ClientError::fatal(INVALID_PASSWORD, message))
                     }
                 }
             })
             .await
         }
-        AuthType::Cert => identity::cert(tls, user, names).map(|()| Proof::Nothing),
-        AuthType::Peer => identity::peer(stream, came, user, names).map(|()| Proof::Nothing),
+        AuthType::Cert => {
+            identity::cert(tls, user, listed.is_some(), names, came).map(|()| Proof::Nothing)
+        }
+        AuthType::Peer => {
+            identity::peer(stream, came, user, listed.is_some(), names).map(|()| Proof::Nothing)
+        }
         // Resolved above; a rule file's method is never `hba` again.
         AuthType::Hba => Err(ClientError::fatal(
             INVALID_AUTHORIZATION,
@@ -245,7 +251,7 @@ async fn scram(
     if mechanism != "SCRAM-SHA-256" {
         return Err(ClientError::fatal(
             PROTOCOL_VIOLATION,
-            format!("unsupported SASL mechanism: {mechanism}"),
+            "client selected an invalid SASL authentication mechanism".into(),
         ));
     }
     if body.len() < 4 {

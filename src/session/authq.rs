@@ -12,7 +12,7 @@ use crate::app::App;
 use crate::config::{Config, DatabaseEntry};
 use crate::pool::lookup::{Clean, Lookup, LookupError};
 use crate::pool::PoolConfig;
-use crate::protocol::sqlstate::{CONNECTION_FAILURE, INVALID_AUTHORIZATION};
+use crate::protocol::sqlstate::{CONNECTION_FAILURE, PROTOCOL_VIOLATION};
 
 /// The stored password `auth_query` gives for `user` logging in to `db` (the entry
 /// for the client's `database`): `None` when no `auth_user` applies or the query
@@ -37,10 +37,7 @@ pub(super) async fn look_up(
                 .or(cfg.fallback_database.as_ref())
                 .ok_or_else(|| {
                     tracing::warn!("auth_dbname \"{name}\" is not a configured database");
-                    ClientError::fatal(
-                        INVALID_AUTHORIZATION,
-                        format!("auth_dbname \"{name}\" is not a configured database"),
-                    )
+                    config_error()
                 })?;
             (name, entry)
         }
@@ -57,10 +54,8 @@ pub(super) async fn look_up(
             LookupError::Pool(e) => {
                 ClientError::fatal(CONNECTION_FAILURE, format!("could not run auth_query: {e}"))
             }
-            LookupError::Query(_) => {
-                ClientError::fatal(INVALID_AUTHORIZATION, "auth_query failed".into())
-            }
-            e @ LookupError::Shape(_) => ClientError::fatal(INVALID_AUTHORIZATION, e.to_string()),
+            // The client is told PgBouncer's words; the log above has what failed.
+            LookupError::Query(_) | LookupError::Shape(_) => config_error(),
         }
     };
     // A paused (or suspended) database lends no server, to a lookup either: the login
@@ -82,4 +77,10 @@ pub(super) async fn look_up(
         Lookup::NoSuchUser => Ok(None),
         Lookup::Found(secret) => Ok(Some(secret.unwrap_or_default())),
     }
+}
+
+/// What a client is told when `auth_query` cannot be run as configured, as PgBouncer
+/// tells it.
+fn config_error() -> ClientError {
+    ClientError::fatal(PROTOCOL_VIOLATION, "bouncer config error".into())
 }

@@ -55,31 +55,45 @@ impl NameCheck<'_> {
 
 /// `cert`, as PgBouncer: the certificate's common name must be the user name, or map
 /// to it. Only a certificate that verified against client_tls_ca_file is present.
-pub fn cert(tls: &TlsPeer, user: &str, names: NameCheck<'_>) -> Result<(), ClientError> {
-    match (&tls.common_name, tls.info.is_tls()) {
-        (_, false) => Err(refuse("TLS connection required")),
-        (None, true) => Err(refuse("TLS client certificate required")),
-        (Some(name), true) if !names.allows(name, user) => {
-            Err(refuse("TLS certificate name mismatch"))
-        }
-        (Some(_), true) => Ok(()),
-    }
+/// A user neither `auth_file` nor `auth_query` knows is refused, whatever its
+/// certificate says. The client is told only PgBouncer's words,
+/// `certificate authentication failed`; the log has why.
+pub fn cert(
+    tls: &TlsPeer,
+    user: &str,
+    known: bool,
+    names: NameCheck<'_>,
+    came: Came<'_>,
+) -> Result<(), ClientError> {
+    let why = match (&tls.common_name, tls.info.is_tls()) {
+        (_, false) => "TLS connection required",
+        (None, true) => "TLS client certificate required",
+        (Some(_), true) if !known => "no such user",
+        (Some(name), true) if !names.allows(name, user) => "TLS certificate name mismatch",
+        (Some(_), true) => return Ok(()),
+    };
+    let Came { id, peer, .. } = came;
+    tracing::warn!("C-{id}: {user}@{peer} certificate login of user {user}: {why}");
+    Err(refuse("certificate authentication failed"))
 }
 
 /// `peer`: the OS user at the other end of the UNIX socket must be the user name, or
 /// map to it. Only for clients that came in on it (checked twice: a TCP client has
 /// no peer uid).
+/// A user neither `auth_file` nor `auth_query` knows is refused, as PgBouncer
+/// refuses it, in its words (`unix socket login rejected`).
 pub fn peer(
     stream: &Stream,
     came: Came<'_>,
     user: &str,
+    known: bool,
     names: NameCheck<'_>,
 ) -> Result<(), ClientError> {
     let uid = stream.peer_uid().filter(|_| came.addr.is_none());
     let os_user = uid.and_then(crate::lifecycle::os::user_name);
     match os_user {
-        Some(os_user) if names.allows(&os_user, user) => Ok(()),
-        _ => Err(refuse("peer authentication failed")),
+        Some(os_user) if known && names.allows(&os_user, user) => Ok(()),
+        _ => Err(refuse("unix socket login rejected")),
     }
 }
 
@@ -102,7 +116,7 @@ pub fn hba_method<'c>(
     };
     let hba = cfg.hba.as_deref();
     let Some(chosen) = hba.and_then(|h| h.choose(login)) else {
-        return Err(refuse("login rejected"));
+        return Err(refuse("no authentication method is found"));
     };
     let names = NameCheck {
         hba,

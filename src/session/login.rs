@@ -111,9 +111,13 @@ pub async fn read_startup(
                 if !buf.is_empty() {
                     // Bytes after an encryption request were not encrypted, and may
                     // have been put there by someone in between.
+                    let what = match p {
+                        StartupPacket::Ssl => "SSL request",
+                        _ => "GSSAPI encryption request",
+                    };
                     return Err(ClientError::fatal(
                         PROTOCOL_VIOLATION,
-                        "unexpected data after encryption request".into(),
+                        format!("received unencrypted data after {what}"),
                     ));
                 }
                 if p == StartupPacket::Ssl && tls.info.is_tls() {
@@ -178,7 +182,13 @@ pub async fn read_startup(
 const FIRST_READ: usize = 512;
 
 fn bad_startup(e: crate::protocol::ProtocolError) -> ClientError {
-    ClientError::fatal(PROTOCOL_VIOLATION, format!("bad startup packet: {e}"))
+    use crate::protocol::ProtocolError::UnsupportedVersion;
+    let message = match e {
+        // PgBouncer's words for it.
+        UnsupportedVersion(2, _) => "old V2 protocol not supported".into(),
+        e => format!("bad startup packet: {e}"),
+    };
+    ClientError::fatal(PROTOCOL_VIOLATION, message)
 }
 
 /// Checks the startup parameters, finds the database, authenticates the client and

@@ -178,6 +178,16 @@ async fn auth_md5_with_a_scram_secret_switches_to_scram() {
     let m = c.read_msg(LOGIN_LIMIT).expect("auth request");
     assert_eq!(m.auth_code(), Some(10), "{m:?}");
     assert!(m.body.windows(14).any(|w| w == b"SCRAM-SHA-256\0"), "{m:?}");
+    // A mechanism it did not offer is refused in PgBouncer's words.
+    let mut first = b"SCRAM-SHA-1\0".to_vec();
+    first.extend_from_slice(&0u32.to_be_bytes());
+    c.send(&raw::tagged(b'p', &first)).unwrap();
+    let msgs = c.expect_closed(LOGIN_LIMIT).expect("closed");
+    let told = msgs.iter().find_map(raw::Msg::error).map(|e| e.1);
+    assert_eq!(
+        told.as_deref(),
+        Some("client selected an invalid SASL authentication mechanism")
+    );
     // And a plaintext user still gets MD5.
     let mut c = RawConn::tcp(sluice.port());
     c.send(&raw::startup_packet(

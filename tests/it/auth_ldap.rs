@@ -163,10 +163,8 @@ async fn auth_type_ldap_binds_as_the_user() {
     // An empty password would be an unauthenticated bind, which slapd accepts:
     // never tried (tokio-postgres will not send one; the raw client does).
     let empty = RawClient::login(s.port(), MD5_USER, "", TEST_DB, &[]).await;
-    assert_eq!(
-        empty.err().as_deref(),
-        Some("password authentication failed")
-    );
+    // PgBouncer's words, which name the method.
+    assert_eq!(empty.err().as_deref(), Some("LDAP authentication failed"));
     let log = s.log();
     assert!(
         log.contains("LDAP refused user sluice_md5: empty password"),

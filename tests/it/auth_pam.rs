@@ -96,6 +96,9 @@ async fn pam_checks_the_password_and_the_server_login_uses_it() {
     assert_eq!(refused(&s, "nobody_here", MD5_PASSWORD).await, "28P01");
     // The right password, but the account check says no.
     assert_eq!(refused(&s, SCRAM_USER, SCRAM_PASSWORD).await, "28P01");
+    // PgBouncer's words, which name the method.
+    let (_, told) = crate::auth::login_error(&s.config(MD5_USER, "wrong", TEST_DB)).await;
+    assert_eq!(told, "PAM authentication failed");
     let log = s.log();
     assert!(log.contains("pam_authenticate() failed"), "{log}");
     assert!(log.contains("pam_acct_mgmt() failed"), "{log}");

@@ -51,10 +51,13 @@ async fn the_first_matching_rule_picks_the_method() {
     assert!(login(support::SCRAM_USER, support::SCRAM_PASSWORD)
         .await
         .is_ok());
-    // A reject rule, and a user no rule names.
-    for user in [support::PLAIN_USER, "nobody_listed"] {
+    // A reject rule, and a user no rule names, in PgBouncer's words for each.
+    for (user, told) in [
+        (support::PLAIN_USER, "login rejected"),
+        ("nobody_listed", "no authentication method is found"),
+    ] {
         let e = login_error(&s.config(user, support::PLAIN_PASSWORD, TEST_DB)).await;
-        assert_eq!(e, (REJECTED.into(), "login rejected".into()), "{user}");
+        assert_eq!(e, (REJECTED.into(), told.into()), "{user}");
     }
     // The UNIX socket's `local` rule: no password asked.
     let cfg = s.socket_config(MD5_USER, "", TEST_DB);
@@ -107,6 +110,8 @@ async fn peer_takes_the_os_user_of_a_unix_socket_client() {
         .setting("auth_hba_file", &rules.display().to_string())
         // Whoever the client is, the server sees sluice_trust.
         .database(TEST_DB, crate::auth::DB_AS_TRUST_USER)
+        .userlist(&os_user(), "")
+        .userlist("someone_else", "")
         .start();
     let me = os_user();
 
@@ -118,10 +123,31 @@ async fn peer_takes_the_os_user_of_a_unix_socket_client() {
         s.diagnostics()
     );
     let e = login_error(&s.socket_config("someone_else", "", TEST_DB)).await;
-    assert_eq!(e, (REJECTED.into(), "peer authentication failed".into()));
+    assert_eq!(e, (REJECTED.into(), PEER_REJECTED.into()));
     // Over TCP no rule matches.
     let e = login_error(&s.config(&me, "", TEST_DB)).await;
-    assert_eq!(e, (REJECTED.into(), "login rejected".into()));
+    assert_eq!(
+        e,
+        (REJECTED.into(), "no authentication method is found".into())
+    );
+}
+
+/// PgBouncer's words for a refused `peer` login.
+const PEER_REJECTED: &str = "unix socket login rejected";
+
+/// `peer` for a user `auth_file` does not list: refused though the OS user is the
+/// user named, as PgBouncer refuses a user it does not know.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_refuses_a_user_the_auth_file_does_not_list() {
+    let dir = TempDir::new("sluice-hba-peer-unlisted");
+    let rules = dir.write("hba.conf", "local all all peer\n");
+    let s = SluiceBuilder::new()
+        .setting("auth_type", "hba")
+        .setting("auth_hba_file", &rules.display().to_string())
+        .database(TEST_DB, crate::auth::DB_AS_TRUST_USER)
+        .start();
+    let e = login_error(&s.socket_config(&os_user(), "", TEST_DB)).await;
+    assert_eq!(e, (REJECTED.into(), PEER_REJECTED.into()));
 }
 
 /// `hostssl` with `cert`: TLS clients log in by certificate; the same client in
@@ -190,7 +216,7 @@ async fn map_options_check_names_by_auth_ident_file() {
         s.diagnostics()
     );
     let e = login_error(&s.socket_config(&me, "", TEST_DB)).await;
-    assert_eq!(e, (REJECTED.into(), "peer authentication failed".into()));
+    assert_eq!(e, (REJECTED.into(), PEER_REJECTED.into()));
 
     // cert: the certificate (its name is sluice_md5) may be mapped_user, not itself.
     let (cert, key) = (certs.path("client.pem"), certs.path("client.key"));
@@ -211,8 +237,13 @@ async fn map_options_check_names_by_auth_ident_file() {
     assert!(ok, "{err}\n{}", s.diagnostics());
     let (ok, err) = tokio::task::block_in_place(|| psql(MD5_USER));
     assert!(
-        !ok && err.contains("TLS certificate name mismatch"),
+        !ok && err.contains("certificate authentication failed"),
         "{err}"
+    );
+    assert!(
+        s.log().contains("TLS certificate name mismatch"),
+        "{}",
+        s.log()
     );
 }
 

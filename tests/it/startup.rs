@@ -121,6 +121,15 @@ fn startup_unsupported_parameter_is_refused() {
     assert_serves(&sluice);
 }
 
+/// A client of the old V2 protocol is told so, in PgBouncer's words.
+#[test]
+fn startup_v2_protocol_is_named() {
+    let sluice = trust_builder().start();
+    let v2 = raw::startup_packet(2 << 16, &[("user", support::TRUST_USER)]);
+    expect_refused(&sluice, &v2, "08P01", "old V2 protocol not supported");
+    assert_serves(&sluice);
+}
+
 #[test]
 fn startup_ignored_parameter_is_accepted() {
     let sluice = trust_builder()

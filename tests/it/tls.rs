@@ -460,7 +460,7 @@ fn a_failed_handshake_harms_no_one_else() {
     let err = msgs.iter().find_map(|m| m.error());
     assert_eq!(
         err.map(|e| e.1),
-        Some("unexpected data after encryption request".to_owned())
+        Some("received unencrypted data after SSL request".to_owned())
     );
     assert!(conninfo(&s, &[("PGSSLMODE", "require")]).contains("SSL connection"));
     assert!(s.log().contains("TLS handshake failed"), "{}", s.log());

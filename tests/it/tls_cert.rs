@@ -36,18 +36,47 @@ fn cert_auth_takes_the_user_from_the_certificate() {
     assert!(ok, "{text}\n{}", s.diagnostics());
     assert_eq!(text, MD5_USER);
 
-    // sluice_plain's certificate for user sluice_md5.
-    let text = refused(&s, &with(&plain, &plain_key));
-    assert!(text.contains("TLS certificate name mismatch"), "{text}");
-    let text = refused(&s, &[("PGSSLMODE", "require")]);
-    assert!(text.contains("TLS client certificate required"), "{text}");
-    let text = refused(&s, &[("PGSSLMODE", "disable")]);
-    assert!(text.contains("TLS connection required"), "{text}");
-    assert!(
-        s.log().contains("TLS certificate name mismatch"),
-        "{}",
-        s.log()
-    );
+    // sluice_plain's certificate for user sluice_md5, no certificate, no TLS: the
+    // client is told PgBouncer's words alone, the log says why.
+    for (env, why) in [
+        (
+            &with(&plain, &plain_key)[..],
+            "TLS certificate name mismatch",
+        ),
+        (
+            &[("PGSSLMODE", "require")],
+            "TLS client certificate required",
+        ),
+        (&[("PGSSLMODE", "disable")], "TLS connection required"),
+    ] {
+        let text = refused(&s, env);
+        assert!(text.contains(FAILED), "{text}");
+        assert!(!text.contains(why), "{text}");
+        assert!(s.log().contains(why), "{}", s.log());
+    }
+}
+
+const FAILED: &str = "certificate authentication failed";
+
+/// A user `auth_file` does not list is refused whatever its certificate proves, as
+/// PgBouncer refuses it (the user it does not know gets its mock login).
+#[test]
+fn cert_auth_refuses_a_user_the_auth_file_does_not_list() {
+    let certs = Certs::new();
+    let (ours, ours_key) = (certs.path("client.pem"), certs.path("client.key"));
+    let users = support::TempDir::new("sluice-users");
+    let only_plain = format!("\"{}\" \"x\"\n", support::PLAIN_USER);
+    let file = users.write("userlist.txt", &only_plain);
+    let s = certs
+        .sluice("prefer")
+        .setting("client_tls_ca_file", &certs.path("ca.pem"))
+        .setting("auth_type", "cert")
+        .setting("auth_file", &file.display().to_string())
+        .start();
+    // sluice_md5's own certificate, valid and matching, but sluice_md5 is not listed.
+    let text = refused(&s, &with(&ours, &ours_key));
+    assert!(text.contains(FAILED), "{text}");
+    assert!(s.log().contains("no such user"), "{}", s.log());
 }
 
 /// Without a CA file no certificate is asked for, so no client can pass.
@@ -57,5 +86,10 @@ fn cert_auth_without_a_ca_file_lets_no_one_in() {
     let s = certs.sluice("require").setting("auth_type", "cert").start();
     let (cert, key) = (certs.path("client.pem"), certs.path("client.key"));
     let text = refused(&s, &with(&cert, &key));
-    assert!(text.contains("TLS client certificate required"), "{text}");
+    assert!(text.contains(FAILED), "{text}");
+    assert!(
+        s.log().contains("TLS client certificate required"),
+        "{}",
+        s.log()
+    );
 }
