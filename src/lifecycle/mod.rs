@@ -222,8 +222,8 @@ async fn janitor(app: Arc<App>) {
     let mut trimmer = trim::Trimmer::new();
     loop {
         tick.tick().await;
-        app.pools.maintain();
         let gate = app.gate();
+        app.pools.maintain(|db| gate.blocks(db));
         let cfg = app.config();
         let now = crate::clock::Tick::now();
         app.pools.reclaim_autodbs(

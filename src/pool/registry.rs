@@ -244,14 +244,18 @@ impl Pools {
 
     /// Periodic upkeep: closes idle connections past their limits, lets clients
     /// waiting in line log in new servers where there is room (pool/login_hold.rs),
-    /// and keeps `min_pool_size` warm.
-    pub fn maintain(&self) {
+    /// and keeps `min_pool_size` warm, except in the databases `paused` names: a
+    /// PAUSE leaves its databases without servers until RESUME (the old primary of a
+    /// failover, say), as PgBouncer's janitor opens none during a pause.
+    pub fn maintain(&self, paused: impl Fn(&str) -> bool) {
         let now = crate::clock::Tick::now();
         for p in self.all() {
             p.expire_waiters(now);
             p.close_expired_idle();
             p.grant_room_to_waiters();
-            p.fill_min();
+            if !paused(&p.key.database) {
+                p.fill_min();
+            }
         }
     }
 
