@@ -32,6 +32,7 @@ use crate::stats::conns::ClientInfo;
 
 mod delegated;
 mod fast_close;
+mod gate;
 mod turn;
 mod watch;
 mod welcome;
@@ -401,25 +402,29 @@ impl Session {
         // common cases again. A stopping one never lends again: the client is told.
         let mut waited = false;
         let mut gate = self.app().gate_watch();
+        let mut deadline = None;
         loop {
-            let (stopping, blocks) = {
+            let (stopping, blocks, suspended) = {
                 let g = gate.borrow_and_update();
-                (g.stopping, g.blocks(&self.pool.key.database))
+                (g.stopping, g.blocks(&self.pool.key.database), g.suspended)
             };
-            if stopping {
-                if let Some(f) = fast.take() {
-                    self.pool.release(f, true);
+            let e = if stopping {
+                PoolError::ShuttingDown
+            } else if !blocks {
+                break;
+            } else {
+                waited = true;
+                // Boxed: rare, and its timer would otherwise add to every request's future.
+                match Box::pin(gate::wait(&mut gate, suspended, &mut deadline, &self.pool)).await {
+                    gate::Opened::Changed => continue,
+                    gate::Opened::Closed => break,
+                    gate::Opened::TimedOut(e) => e,
                 }
-                let e = Some(PoolError::ShuttingDown);
-                return Some(Box::pin(self.not_linked(stream, e)).await);
+            };
+            if let Some(f) = fast.take() {
+                self.pool.release(f, true);
             }
-            if !blocks {
-                break;
-            }
-            waited = true;
-            if gate.changed().await.is_err() {
-                break;
-            }
+            return Some(Box::pin(self.not_linked(stream, Some(e))).await);
         }
         if waited {
             match poll_fn(|cx| Poll::Ready(self.try_link_idle(cx.waker()))).await {

@@ -1,0 +1,52 @@
+//! A request held at the gate: PAUSE (of all databases or of the client's), SUSPEND,
+//! or a shutdown that lends no more servers.
+//!
+//! As in PgBouncer, a request that waits on a PAUSE is bounded by the pool's
+//! `query_wait_timeout` (its janitor counts paused clients among the waiting ones);
+//! one that waits on a SUSPEND is not, since PgBouncer's janitor does nothing while
+//! suspended (an online restart must not see clients disappear).
+
+use tokio::sync::watch;
+
+use crate::app::Gate;
+use crate::clock::Tick;
+use crate::pool::{Pool, PoolError};
+
+/// How a wait at the gate ended.
+pub(super) enum Opened {
+    /// The gate changed: look again.
+    Changed,
+    /// The gate's sender is gone (the process is ending).
+    Closed,
+    /// `query_wait_timeout` ran out first.
+    TimedOut(PoolError),
+}
+
+/// Waits for the gate to change, within the `deadline` set at the first wait
+/// (from `pool`'s `query_wait_timeout`, none while suspended).
+pub(super) async fn wait(
+    gate: &mut watch::Receiver<Gate>,
+    suspended: bool,
+    deadline: &mut Option<Tick>,
+    pool: &Pool,
+) -> Opened {
+    if deadline.is_none() {
+        let qwt = pool.config().query_wait_timeout;
+        if !qwt.is_zero() {
+            *deadline = Some(Tick::now() + qwt);
+        }
+    }
+    let changed = async {
+        match gate.changed().await {
+            Ok(()) => Opened::Changed,
+            Err(_) => Opened::Closed,
+        }
+    };
+    match *deadline {
+        Some(at) if !suspended => match crate::timer::timeout_at(at, changed).await {
+            Ok(o) => o,
+            Err(_) => Opened::TimedOut(PoolError::Timeout("query_wait_timeout")),
+        },
+        _ => changed.await,
+    }
+}
