@@ -210,7 +210,7 @@ pub fn disable(ctx: &mut Ctx<'_>, db: &str, disable: bool) -> Result<(), CmdErro
         return Err("a database is required".into());
     }
     tracing::info!("{word} '{db}' command issued");
-    check_db(ctx.app, db, "disable")?;
+    check_db(ctx.app, db, if disable { "disable" } else { "enable" })?;
     ctx.app.update_gate(|g| {
         g.disabled_dbs.retain(|d| d != db);
         if disable {
@@ -351,7 +351,8 @@ pub fn reload(ctx: &mut Ctx<'_>, arg: &str) -> Result<(), CmdError> {
     tracing::info!("RELOAD command issued");
     ctx.app.admin.reload(ctx.app).map_err(|detail| CmdError {
         code: "F0000",
-        message: "RELOAD failed".to_owned(),
+        // PgBouncer's words; the DETAIL says what failed.
+        message: "RELOAD failed, see logs for additional details".to_owned(),
         detail: Some(detail),
     })?;
     rows::command_complete(&mut ctx.out, "RELOAD");

@@ -117,6 +117,73 @@ async fn pause_and_resume_one_database() {
         .expect("query");
 }
 
+/// Server connections of `TEST_DB` listed by SHOW SERVERS.
+fn servers_of_test_db(s: &crate::support::Sluice) -> usize {
+    let servers = psql_ok(s, "SHOW SERVERS");
+    servers
+        .column("database")
+        .iter()
+        .filter(|d| *d == TEST_DB)
+        .count()
+}
+
+/// A paused database gets no new server, `min_pool_size`'s included, until RESUME, as
+/// PgBouncer's janitor opens none during a pause: a failover's old primary is left
+/// alone while the pooler is pointed at the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_keeps_min_pool_size_closed_until_resume() {
+    let s = builder()
+        .setting("pool_mode", "transaction")
+        .setting("min_pool_size", "2")
+        .start();
+    let c = pooled(&s, None).await;
+    select1(&c).await;
+    assert!(
+        wait_until(Duration::from_secs(10), || servers_of_test_db(&s) == 2),
+        "min_pool_size never reached\n{}",
+        s.diagnostics()
+    );
+    psql_ok(&s, "PAUSE sluice_test");
+    assert_eq!(servers_of_test_db(&s), 0);
+    // The janitor runs twice a second: four times here.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(servers_of_test_db(&s), 0, "servers opened while paused");
+    psql_ok(&s, "RESUME sluice_test");
+    assert!(
+        wait_until(Duration::from_secs(10), || servers_of_test_db(&s) == 2),
+        "min_pool_size not restored after RESUME\n{}",
+        s.diagnostics()
+    );
+    select1(&c).await;
+}
+
+/// A query held by a PAUSE waits at most `query_wait_timeout`, as in PgBouncer, whose
+/// janitor counts paused clients among the waiting ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_held_by_a_pause_ends_at_query_wait_timeout() {
+    let s = builder()
+        .setting("pool_mode", "transaction")
+        .setting("query_wait_timeout", "1")
+        .start();
+    let c = pooled(&s, None).await;
+    select1(&c).await;
+    psql_ok(&s, "PAUSE sluice_test");
+    let t = Instant::now();
+    let e = within(
+        Duration::from_secs(10),
+        "held query",
+        c.simple_query("SELECT 1"),
+    )
+    .await
+    .expect_err("a query ran while paused");
+    let took = t.elapsed();
+    let text = e.as_db_error().map(|d| d.message().to_owned());
+    assert_eq!(text.as_deref(), Some("query_wait_timeout"), "{e:?}");
+    assert!(took >= Duration::from_millis(900), "after {took:?}");
+    psql_ok(&s, "RESUME sluice_test");
+    select1(&pooled(&s, None).await).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigusr1_pauses_and_sigusr2_resumes() {
     let mut s = builder().start();
@@ -181,6 +248,10 @@ async fn disable_refuses_new_logins_until_enable() {
     let s = builder().start();
     let old = pooled(&s, None).await;
     psql_err(&s, ADMIN, ADMIN_PW, "DISABLE", "a database is required");
+    for verb in ["disable", "enable"] {
+        let want = format!("cannot {verb} admin db: pgbouncer");
+        psql_err(&s, ADMIN, ADMIN_PW, &format!("{verb} pgbouncer"), &want);
+    }
     psql_ok(&s, "DISABLE sluice_test");
     assert_eq!(
         psql_ok(&s, "SHOW DATABASES").cell("name", TEST_DB, "disabled"),
@@ -280,7 +351,10 @@ async fn reload_picks_up_changes_and_reports_a_broken_file() {
         .expect_err("RELOAD must fail");
     let db = err.as_db_error().expect("a server error");
     assert_eq!(db.code().code(), "F0000");
-    assert_eq!(db.message(), "RELOAD failed");
+    assert_eq!(
+        db.message(),
+        "RELOAD failed, see logs for additional details"
+    );
     assert!(
         db.detail().is_some_and(|d| d.contains("listen_port")),
         "{:?}",
