@@ -137,6 +137,20 @@ pub fn resume_on_cancel(app: &App) {
     }
 }
 
+/// The janitor's part during a SUSPEND: with no console client left to RESUME it (the
+/// one that suspended gone), the pooler resumes by itself, as PgBouncer does.
+pub fn resume_if_no_console(app: &App) {
+    if !app.gate().suspended {
+        return;
+    }
+    let mut consoles = false;
+    app.client_reg.for_each(|c| consoles |= c.meta.is_admin());
+    if !consoles {
+        tracing::info!("admin disappeared when suspended, doing RESUME");
+        app.update_gate(|g| g.suspended = false);
+    }
+}
+
 /// `RESUME [db]`.
 pub fn resume(ctx: &mut Ctx<'_>, db: &str) -> Result<(), CmdError> {
     ctx.need_admin()?;

@@ -236,6 +236,7 @@ async fn janitor(app: Arc<App>) {
             .reclaim_idle_pools(cfg.settings.pool_idle_timeout, now);
         drop(cfg);
         crate::session::keeper::sweep(&app);
+        crate::admin::control::resume_if_no_console(&app);
         if let Some(t) = trimmer.tick() {
             tracing::debug!(
                 "free heap memory given back: resident {} kB -> {} kB",

@@ -193,6 +193,8 @@ async fn sigusr1_pauses_and_sigusr2_resumes() {
     s.signal(libc::SIGUSR2);
     assert!(wait_until(Duration::from_secs(5), || state(&s, "paused")
         == Some("no".into())));
+    // A console stays connected: a SUSPEND with none left is lifted (below).
+    let _stay = console(&s, ADMIN, ADMIN_PW).await;
     psql_ok(&s, "SUSPEND");
     assert_eq!(state(&s, "suspended"), Some("yes".into()));
     assert_eq!(state(&s, "active"), Some("no".into()));
@@ -394,6 +396,38 @@ async fn set_changes_the_running_config() {
     assert_eq!(
         psql_ok(&s, "SHOW DATABASES").cell("name", TEST_DB, "pool_size"),
         Some("7".into())
+    );
+}
+
+/// A SUSPEND whose console is gone (no console client left to RESUME it) is lifted
+/// by the pooler itself, as PgBouncer does ("admin disappeared when suspended").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suspend_is_lifted_when_no_console_is_left() {
+    let s = builder().setting("pool_mode", "transaction").start();
+    let c = pooled(&s, None).await;
+    select1(&c).await;
+    let admin = console(&s, ADMIN, ADMIN_PW).await;
+    within(
+        Duration::from_secs(10),
+        "SUSPEND",
+        admin.simple_query("SUSPEND"),
+    )
+    .await
+    .expect("SUSPEND");
+    let held = tokio::spawn(async move { c.simple_query("SELECT 1").await.map(|_| c) });
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(!held.is_finished(), "a query ran while suspended");
+    drop(admin);
+    let c = within(Duration::from_secs(10), "the held query", held)
+        .await
+        .expect("join")
+        .expect("query after the console left");
+    select1(&c).await;
+    assert!(
+        s.log()
+            .contains("admin disappeared when suspended, doing RESUME"),
+        "{}",
+        s.log()
     );
 }
 
