@@ -408,23 +408,27 @@ impl Session {
                 let g = gate.borrow_and_update();
                 (g.stopping, g.blocks(&self.pool.key.database), g.suspended)
             };
+            // Why no server is lent; None: the client left.
             let e = if stopping {
-                PoolError::ShuttingDown
+                Some(PoolError::ShuttingDown)
             } else if !blocks {
                 break;
             } else {
                 waited = true;
                 // Boxed: rare, and its timer would otherwise add to every request's future.
-                match Box::pin(gate::wait(&mut gate, suspended, &mut deadline, &self.pool)).await {
+                let (pool, relay) = (&self.pool, self.relay.get());
+                let wait = gate::wait(stream, relay, &mut gate, suspended, &mut deadline, pool);
+                match Box::pin(wait).await {
                     gate::Opened::Changed => continue,
                     gate::Opened::Closed => break,
-                    gate::Opened::TimedOut(e) => e,
+                    gate::Opened::TimedOut(e) => Some(e),
+                    gate::Opened::Left => None,
                 }
             };
             if let Some(f) = fast.take() {
                 self.pool.release(f, true);
             }
-            return Some(Box::pin(self.not_linked(stream, Some(e))).await);
+            return Some(Box::pin(self.not_linked(stream, e)).await);
         }
         if waited {
             match poll_fn(|cx| Poll::Ready(self.try_link_idle(cx.waker()))).await {

@@ -6,11 +6,16 @@
 //! one that waits on a SUSPEND is not, since PgBouncer's janitor does nothing while
 //! suspended (an online restart must not see clients disappear).
 
+use std::sync::atomic::AtomicBool;
+
 use tokio::sync::watch;
 
+use super::watch_client;
 use crate::app::Gate;
 use crate::clock::Tick;
+use crate::net::Stream;
 use crate::pool::{Pool, PoolError};
+use crate::session::relay::Relay;
 
 /// How a wait at the gate ended.
 pub(super) enum Opened {
@@ -20,11 +25,29 @@ pub(super) enum Opened {
     Closed,
     /// `query_wait_timeout` ran out first.
     TimedOut(PoolError),
+    /// The client left meanwhile (its place and count go at once, as PgBouncer
+    /// drops a paused client that disconnects).
+    Left,
 }
 
-/// Waits for the gate to change, within the `deadline` set at the first wait
-/// (from `pool`'s `query_wait_timeout`, none while suspended).
+/// Waits for the gate to change while watching the client, within the `deadline`
+/// set at the first wait (from `pool`'s `query_wait_timeout`, none while suspended).
 pub(super) async fn wait(
+    stream: &Stream,
+    relay: &mut Relay,
+    gate: &mut watch::Receiver<Gate>,
+    suspended: bool,
+    deadline: &mut Option<Tick>,
+    pool: &Pool,
+) -> Opened {
+    let notice = AtomicBool::new(false);
+    let changed = std::pin::pin!(changed(gate, suspended, deadline, pool));
+    watch_client(stream, relay, || {}, &notice, changed)
+        .await
+        .unwrap_or(Opened::Left)
+}
+
+async fn changed(
     gate: &mut watch::Receiver<Gate>,
     suspended: bool,
     deadline: &mut Option<Tick>,

@@ -399,6 +399,35 @@ async fn set_changes_the_running_config() {
     );
 }
 
+/// A client that leaves while its query is held by a PAUSE is gone at once (from
+/// SHOW CLIENTS and from `max_client_conn`'s count), as in PgBouncer, not at RESUME.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_during_a_pause_is_gone_at_once() {
+    let s = builder().setting("pool_mode", "transaction").start();
+    let app = [("application_name", "leaver")];
+    let mut c =
+        crate::support::wire::RawClient::login(s.port(), MD5_USER, MD5_PASSWORD, TEST_DB, &app)
+            .await
+            .expect("login");
+    psql_ok(&s, "PAUSE sluice_test");
+    c.query("SELECT 1").await.expect("send");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let listed = || {
+        psql_ok(&s, "SHOW CLIENTS")
+            .cell("application_name", "leaver", "state")
+            .is_some()
+    };
+    assert!(listed(), "{}", s.diagnostics());
+    // Its socket closes.
+    drop(c);
+    assert!(
+        wait_until(Duration::from_secs(5), || !listed()),
+        "a client gone during the pause is still listed\n{}",
+        s.diagnostics()
+    );
+    psql_ok(&s, "RESUME sluice_test");
+}
+
 /// A SUSPEND whose console is gone (no console client left to RESUME it) is lifted
 /// by the pooler itself, as PgBouncer does ("admin disappeared when suspended").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
