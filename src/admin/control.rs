@@ -99,7 +99,8 @@ pub async fn pause(ctx: &mut Ctx<'_>, db: &str) -> Result<(), CmdError> {
     ctx.need_admin()?;
     let app = ctx.app;
     let g = app.gate();
-    if g.paused || g.suspended {
+    // A shutdown that stops lending is PgBouncer's pause mode too.
+    if g.paused || g.suspended || g.stopping {
         return Err("already suspended/paused".into());
     }
     if db.is_empty() {
@@ -192,7 +193,8 @@ pub async fn suspend(ctx: &mut Ctx<'_>, arg: &str) -> Result<(), CmdError> {
     ctx.need_admin()?;
     let app = ctx.app;
     let g = app.gate();
-    if g.paused || g.suspended {
+    // A shutdown that stops lending is PgBouncer's pause mode too.
+    if g.paused || g.suspended || g.stopping {
         return Err("already suspended/paused".into());
     }
     if !g.paused_dbs.is_empty() {
@@ -260,7 +262,8 @@ pub fn kill(ctx: &mut Ctx<'_>, db: &str) -> Result<(), CmdError> {
     ctx.need_admin()?;
     let app = ctx.app;
     let g = app.gate();
-    if g.paused || g.suspended {
+    // A shutdown that stops lending is PgBouncer's pause mode too.
+    if g.paused || g.suspended || g.stopping {
         return Err("already suspended/paused".into());
     }
     let db = (!db.is_empty()).then_some(db);

@@ -500,9 +500,31 @@ async fn shutdown_wait_for_servers_waits_for_the_transaction() {
     let mut s = builder().setting("pool_mode", "transaction").start();
     let c = pooled(&s, None).await;
     c.simple_query("BEGIN").await.expect("BEGIN");
-    psql_ok(&s, "SHUTDOWN WAIT_FOR_SERVERS");
+    let admin = console(&s, ADMIN, ADMIN_PW).await;
+    within(
+        Duration::from_secs(10),
+        "SHUTDOWN",
+        admin.simple_query("SHUTDOWN WAIT_FOR_SERVERS"),
+    )
+    .await
+    .expect("SHUTDOWN WAIT_FOR_SERVERS");
     std::thread::sleep(Duration::from_millis(500));
     assert!(s.is_running(), "exited with a server lent");
+    // The pooler is paused meanwhile, as PgBouncer's is.
+    let rows = admin.simple_query("SHOW STATE").await.expect("SHOW STATE");
+    let paused = rows.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("paused") => {
+            r.get(1).map(str::to_owned)
+        }
+        _ => None,
+    });
+    assert_eq!(paused.as_deref(), Some("yes"));
+    let e = admin
+        .simple_query("PAUSE")
+        .await
+        .expect_err("PAUSE while stopping");
+    let text = e.as_db_error().map(|d| d.message().to_owned());
+    assert_eq!(text.as_deref(), Some("already suspended/paused"));
     let started = Instant::now();
     c.simple_query("COMMIT").await.expect("COMMIT");
     assert!(
