@@ -269,10 +269,8 @@ async fn run(
                 .await
             }
             other => {
-                let what = format!(
-                    "unsupported packet type for admin console: {}",
-                    char::from(other)
-                );
+                // The type as a number, as PgBouncer prints it.
+                let what = format!("unsupported packet type for admin console: {other}");
                 return fail(stream, tag, &what).await;
             }
         }

@@ -186,9 +186,10 @@ pub fn resume(ctx: &mut Ctx<'_>, db: &str) -> Result<(), CmdError> {
 
 /// SUSPEND: stops lending servers and waits (up to `suspend_timeout`) for the ones in
 /// use to come back. Sluice has no online restart, so the listeners stay open.
-pub async fn suspend(ctx: &mut Ctx<'_>, arg: &str) -> Result<(), CmdError> {
+/// (`query` as typed, for PgBouncer's syntax error, which quotes it.)
+pub async fn suspend(ctx: &mut Ctx<'_>, arg: &str, query: &str) -> Result<(), CmdError> {
     if !arg.is_empty() {
-        return Err(format!("invalid command 'SUSPEND {arg}', use SHOW HELP;").into());
+        return Err(super::invalid(query));
     }
     ctx.need_admin()?;
     let app = ctx.app;
@@ -360,9 +361,9 @@ pub async fn wait_close(ctx: &mut Ctx<'_>, db: &str) -> Result<(), CmdError> {
 }
 
 /// RELOAD: re-reads the config files; a failure is reported, the old config stays.
-pub fn reload(ctx: &mut Ctx<'_>, arg: &str) -> Result<(), CmdError> {
+pub fn reload(ctx: &mut Ctx<'_>, arg: &str, query: &str) -> Result<(), CmdError> {
     if !arg.is_empty() {
-        return Err(format!("invalid command 'RELOAD {arg}', use SHOW HELP;").into());
+        return Err(super::invalid(query));
     }
     ctx.need_admin()?;
     tracing::info!("RELOAD command issued");
@@ -378,12 +379,12 @@ pub fn reload(ctx: &mut Ctx<'_>, arg: &str) -> Result<(), CmdError> {
 
 /// SHUTDOWN [WAIT_FOR_SERVERS | WAIT_FOR_CLIENTS]. Sluice answers before it goes, so
 /// that a script can tell the command was taken.
-pub fn shutdown(ctx: &mut Ctx<'_>, arg: &str) -> Result<(), CmdError> {
+pub fn shutdown(ctx: &mut Ctx<'_>, arg: &str, query: &str) -> Result<(), CmdError> {
     let mode = match arg.to_ascii_lowercase().as_str() {
         "" => Shutdown::Immediate,
         "wait_for_servers" => Shutdown::WaitForServers,
         "wait_for_clients" => Shutdown::WaitForClients,
-        _ => return Err(format!("invalid command 'SHUTDOWN {arg}', use SHOW HELP;").into()),
+        _ => return Err(super::invalid(query)),
     };
     ctx.need_admin()?;
     if arg.is_empty() {

@@ -164,15 +164,15 @@ pub(crate) async fn execute(ctx: &mut Ctx<'_>, query: &str) -> Result<(), CmdErr
         "show" | "select" => show(ctx, &arg, query),
         "pause" => control::pause(ctx, &arg).await,
         "resume" => control::resume(ctx, &arg),
-        "suspend" => control::suspend(ctx, &arg).await,
+        "suspend" => control::suspend(ctx, &arg, query).await,
         "disable" => control::disable(ctx, &arg, true),
         "enable" => control::disable(ctx, &arg, false),
         "reconnect" => control::reconnect(ctx, &arg),
         "kill" => control::kill(ctx, &arg),
         "kill_client" => control::kill_client(ctx, &arg),
         "wait_close" => control::wait_close(ctx, &arg).await,
-        "reload" => control::reload(ctx, &arg),
-        "shutdown" => control::shutdown(ctx, &arg),
+        "reload" => control::reload(ctx, &arg, query),
+        "shutdown" => control::shutdown(ctx, &arg, query),
         _ => Err(invalid(query)),
     }
 }

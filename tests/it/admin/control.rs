@@ -345,6 +345,11 @@ async fn reload_picks_up_changes_and_reports_a_broken_file() {
         psql_ok(&s, "SHOW CONFIG").cell("key", "default_pool_size", "value"),
         Some("9".into())
     );
+    // A stray argument: PgBouncer's syntax error, quoting the command as typed.
+    for typed in ["reload now;", "suspend now;", "shutdown never;"] {
+        let want = format!("invalid command '{typed}', use SHOW HELP;");
+        psql_err(&s, ADMIN, ADMIN_PW, typed, &want);
+    }
     s.rewrite_ini(&format!("{ini}\nlisten_port = abc\n"));
     let admin = console(&s, ADMIN, ADMIN_PW).await;
     let err = admin
