@@ -21,9 +21,17 @@ const POLL: Duration = Duration::from_millis(50);
 
 /// Whether `db` names a database (configured, or served by the `*` entry).
 fn known_db(app: &App, db: &str) -> bool {
-    let cfg = app.config();
-    cfg.databases.contains_key(db)
-        || cfg.fallback_database.is_some()
+    app.config().fallback_database.is_some() || seen_db(app, db)
+}
+
+/// Whether `db` is a database PgBouncer would find without making it from `*`:
+/// configured, in use, paused or disabled (PAUSE and DISABLE make it), or the
+/// console's own (RESUME and ENABLE look names up so).
+fn seen_db(app: &App, db: &str) -> bool {
+    let g = app.gate();
+    db == ADMIN_DB
+        || g.paused_dbs.iter().chain(&g.disabled_dbs).any(|d| d == db)
+        || app.config().databases.contains_key(db)
         || app.pools.all().iter().any(|p| p.key.database == db)
 }
 
@@ -172,7 +180,7 @@ pub fn resume(ctx: &mut Ctx<'_>, db: &str) -> Result<(), CmdError> {
         });
     } else {
         tracing::info!("RESUME '{db}' command issued");
-        if !known_db(app, db) {
+        if !seen_db(app, db) {
             return Err(format!("no such database: {db}").into());
         }
         if !app.gate().paused_dbs.iter().any(|d| d == db) {
@@ -228,6 +236,9 @@ pub fn disable(ctx: &mut Ctx<'_>, db: &str, disable: bool) -> Result<(), CmdErro
     }
     tracing::info!("{word} '{db}' command issued");
     check_db(ctx.app, db, if disable { "disable" } else { "enable" })?;
+    if !disable && !seen_db(ctx.app, db) {
+        return Err(format!("no such database: {db}").into());
+    }
     ctx.app.update_gate(|g| {
         g.disabled_dbs.retain(|d| d != db);
         if disable {

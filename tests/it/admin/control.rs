@@ -184,6 +184,24 @@ async fn a_query_held_by_a_pause_ends_at_query_wait_timeout() {
     select1(&pooled(&s, None).await).await;
 }
 
+/// RESUME and ENABLE look a name up as PgBouncer's do: the console's own database is
+/// there (and not paused), a name the `*` entry could serve but nothing has made yet
+/// is not; PAUSE and DISABLE make it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_and_enable_find_only_databases_that_exist() {
+    let s = builder()
+        .database("*", "host=127.0.0.1 port=@PG_PORT@")
+        .start();
+    let err = |sql: &str, want: &str| psql_err(&s, ADMIN, ADMIN_PW, sql, want);
+    err("RESUME pgbouncer", "database pgbouncer is not paused");
+    err("RESUME unseen", "no such database: unseen");
+    err("ENABLE unseen", "no such database: unseen");
+    psql_ok(&s, "PAUSE unseen");
+    psql_ok(&s, "RESUME unseen");
+    psql_ok(&s, "DISABLE unseen");
+    psql_ok(&s, "ENABLE unseen");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigusr1_pauses_and_sigusr2_resumes() {
     let mut s = builder().start();
