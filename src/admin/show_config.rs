@@ -106,7 +106,7 @@ pub fn help(out: &mut BytesMut) {
         \tENABLE <db>\n\
         \tRECONNECT [<db>]\n\
         \tKILL [<db>]\n\
-        \tKILL_CLIENT <id>\n\
+        \tKILL_CLIENT <client_id>\n\
         \tSUSPEND\n\
         \tSHUTDOWN\n\
         \tSHUTDOWN WAIT_FOR_SERVERS|WAIT_FOR_CLIENTS\n\

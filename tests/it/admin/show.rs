@@ -204,7 +204,9 @@ async fn every_show_command_has_pgbouncer_columns() {
     }
     let help = psql_ok(&s, "SHOW HELP");
     assert!(
-        help.stderr.contains("Console usage") && help.stderr.contains("SHOW HELP|CONFIG"),
+        help.stderr.contains("Console usage")
+            && help.stderr.contains("SHOW HELP|CONFIG")
+            && help.stderr.contains("KILL_CLIENT <client_id>"),
         "{}",
         help.stderr
     );
