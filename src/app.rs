@@ -102,6 +102,23 @@ struct ClientCounts {
     user: FxHashMap<Arc<str>, u32>,
 }
 
+/// The limit of `max_db_client_connections` / `max_user_client_connections` that the
+/// counts in `m` leave no room under, if any (0 means unlimited).
+fn full(
+    m: &ClientCounts,
+    db: &str,
+    user: &str,
+    (db_max, user_max): (u32, u32),
+) -> Result<(), &'static str> {
+    if db_max != 0 && m.db.get(db).copied().unwrap_or(0) >= db_max {
+        return Err("max_db_client_connections");
+    }
+    if user_max != 0 && m.user.get(user).copied().unwrap_or(0) >= user_max {
+        return Err("max_user_client_connections");
+    }
+    Ok(())
+}
+
 impl ClientCounts {
     fn add(map: &mut FxHashMap<Arc<str>, u32>, key: &Arc<str>) {
         match map.get_mut(&**key) {
@@ -308,15 +325,26 @@ impl App {
     ) -> Result<(), &'static str> {
         let (db, user) = (&who.meta.database, &who.meta.user);
         let mut m = self.client_counts.lock().unwrap_or_else(|p| p.into_inner());
-        if db_max != 0 && m.db.get(&**db).copied().unwrap_or(0) >= db_max {
-            return Err("max_db_client_connections");
-        }
-        if user_max != 0 && m.user.get(&**user).copied().unwrap_or(0) >= user_max {
-            return Err("max_user_client_connections");
-        }
+        full(&m, db, user, (db_max, user_max))?;
         ClientCounts::add(&mut m.db, db);
         ClientCounts::add(&mut m.user, user);
         Ok(())
+    }
+
+    /// Whether a client of `db` and `user` would be refused by their limits now: the
+    /// check PgBouncer makes before it asks for a password (the count is made, and
+    /// checked again, once the client has logged in).
+    pub fn client_limit_reached(
+        &self,
+        db: &str,
+        user: &str,
+        (db_max, user_max): (u32, u32),
+    ) -> Result<(), &'static str> {
+        if db_max == 0 && user_max == 0 {
+            return Ok(());
+        }
+        let m = self.client_counts.lock().unwrap_or_else(|p| p.into_inner());
+        full(&m, db, user, (db_max, user_max))
     }
 
     /// A client counted by [`App::count_client`] has left.

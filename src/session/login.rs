@@ -313,6 +313,18 @@ pub async fn login(
         }
     };
 
+    // Over a client limit of its database or user: refused before a password is
+    // asked for, as PgBouncer does (the count itself is made once it has logged in,
+    // which is all a login that asks for none needs).
+    if !unknown && !matches!(s.auth_type, AuthType::Trust | AuthType::Any) {
+        let limits = super::client_limits(&cfg, &database, &user);
+        if let Err(setting) = app.client_limit_reached(&database, &user, limits) {
+            let message = format!("client connections exceeded ({setting})");
+            let e = ClientError::fatal(PROTOCOL_VIOLATION, message);
+            return Err(e.naming(&database, &user));
+        }
+    }
+
     // A user missing from auth_file is looked up with auth_query, when an auth_user
     // applies (boxed: a rare path, kept out of every login's future). Not for `any`
     // (nothing is checked), `pam` or `ldap` (they check; PgBouncer does not combine

@@ -327,6 +327,24 @@ async fn other_login(
     }
 }
 
+/// `max_db_client_connections` and `max_user_client_connections` for a client of
+/// `database` and `user` (the entry's or the user's own, else the setting's).
+pub(crate) fn client_limits(cfg: &crate::config::Config, database: &str, user: &str) -> (u32, u32) {
+    let s = &cfg.settings;
+    let db_max = cfg
+        .databases
+        .get(database)
+        .or(cfg.fallback_database.as_ref())
+        .and_then(|d| d.max_db_client_connections)
+        .unwrap_or(s.max_db_client_connections);
+    let user_max = cfg
+        .users
+        .get(user)
+        .and_then(|u| u.max_user_client_connections)
+        .unwrap_or(s.max_user_client_connections);
+    (db_max, user_max)
+}
+
 /// A logged-in client of a pool: checks the client limits, registers it for the
 /// console and makes its session. None if a limit turned it away.
 #[allow(clippy::too_many_arguments)]
@@ -362,17 +380,7 @@ async fn open_session(
     }));
     let log_pooler_errors = cfg.settings.log_pooler_errors;
     let s = &cfg.settings;
-    let db_max = cfg
-        .databases
-        .get(&who.database)
-        .or(cfg.fallback_database.as_ref())
-        .and_then(|d| d.max_db_client_connections)
-        .unwrap_or(s.max_db_client_connections);
-    let user_max = cfg
-        .users
-        .get(&who.user)
-        .and_then(|u| u.max_user_client_connections)
-        .unwrap_or(s.max_user_client_connections);
+    let (db_max, user_max) = client_limits(cfg, &who.database, &who.user);
     match app.count_client(&info, db_max, user_max) {
         Ok(()) => {}
         Err(setting) => {

@@ -335,6 +335,15 @@ async fn max_db_client_connections_refuses_a_second_client() {
         .start();
     let a = client(&s, &db).await;
     expect_refused(&s, MD5_USER, MD5_PASSWORD, &db, "max_db_client_connections").await;
+    // Refused before a password is asked for, as PgBouncer refuses it.
+    use crate::support::raw::{startup_packet, RawConn, PROTOCOL_3_0};
+    let mut raw = RawConn::tcp(s.port());
+    let startup = startup_packet(PROTOCOL_3_0, &[("user", MD5_USER), ("database", &db)]);
+    raw.send(&startup).expect("startup");
+    let first = raw.read_msg(STEP).expect("an answer");
+    let told = first.error().map(|e| e.1);
+    let want = "client connections exceeded (max_db_client_connections)";
+    assert_eq!(told.as_deref(), Some(want), "{first:?}");
     expect_refused(
         &s,
         PLAIN_USER,
