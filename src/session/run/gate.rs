@@ -25,8 +25,9 @@ pub(super) enum Opened {
     Closed,
     /// `query_wait_timeout` ran out first.
     TimedOut(PoolError),
-    /// The client left meanwhile (its place and count go at once, as PgBouncer
-    /// drops a paused client that disconnects).
+    /// The client left meanwhile: its place and count go at once, as a client's
+    /// waiting in line do (PgBouncer stops reading a waiting client, and notices
+    /// it gone only when its turn comes).
     Left,
 }
 

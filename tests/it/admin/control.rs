@@ -423,7 +423,8 @@ async fn set_changes_the_running_config() {
 }
 
 /// A client that leaves while its query is held by a PAUSE is gone at once (from
-/// SHOW CLIENTS and from `max_client_conn`'s count), as in PgBouncer, not at RESUME.
+/// SHOW CLIENTS and from `max_client_conn`'s count), as a client waiting in line is,
+/// not at RESUME.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_during_a_pause_is_gone_at_once() {
     let s = builder().setting("pool_mode", "transaction").start();
