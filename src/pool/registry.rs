@@ -246,7 +246,8 @@ impl Pools {
     /// waiting in line log in new servers where there is room (pool/login_hold.rs),
     /// and keeps `min_pool_size` warm, except in the databases `paused` names: a
     /// PAUSE leaves its databases without servers until RESUME (the old primary of a
-    /// failover, say), as PgBouncer's janitor opens none during a pause.
+    /// failover, say), as PgBouncer keeps none during a pause (its janitor closes
+    /// any it finds).
     pub fn maintain(&self, paused: impl Fn(&str) -> bool) {
         let now = crate::clock::Tick::now();
         for p in self.all() {
