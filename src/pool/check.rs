@@ -85,3 +85,82 @@ impl Pool {
 pub(super) fn needs_check(conn: &ServerConn, r: &Reuse, now: Tick) -> bool {
     r.check && now.reached(conn.last_used, r.check_delay)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::task::{Poll, Waker};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::net::{StdStream, Stream};
+    use crate::pool::line::{join, Answer, Request};
+    use crate::pool::server::conn_for_tests;
+    use crate::pool::slot::SlotToken;
+    use crate::pool::{Grant, LentMark};
+
+    /// A pool of one whose one connection is lent out, with `server_check_delay`
+    /// `delay` and a check query; and a client waiting in line with a request.
+    fn lent_with_waiter(
+        delay: Duration,
+    ) -> (
+        Arc<Pool>,
+        ServerConn,
+        crate::pool::Ticket,
+        std::os::unix::net::UnixStream,
+    ) {
+        let p = Pool::one_slot_for_tests();
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+        ours.set_nonblocking(true).expect("nonblocking");
+        let stream = Stream::from_std(StdStream::Unix(ours)).expect("stream");
+        {
+            let mut st = p.lock_state();
+            st.total = 1;
+            st.active = 1;
+            st.reuse.check = true;
+            st.reuse.check_delay = delay;
+        }
+        let mut conn = conn_for_tests(stream, SlotToken::counted(p.clone()), p.generation());
+        conn.lent = LentMark::lent_by(p.clone());
+        let mut ticket = join(&p, &mut p.lock_state(), Tick::now(), Waker::noop());
+        let meta = crate::stats::conns::test_meta(1);
+        let request = Request::new(
+            bytes::BytesMut::from("Q"),
+            Arc::default(),
+            Arc::new(crate::stats::conns::ClientInfo::new(meta)),
+        );
+        assert!(ticket.leave_request(request).is_ok());
+        (p, conn, ticket, theirs)
+    }
+
+    #[tokio::test]
+    async fn a_server_handed_to_a_waiter_is_checked_first_when_the_delay_is_zero() {
+        let (p, conn, mut ticket, _peer) = lent_with_waiter(Duration::ZERO);
+        assert!(p.release_at(conn, true, Tick::now()));
+        let Poll::Ready(Answer::Granted(Grant::Check(_conn))) = ticket.poll_answer(&mut || {})
+        else {
+            panic!("the waiter did not get the server to check");
+        };
+        // Its request was not written: the waiter sends it after the check.
+        let r = ticket.take_request().expect("the request comes back");
+        assert!(!r.sent);
+    }
+
+    #[tokio::test]
+    async fn with_a_delay_the_server_goes_to_the_waiter_as_it_is() {
+        let (p, conn, mut ticket, _peer) = lent_with_waiter(Duration::from_secs(30));
+        assert!(p.release_at(conn, true, Tick::now()));
+        assert!(matches!(
+            ticket.poll_answer(&mut || {}),
+            Poll::Ready(Answer::Granted(Grant::Server(_)))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_server_to_check_whose_waiter_left_goes_back_to_the_pool() {
+        let (p, conn, ticket, _peer) = lent_with_waiter(Duration::ZERO);
+        assert!(p.release_at(conn, true, Tick::now()));
+        drop(ticket);
+        let n = p.counts();
+        assert_eq!((n.idle, n.active, n.total), (1, 0, 1));
+    }
+}
