@@ -128,27 +128,10 @@ impl Pool {
 mod tests {
 
     use super::*;
-    use crate::net::{StdStream, Stream};
-    use crate::pool::server::conn_for_tests;
-    use crate::pool::slot::SlotToken;
-    use crate::pool::LentMark;
+    use crate::pool::testing::lent;
 
     fn pool() -> Arc<Pool> {
         Pool::one_slot_for_tests()
-    }
-
-    /// The pool's one connection, lent to a client.
-    fn lent(p: &Arc<Pool>) -> (ServerConn, std::os::unix::net::UnixStream) {
-        let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socket pair");
-        ours.set_nonblocking(true).expect("nonblocking");
-        let stream = Stream::from_std(StdStream::Unix(ours)).expect("stream");
-        let mut st = p.lock_state();
-        st.total = 1;
-        st.active = 1;
-        drop(st);
-        let mut conn = conn_for_tests(stream, SlotToken::counted(p.clone()), p.generation());
-        conn.lent = LentMark::lent_by(p.clone());
-        (conn, theirs)
     }
 
     fn counts(p: &Pool) -> (u32, u32, u32) {

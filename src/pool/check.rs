@@ -92,11 +92,9 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::net::{StdStream, Stream};
     use crate::pool::line::{join, Answer, Request};
-    use crate::pool::server::conn_for_tests;
-    use crate::pool::slot::SlotToken;
-    use crate::pool::{Grant, LentMark};
+    use crate::pool::testing::lent;
+    use crate::pool::Grant;
 
     /// A pool of one whose one connection is lent out, with `server_check_delay`
     /// `delay` and a check query; and a client waiting in line with a request.
@@ -109,18 +107,12 @@ mod tests {
         std::os::unix::net::UnixStream,
     ) {
         let p = Pool::one_slot_for_tests();
-        let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socket pair");
-        ours.set_nonblocking(true).expect("nonblocking");
-        let stream = Stream::from_std(StdStream::Unix(ours)).expect("stream");
+        let (conn, theirs) = lent(&p);
         {
             let mut st = p.lock_state();
-            st.total = 1;
-            st.active = 1;
             st.reuse.check = true;
             st.reuse.check_delay = delay;
         }
-        let mut conn = conn_for_tests(stream, SlotToken::counted(p.clone()), p.generation());
-        conn.lent = LentMark::lent_by(p.clone());
         let mut ticket = join(&p, &mut p.lock_state(), Tick::now(), Waker::noop());
         let meta = crate::stats::conns::test_meta(1);
         let request = Request::new(

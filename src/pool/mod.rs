@@ -25,6 +25,8 @@ mod server_tls;
 mod slot;
 mod socket;
 pub mod target;
+#[cfg(test)]
+mod testing;
 
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicU64;
