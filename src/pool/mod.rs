@@ -25,7 +25,7 @@ mod server_tls;
 mod slot;
 mod socket;
 pub mod target;
-#[cfg(test)]
+#[cfg(any(test, feature = "fuzzing"))]
 mod testing;
 
 use std::collections::VecDeque;
@@ -234,45 +234,6 @@ impl Pool {
             host_failures: Default::default(),
             openings: Default::default(),
         }
-    }
-
-    /// A pool of one connection to a server nobody listens on, for unit tests.
-    #[cfg(any(test, feature = "fuzzing"))]
-    pub(crate) fn one_slot_for_tests() -> Arc<Pool> {
-        let ini = "[databases]\ndb = host=127.0.0.1 port=1\n[pgbouncer]\ndefault_pool_size = 1\n";
-        let cfg = crate::config::Config::from_ini_str(ini, std::path::Path::new("test.ini"))
-            .expect("config");
-        let entry = cfg.database_entry("db").expect("db entry");
-        Arc::new(Pool::for_tests(PoolConfig::new(&cfg, &entry, "db", "u")))
-    }
-
-    /// A connection over `stream`, lent from a pool of one of its own, for tests and
-    /// the fuzz targets of what runs over a linked server.
-    #[cfg(any(test, feature = "fuzzing"))]
-    pub fn lent_for_tests(stream: crate::net::Stream) -> ServerConn {
-        let pool = Pool::one_slot_for_tests();
-        let mut st = pool.lock_state();
-        st.total = 1;
-        st.active = 1;
-        drop(st);
-        let token = SlotToken::counted(pool.clone());
-        let mut conn = server::conn_for_tests(stream, token, pool.generation());
-        conn.lent = LentMark::lent_by(pool);
-        conn
-    }
-
-    /// A pool of (`db`, `u`) counted against no shared limits, for unit tests.
-    #[cfg(any(test, feature = "fuzzing"))]
-    pub(crate) fn for_tests(cfg: PoolConfig) -> Pool {
-        let key = PoolKey {
-            database: "db".into(),
-            user: "u".into(),
-        };
-        let limits = PoolLimits {
-            db: Default::default(),
-            user: Default::default(),
-        };
-        Pool::new(key, cfg, Arc::new(AtomicU64::new(1)), limits)
     }
 
     /// The shared limits this pool counts against.
