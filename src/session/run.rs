@@ -398,38 +398,15 @@ impl Session {
     /// not (`fast`: the idle server it took). Returns how the session ends if it
     /// cannot.
     async fn link(&mut self, stream: &Stream, mut fast: Option<ServerConn>) -> Option<Step> {
-        // A paused pooler lends no more servers; the client waits, then tries the
-        // common cases again. A stopping one never lends again: the client is told.
-        let mut waited = false;
-        let mut gate = self.app().gate_watch();
-        let mut deadline = None;
-        loop {
-            let (stopping, blocks, suspended) = {
-                let g = gate.borrow_and_update();
-                (g.stopping, g.blocks(&self.pool.key.database), g.suspended)
-            };
-            // Why no server is lent; None: the client left.
-            let e = if stopping {
-                Some(PoolError::ShuttingDown)
-            } else if !blocks {
-                break;
-            } else {
-                waited = true;
-                // Boxed: rare, and its timer would otherwise add to every request's future.
-                let (pool, relay) = (&self.pool, self.relay.get());
-                let wait = gate::wait(stream, relay, &mut gate, suspended, &mut deadline, pool);
-                match Box::pin(wait).await {
-                    gate::Opened::Changed => continue,
-                    gate::Opened::Closed => break,
-                    gate::Opened::TimedOut(e) => Some(e),
-                    gate::Opened::Left => None,
+        let waited = match self.pass_gate(stream).await {
+            Ok(waited) => waited,
+            Err(e) => {
+                if let Some(f) = fast.take() {
+                    self.pool.release(f, true);
                 }
-            };
-            if let Some(f) = fast.take() {
-                self.pool.release(f, true);
+                return Some(Box::pin(self.not_linked(stream, e)).await);
             }
-            return Some(Box::pin(self.not_linked(stream, e)).await);
-        }
+        };
         if waited {
             match poll_fn(|cx| Poll::Ready(self.try_link_idle(cx.waker()))).await {
                 Ok(()) => return None,

@@ -17,8 +17,41 @@ use crate::net::Stream;
 use crate::pool::{Pool, PoolError};
 use crate::session::relay::Relay;
 
+impl super::Session {
+    /// Passes the gate: at once when it is open (true if the request waited there
+    /// first, to try the common cases again), or the reason no server will be lent:
+    /// a shutdown that stops lending, `query_wait_timeout`, or None, the client left.
+    pub(super) async fn pass_gate(&mut self, stream: &Stream) -> Result<bool, Option<PoolError>> {
+        let mut waited = false;
+        let mut gate = self.app().gate_watch();
+        let mut deadline = None;
+        loop {
+            let (stopping, blocks, suspended) = {
+                let g = gate.borrow_and_update();
+                (g.stopping, g.blocks(&self.pool.key.database), g.suspended)
+            };
+            if stopping {
+                return Err(Some(PoolError::ShuttingDown));
+            }
+            if !blocks {
+                return Ok(waited);
+            }
+            waited = true;
+            // Boxed: rare, and its timer would otherwise add to every request's future.
+            let (pool, relay) = (&self.pool, self.relay.get());
+            let wait = wait(stream, relay, &mut gate, suspended, &mut deadline, pool);
+            match Box::pin(wait).await {
+                Opened::Changed => {}
+                Opened::Closed => return Ok(waited),
+                Opened::TimedOut(e) => return Err(Some(e)),
+                Opened::Left => return Err(None),
+            }
+        }
+    }
+}
+
 /// How a wait at the gate ended.
-pub(super) enum Opened {
+enum Opened {
     /// The gate changed: look again.
     Changed,
     /// The gate's sender is gone (the process is ending).
@@ -33,7 +66,7 @@ pub(super) enum Opened {
 
 /// Waits for the gate to change while watching the client, within the `deadline`
 /// set at the first wait (from `pool`'s `query_wait_timeout`, none while suspended).
-pub(super) async fn wait(
+async fn wait(
     stream: &Stream,
     relay: &mut Relay,
     gate: &mut watch::Receiver<Gate>,
