@@ -12,6 +12,7 @@ mod control;
 mod idle_pools;
 mod metrics;
 mod opening;
+mod pause;
 mod show;
 mod values;
 
