@@ -103,4 +103,14 @@ async fn extended_protocol_is_refused() {
     let c = console(&s, ADMIN, ADMIN_PW).await;
     let rows = c.simple_query("SHOW VERSION").await.expect("simple query");
     assert!(!rows.is_empty());
+    // Any other message: refused with its type as a number, as PgBouncer words it.
+    use crate::support::wire::{first_error, frame, RawClient};
+    let mut raw = RawClient::login(s.port(), ADMIN, ADMIN_PW, "pgbouncer", &[])
+        .await
+        .expect("console login");
+    raw.send(&frame(b'F', &[0; 6])).await.expect("send");
+    let msgs = raw.until_closed(Duration::from_secs(10)).await;
+    let told = first_error(&msgs).and_then(|e| e.field(b'M'));
+    let want = "unsupported packet type for admin console: 70";
+    assert_eq!(told.as_deref(), Some(want), "{msgs:?}");
 }
