@@ -49,6 +49,12 @@ impl Gate {
         self.stopping || self.paused || self.suspended || self.paused_dbs.iter().any(|d| d == db)
     }
 
+    /// PgBouncer's pause mode: a PAUSE of all databases, or a shutdown that stops
+    /// lending servers (SIGINT, WAIT_FOR_SERVERS).
+    pub fn pause_mode(&self) -> bool {
+        self.paused || self.stopping
+    }
+
     /// Whether new logins to `db` are refused.
     pub fn disabled(&self, db: &str) -> bool {
         self.disabled_dbs.iter().any(|d| d == db)
@@ -317,15 +323,10 @@ impl App {
     /// Counts a logged-in client against the limits of its database and user (0 means
     /// unlimited). Returns the name of the setting that refuses it, if one does.
     /// Undo it with [`App::uncount_client`].
-    pub fn count_client(
-        &self,
-        who: &ClientInfo,
-        db_max: u32,
-        user_max: u32,
-    ) -> Result<(), &'static str> {
+    pub fn count_client(&self, who: &ClientInfo, limits: (u32, u32)) -> Result<(), &'static str> {
         let (db, user) = (&who.meta.database, &who.meta.user);
         let mut m = self.client_counts.lock().unwrap_or_else(|p| p.into_inner());
-        full(&m, db, user, (db_max, user_max))?;
+        full(&m, db, user, limits)?;
         ClientCounts::add(&mut m.db, db);
         ClientCounts::add(&mut m.user, user);
         Ok(())
@@ -334,17 +335,17 @@ impl App {
     /// Whether a client of `db` and `user` would be refused by their limits now: the
     /// check PgBouncer makes before it asks for a password (the count is made, and
     /// checked again, once the client has logged in).
-    pub fn client_limit_reached(
+    pub fn check_client_limits(
         &self,
         db: &str,
         user: &str,
-        (db_max, user_max): (u32, u32),
+        limits: (u32, u32),
     ) -> Result<(), &'static str> {
-        if db_max == 0 && user_max == 0 {
+        if limits == (0, 0) {
             return Ok(());
         }
         let m = self.client_counts.lock().unwrap_or_else(|p| p.into_inner());
-        full(&m, db, user, (db_max, user_max))
+        full(&m, db, user, limits)
     }
 
     /// A client counted by [`App::count_client`] has left.

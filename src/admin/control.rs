@@ -47,6 +47,15 @@ fn check_db(app: &App, db: &str, what: &str) -> Result<(), CmdError> {
     Ok(())
 }
 
+/// PAUSE, SUSPEND and KILL are refused while the pooler is paused or suspended (a
+/// shutdown that stops lending counts, as PgBouncer's pause mode).
+fn not_paused(g: &crate::app::Gate) -> Result<(), CmdError> {
+    if g.pause_mode() || g.suspended {
+        return Err("already suspended/paused".into());
+    }
+    Ok(())
+}
+
 /// The pools of `db`, or all pools.
 fn pools_of(app: &App, db: Option<&str>) -> Vec<Arc<Pool>> {
     let mut v = app.pools.all();
@@ -107,10 +116,7 @@ pub async fn pause(ctx: &mut Ctx<'_>, db: &str) -> Result<(), CmdError> {
     ctx.need_admin()?;
     let app = ctx.app;
     let g = app.gate();
-    // A shutdown that stops lending is PgBouncer's pause mode too.
-    if g.paused || g.suspended || g.stopping {
-        return Err("already suspended/paused".into());
-    }
+    not_paused(&g)?;
     if db.is_empty() {
         tracing::info!("PAUSE command issued");
         app.update_gate(|g| g.paused = true);
@@ -202,10 +208,7 @@ pub async fn suspend(ctx: &mut Ctx<'_>, arg: &str, query: &str) -> Result<(), Cm
     ctx.need_admin()?;
     let app = ctx.app;
     let g = app.gate();
-    // A shutdown that stops lending is PgBouncer's pause mode too.
-    if g.paused || g.suspended || g.stopping {
-        return Err("already suspended/paused".into());
-    }
+    not_paused(&g)?;
     if !g.paused_dbs.is_empty() {
         return Err("cannot suspend with paused databases".into());
     }
@@ -274,10 +277,7 @@ pub fn kill(ctx: &mut Ctx<'_>, db: &str) -> Result<(), CmdError> {
     ctx.need_admin()?;
     let app = ctx.app;
     let g = app.gate();
-    // A shutdown that stops lending is PgBouncer's pause mode too.
-    if g.paused || g.suspended || g.stopping {
-        return Err("already suspended/paused".into());
-    }
+    not_paused(&g)?;
     let db = (!db.is_empty()).then_some(db);
     match db {
         None => {

@@ -65,9 +65,7 @@ pub fn state(app: &App, out: &mut BytesMut) {
     let g = app.gate();
     let yes = |b: bool| Cell::from(if b { "yes" } else { "no" });
     let mut t = Table::new(out, &[("key", Ty::Text), ("value", Ty::Text)]);
-    // A shutdown that stops lending servers (SIGINT, WAIT_FOR_SERVERS) pauses, as
-    // PgBouncer's does.
-    let paused = g.paused || g.stopping;
+    let paused = g.pause_mode();
     t.row(vec!["active".into(), yes(!paused && !g.suspended)]);
     t.row(vec!["paused".into(), yes(paused)]);
     t.row(vec!["suspended".into(), yes(g.suspended)]);

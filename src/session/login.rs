@@ -318,7 +318,7 @@ pub async fn login(
     // which is all a login that asks for none needs).
     if !unknown && !matches!(s.auth_type, AuthType::Trust | AuthType::Any) {
         let limits = super::client_limits(&cfg, &database, &user);
-        if let Err(setting) = app.client_limit_reached(&database, &user, limits) {
+        if let Err(setting) = app.check_client_limits(&database, &user, limits) {
             let message = format!("client connections exceeded ({setting})");
             let e = ClientError::fatal(PROTOCOL_VIOLATION, message);
             return Err(e.naming(&database, &user));

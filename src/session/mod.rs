@@ -380,8 +380,7 @@ async fn open_session(
     }));
     let log_pooler_errors = cfg.settings.log_pooler_errors;
     let s = &cfg.settings;
-    let (db_max, user_max) = client_limits(cfg, &who.database, &who.user);
-    match app.count_client(&info, db_max, user_max) {
+    match app.count_client(&info, client_limits(cfg, &who.database, &who.user)) {
         Ok(()) => {}
         Err(setting) => {
             // PgBouncer's words for these two limits (max_client_conn's differ).
