@@ -94,7 +94,7 @@ def run_pgbench(pgbench, scen, host, port, seconds, logdir, pooler, pg=None):
         if scen.tls:
             env = dict(ENV, PGSSLMODE="require")
         elif pooler is None:
-            # PostgreSQL itself (or the training Sluice) accepts TLS: plaintext asked.
+            # PostgreSQL itself accepts TLS: plaintext asked.
             env = dict(ENV, PGSSLMODE="disable")
         else:
             env = ENV  # libpq's default, prefer: an SSLRequest, answered N
@@ -320,17 +320,23 @@ def run_idle_tests(pgbench, poolers, idle, scale_idle, nofile):
     return idle_rows, idle_note
 
 
-def train(pgbench, pg, sluice, work, seconds):
-    """--train: every scenario once against an instrumented Sluice (a
-    -Cprofile-generate build), which writes its profile when it exits; the
-    profile-guided build (bench/pgo.sh) is then optimised for these paths."""
+def train(pgbench, pg, plain, tls, work, seconds):
+    """--train: every scenario once against instrumented Sluices (a
+    -Cprofile-generate build), which write their profiles when they exit; the
+    profile-guided build (bench/pgo.sh) is then optimised for these paths. As in
+    the bench, the TLS scenario goes to `tls`, which offers TLS, and the others to
+    `plain`, with libpq's default sslmode: each new connection's SSLRequest is
+    answered N, the path every `-C` transaction takes (trained with plaintext asked
+    instead, that path was left out of the profile)."""
     for scen in OPT.scenarios:
+        sluice = tls if scen.tls else plain
         host = sluice.sockdir if scen.via == "unix" else "127.0.0.1"
-        r = run_pgbench(pgbench, scen, host, sluice.port, seconds, work, None)
+        r = run_pgbench(pgbench, scen, host, sluice.port, seconds, work, sluice)
         if "error" in r:
             die("training run %s failed: %s" % (scen.key, r["error"]))
         say("bench: trained on %-48s %9s tps" % (scen.title, fmt_num(r["tps"])))
-    sluice.stop()
+    plain.stop()
+    tls.stop()
     written = glob.glob(os.path.join(OPT.profile_dir, "sluice-*.profraw"))
     if not written:
         die("the instrumented Sluice wrote no profile in %s (was it built with "

@@ -2,8 +2,10 @@
 # Profile-guided build of Sluice (`make pgo`, and what `make bench` measures):
 #   1. an instrumented release build (-Cprofile-generate) in target/pgo-gen;
 #   2. `bench/run.py --train`: a throwaway PostgreSQL, every bench scenario once
-#      through the instrumented Sluice, which writes its profile at exit;
-#   3. llvm-profdata merges it; 4. the release build with -Cprofile-use, in
+#      through the instrumented Sluice, as the bench meets it (the TLS scenario
+#      through one offering TLS, the others through one answering libpq's
+#      SSLRequest with N), each writing its profile at exit;
+#   3. llvm-profdata merges them; 4. the release build with -Cprofile-use, in
 #      target/pgo/release/sluice.
 # The optimiser then lays out the hot path (the relay, the pool, the runtime's
 # poll loop) together and inlines by measured use: about a fifth fewer

@@ -126,11 +126,15 @@ def main():
                 with open(os.path.join(work, s.script_name()), "w") as f:
                     f.write(s.script)
         if args.train:
-            # One Sluice offering TLS serves every scenario (the others ask for none).
-            poolers["sluice"] = Pooler("sluice", args.sluice, work, runner, pg, userlist, tls=True)
+            # Each scenario meets Sluice as in the bench: the plain ones one that offers
+            # no TLS (libpq's SSLRequest answered N, as every -C connection asks), the
+            # TLS scenario one that offers it. Each writes a profile; pgo.sh merges them.
+            poolers["sluice"] = Pooler("sluice", args.sluice, work, runner, pg, userlist)
+            tls_poolers["sluice"] = Pooler("sluice", args.sluice, work, runner, pg, userlist, tls=True)
             runner.own(OPT.profile_dir)
             poolers["sluice"].start()
-            train(pgbench, pg, poolers["sluice"], work, seconds)
+            tls_poolers["sluice"].start()
+            train(pgbench, pg, poolers["sluice"], tls_poolers["sluice"], work, seconds)
             return
         poolers["sluice"] = Pooler("sluice", args.sluice, work, runner, pg, userlist)
         poolers["pgbouncer"] = Pooler("pgbouncer", args.pgbouncer, work, runner, pg, userlist)
