@@ -190,7 +190,7 @@ pub async fn serve(
                 why = info.killed() => {
                     let mut out = BytesMut::new();
                     rows::message(&mut out, b'E', "FATAL", PROTOCOL_VIOLATION, why, None);
-                    let _ = crate::timer::timeout(std::time::Duration::from_secs(1), stream.write_all(&out)).await;
+                    send_last(stream, &out).await;
                     why.to_owned()
                 }
             }
@@ -261,7 +261,7 @@ async fn run(
             }
             TAG_TERMINATE => return "client close request".into(),
             TAG_PARSE | TAG_BIND | TAG_EXECUTE => {
-                return fail(
+                return bad_packet(
                     stream,
                     tag,
                     "extended query protocol not supported by admin console",
@@ -271,7 +271,7 @@ async fn run(
             other => {
                 // The type as a number, as PgBouncer prints it.
                 let what = format!("unsupported packet type for admin console: {other}");
-                return fail(stream, tag, &what).await;
+                return bad_packet(stream, tag, &what).await;
             }
         }
     }
@@ -282,8 +282,34 @@ async fn fail(stream: &Stream, tag: &str, message: &str) -> String {
     tracing::warn!("{tag} pooler error: {message}");
     let mut out = BytesMut::new();
     rows::message(&mut out, b'E', "ERROR", PROTOCOL_VIOLATION, message, None);
-    let _ = crate::timer::timeout(std::time::Duration::from_secs(1), stream.write_all(&out)).await;
+    send_last(stream, &out).await;
     message.to_owned()
+}
+
+/// Refuses a message the console does not take as PgBouncer does: the error and
+/// ReadyForQuery, then FATAL `bad packet` and the close ("closing because: bad
+/// packet" in the log).
+async fn bad_packet(stream: &Stream, tag: &str, message: &str) -> String {
+    tracing::warn!("{tag} pooler error: {message}");
+    let mut out = BytesMut::new();
+    rows::message(&mut out, b'E', "ERROR", PROTOCOL_VIOLATION, message, None);
+    rows::ready(&mut out);
+    rows::message(
+        &mut out,
+        b'E',
+        "FATAL",
+        PROTOCOL_VIOLATION,
+        "bad packet",
+        None,
+    );
+    send_last(stream, &out).await;
+    "bad packet".into()
+}
+
+/// Writes what a closing session owes, waiting at most a second for a client that
+/// does not read.
+async fn send_last(stream: &Stream, out: &[u8]) {
+    let _ = crate::timer::timeout(std::time::Duration::from_secs(1), stream.write_all(out)).await;
 }
 
 #[cfg(test)]

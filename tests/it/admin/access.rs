@@ -104,13 +104,40 @@ async fn extended_protocol_is_refused() {
     let rows = c.simple_query("SHOW VERSION").await.expect("simple query");
     assert!(!rows.is_empty());
     // Any other message: refused with its type as a number, as PgBouncer words it.
-    use crate::support::wire::{first_error, frame, RawClient};
-    let mut raw = RawClient::login(s.port(), ADMIN, ADMIN_PW, "pgbouncer", &[])
-        .await
-        .expect("console login");
-    raw.send(&frame(b'F', &[0; 6])).await.expect("send");
-    let msgs = raw.until_closed(Duration::from_secs(10)).await;
-    let told = first_error(&msgs).and_then(|e| e.field(b'M'));
-    let want = "unsupported packet type for admin console: 70";
-    assert_eq!(told.as_deref(), Some(want), "{msgs:?}");
+    // Both refusals end as PgBouncer's: the error and ReadyForQuery, then FATAL
+    // "bad packet" and the close.
+    use crate::support::wire::{frame, RawClient};
+    let refused = [
+        (
+            frame(b'F', &[0; 6]),
+            "unsupported packet type for admin console: 70",
+        ),
+        (
+            frame(b'P', b"\0SHOW POOLS\0\0\0"),
+            "extended query protocol not supported by admin console",
+        ),
+    ];
+    for (msg, want) in refused {
+        let mut raw = RawClient::login(s.port(), ADMIN, ADMIN_PW, "pgbouncer", &[])
+            .await
+            .expect("console login");
+        raw.send(&msg).await.expect("send");
+        let msgs = raw.until_closed(Duration::from_secs(10)).await;
+        let seen: Vec<_> = msgs
+            .iter()
+            .map(|m| (m.tag, m.field(b'S'), m.field(b'M')))
+            .collect();
+        let error = |severity: &str, text: &str| (b'E', Some(severity.into()), Some(text.into()));
+        let expected = vec![
+            error("ERROR", want),
+            (b'Z', None, None),
+            error("FATAL", "bad packet"),
+        ];
+        assert_eq!(seen, expected, "{msgs:?}");
+    }
+    assert!(
+        s.log().contains("closing because: bad packet"),
+        "{}",
+        s.log()
+    );
 }
