@@ -30,6 +30,28 @@ async fn load(s: &Sluice, db: &str, user: &str, pw: &str, clients: usize, querie
     }
 }
 
+/// Two loads at once (`a` and `b`: database, user, password) under a limit of 2
+/// server connections: Sluice holds at most 2, and PostgreSQL (`db`) sees at most 3
+/// backends (an evicted server's backend leaves pg_stat_activity a moment after
+/// Sluice closed it, while its replacement may already be there).
+async fn two_loads_within_two_servers(
+    s: &Sluice,
+    db: &str,
+    a: (&str, &str, &str),
+    b: (&str, &str, &str),
+) {
+    let sampler = Sampler::start(db, Duration::from_millis(15)).await;
+    let sockets = Sampler::sockets(s, Duration::from_millis(5)).await;
+    tokio::join!(load(s, a.0, a.1, a.2, 3, 6), load(s, b.0, b.1, b.2, 3, 6));
+    let (max, _) = sampler.finish().await;
+    let (held, _) = sockets.finish().await;
+    assert!(
+        (1..=2).contains(&held),
+        "Sluice held {held} server connections"
+    );
+    assert!(max <= 3, "{max} backends");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn max_db_connections_across_two_users() {
     let db = fresh_db("txn_maxdb");
@@ -39,21 +61,13 @@ async fn max_db_connections_across_two_users() {
         .setting("max_db_connections", "2")
         .setting("query_wait_timeout", "30")
         .start();
-    let sampler = Sampler::start(&db, Duration::from_millis(15)).await;
-    let sockets = Sampler::sockets(&s, Duration::from_millis(5)).await;
-    tokio::join!(
-        load(&s, &db, MD5_USER, MD5_PASSWORD, 3, 6),
-        load(&s, &db, PLAIN_USER, PLAIN_PASSWORD, 3, 6),
-    );
-    let (max, _) = sampler.finish().await;
-    let (held, _) = sockets.finish().await;
-    assert!(
-        (1..=2).contains(&held),
-        "Sluice held {held} server connections"
-    );
-    // An evicted server's backend leaves pg_stat_activity a moment after Sluice
-    // closed it, while its replacement may already be there.
-    assert!(max <= 3, "{max} backends");
+    two_loads_within_two_servers(
+        &s,
+        &db,
+        (&db, MD5_USER, MD5_PASSWORD),
+        (&db, PLAIN_USER, PLAIN_PASSWORD),
+    )
+    .await;
 }
 
 /// Two pools under one shared limit of 2 take turns: the second pool's clients get
@@ -196,21 +210,13 @@ async fn max_user_connections_across_two_databases() {
         .setting("max_user_connections", "2")
         .setting("query_wait_timeout", "30")
         .start();
-    let sampler = Sampler::start(&db, Duration::from_millis(15)).await;
-    let sockets = Sampler::sockets(&s, Duration::from_millis(5)).await;
-    tokio::join!(
-        load(&s, "alias_one", MD5_USER, MD5_PASSWORD, 3, 6),
-        load(&s, "alias_two", MD5_USER, MD5_PASSWORD, 3, 6),
-    );
-    let (max, _) = sampler.finish().await;
-    let (held, _) = sockets.finish().await;
-    assert!(
-        (1..=2).contains(&held),
-        "Sluice held {held} server connections"
-    );
-    // An evicted server's backend leaves pg_stat_activity a moment after Sluice
-    // closed it, while its replacement may already be there.
-    assert!(max <= 3, "{max} backends");
+    two_loads_within_two_servers(
+        &s,
+        &db,
+        ("alias_one", MD5_USER, MD5_PASSWORD),
+        ("alias_two", MD5_USER, MD5_PASSWORD),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
