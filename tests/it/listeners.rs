@@ -105,6 +105,24 @@ fn socket_path(s: &Sluice) -> PathBuf {
     s.socket_dir().join(format!(".s.PGSQL.{}", s.port()))
 }
 
+/// Runs `sql` with psql (the md5 user) through the UNIX socket in `dir` on `port`:
+/// psql's trimmed output and its stderr.
+fn psql_over_socket(port: u16, dir: &str, sql: &str) -> (String, String) {
+    let mut cmd = support::psql_cmd_pw(
+        port,
+        dir,
+        support::MD5_USER,
+        support::TEST_DB,
+        support::MD5_PASSWORD,
+    );
+    cmd.args(["-c", sql]);
+    let out = run_bounded(&mut cmd, None, Duration::from_secs(30)).expect("psql hung");
+    (
+        String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 #[test]
 fn unix_socket_with_mode_serves_psql() {
     let s = md5_sluice().setting("unix_socket_mode", "0700").start();
@@ -116,22 +134,12 @@ fn unix_socket_with_mode_serves_psql() {
         "{}",
         path.display()
     );
-    let mut cmd = support::psql_cmd_pw(
+    let (out, err) = psql_over_socket(
         s.port(),
         &s.socket_dir().to_string_lossy(),
-        support::MD5_USER,
-        support::TEST_DB,
-        support::MD5_PASSWORD,
+        "SELECT 'via-socket'",
     );
-    cmd.args(["-c", "SELECT 'via-socket'"]);
-    let out = run_bounded(&mut cmd, None, Duration::from_secs(30)).expect("psql hung");
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        s.diagnostics()
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "via-socket");
+    assert_eq!(out, "via-socket", "{err}\n{}", s.diagnostics());
 }
 
 #[test]
@@ -309,21 +317,12 @@ fn stale_socket_file_is_replaced() {
         "{}",
         second.diagnostics()
     );
-    let mut cmd = support::psql_cmd_pw(
+    let (out, err) = psql_over_socket(
         second.port(),
         &sock_dir.path().to_string_lossy(),
-        support::MD5_USER,
-        support::TEST_DB,
-        support::MD5_PASSWORD,
+        "SELECT 'replaced'",
     );
-    cmd.args(["-c", "SELECT 'replaced'"]);
-    let out = run_bounded(&mut cmd, None, Duration::from_secs(30)).expect("psql hung");
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "replaced",
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_eq!(out, "replaced", "{err}");
 }
 
 #[test]
@@ -340,22 +339,12 @@ fn live_socket_of_another_instance_is_not_stolen() {
     assert!(out.contains("in use"), "{out}");
     // The first instance still owns a working socket.
     assert!(first.is_running());
-    let mut cmd = support::psql_cmd_pw(
+    let (out, err) = psql_over_socket(
         first.port(),
         &sock_dir.path().to_string_lossy(),
-        support::MD5_USER,
-        support::TEST_DB,
-        support::MD5_PASSWORD,
+        "SELECT 'still-mine'",
     );
-    cmd.args(["-c", "SELECT 'still-mine'"]);
-    let out = run_bounded(&mut cmd, None, Duration::from_secs(30)).expect("psql hung");
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "still-mine",
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        first.diagnostics()
-    );
+    assert_eq!(out, "still-mine", "{err}\n{}", first.diagnostics());
 }
 
 /// The `tr` (timer) field of Sluice's side of each established TCP connection on
