@@ -17,6 +17,7 @@ mod auth_server_slow;
 mod cancel;
 mod config_cli;
 mod drivers;
+mod dump;
 mod fast_close;
 mod harness_smoke;
 mod hba;
