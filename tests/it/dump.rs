@@ -1,6 +1,7 @@
-//! pg_dump and pg_restore through Sluice, as PgBouncer's users run them: a custom-
-//! format dump over a session pool restored by a parallel pg_restore (several
-//! connections, COPY in both directions), and a plain dump restored by psql in one
+//! pg_dump and pg_restore through Sluice, as PgBouncer's users run them: a parallel
+//! directory-format dump over a session pool (its workers share the leader's snapshot
+//! through `pg_export_snapshot`, each on a connection of its own) restored by a
+//! parallel pg_restore (COPY in both directions), and a plain dump restored by psql in one
 //! transaction over a transaction pool. Each ends with the restored database compared
 //! with the original directly on PostgreSQL, row by row.
 
@@ -116,17 +117,17 @@ fn sluice_for(mode: &str, pool_size: &str, dbs: &[&str]) -> Sluice {
 }
 
 #[test]
-fn custom_dump_and_parallel_restore_over_a_session_pool() {
+fn parallel_dump_and_parallel_restore_over_a_session_pool() {
     let src = source_db();
     let dst = fresh_db("dump_dst");
     let s = sluice_for("session", "4", &[&src, &dst]);
     let dir = TempDir::new("sluice-dump");
-    let file = dir.path().join("src.dump");
+    let file = dir.path().join("src.dir");
     let file = file.to_string_lossy();
     run_ok(
         &s,
         "pg_dump",
-        through(&s, "pg_dump", &src).args(["-Fc", "-f", &file]),
+        through(&s, "pg_dump", &src).args(["-Fd", "-j", "2", "-f", &file]),
     );
     // Three jobs: three more connections at once, each restoring its share with COPY.
     run_ok(
