@@ -16,7 +16,7 @@
 //! A list of names only offers just those; if none of them is a rustls suite, the
 //! setting is an error at its line rather than a silent change of meaning.
 
-use rustls::crypto::ring::ALL_CIPHER_SUITES;
+use rustls::crypto::aws_lc_rs::{kx_group, ALL_CIPHER_SUITES};
 use rustls::crypto::{CryptoProvider, SupportedKxGroup};
 use rustls::SupportedCipherSuite;
 
@@ -127,10 +127,14 @@ pub fn select(v: &str, tls13: bool) -> Result<Vec<SupportedCipherSuite>, String>
     Ok(left)
 }
 
-/// rustls's ring provider offering the suites `tls12` and `tls13` select (their
-/// errors were reported at the settings' lines, so none is left here).
+/// rustls's aws-lc-rs provider offering the suites `tls12` and `tls13` select (their
+/// errors were reported at the settings' lines, so none is left here) and the
+/// classic key exchange groups. aws-lc-rs rather than ring: an RSA-2048 signature,
+/// the bulk of a TLS login's CPU with an RSA certificate, takes it about half
+/// ring's time here (docs/performance.md, fifty-seventh round).
 pub fn provider(tls12: &str, tls13: &str) -> CryptoProvider {
-    let mut p = rustls::crypto::ring::default_provider();
+    let mut p = rustls::crypto::aws_lc_rs::default_provider();
+    p.kx_groups = classic_groups();
     let mut suites = select(tls13, true).unwrap_or_default();
     suites.extend(select(tls12, false).unwrap_or_default());
     if !suites.is_empty() {
@@ -139,9 +143,15 @@ pub fn provider(tls12: &str, tls13: &str) -> CryptoProvider {
     p
 }
 
+/// X25519, P-256 and P-384, in that order. The provider's post-quantum hybrids are
+/// left out: OpenSSL, which PgBouncer offers through, has them only from 3.5, and a
+/// client offering one should meet what PgBouncer would answer.
+fn classic_groups() -> Vec<&'static dyn SupportedKxGroup> {
+    vec![kx_group::X25519, kx_group::SECP256R1, kx_group::SECP384R1]
+}
+
 /// A curve's names (OpenSSL's, the RFC's, NIST's) and rustls's group.
 fn group_by_name(name: &str) -> Option<&'static dyn SupportedKxGroup> {
-    use rustls::crypto::ring::kx_group;
     match name.to_ascii_lowercase().as_str() {
         "x25519" => Some(kx_group::X25519),
         "prime256v1" | "secp256r1" | "p-256" => Some(kx_group::SECP256R1),
@@ -157,7 +167,7 @@ fn group_by_name(name: &str) -> Option<&'static dyn SupportedKxGroup> {
 /// than a silent change of meaning. `none` (no ECDH) is an error too: every suite
 /// rustls has exchanges keys by ECDHE, so no client could complete a handshake.
 pub fn groups(v: &str) -> Result<Vec<&'static dyn SupportedKxGroup>, String> {
-    let all = || rustls::crypto::ring::ALL_KX_GROUPS.to_vec();
+    let all = classic_groups;
     let items: Vec<&str> = v
         .split([':', ','])
         .map(str::trim)

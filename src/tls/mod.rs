@@ -3,7 +3,7 @@
 //! PgBouncer's does), and the handshakes ([`handshake`]), after which the
 //! connection's own stream carries the session (`net/tls.rs`).
 //!
-//! rustls with the ring provider: TLS 1.2 and 1.3 only, its default cipher suites.
+//! rustls with the aws-lc-rs provider: TLS 1.2 and 1.3 only, its default cipher suites.
 
 pub mod ciphers;
 pub mod handshake;
@@ -15,7 +15,7 @@ pub use peer::{common_name, TlsPeer};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls::crypto::ring::{ALL_CIPHER_SUITES, ALL_KX_GROUPS};
+use rustls::crypto::aws_lc_rs::{ALL_CIPHER_SUITES, ALL_KX_GROUPS};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;

@@ -27,7 +27,7 @@ fn direct(certs: &Certs, port: u16, alpn: &[&[u8]]) -> Tls {
     roots
         .add(CertificateDer::from_pem_file(certs.path("ca.pem")).expect("CA"))
         .expect("root");
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut config = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .expect("versions")

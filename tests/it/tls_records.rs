@@ -114,7 +114,7 @@ fn records_carry_at_most_8_kb() {
     let mut roots = RootCertStore::empty();
     let ca = CertificateDer::from_pem_file(certs.path("ca.pem")).expect("CA");
     roots.add(ca).expect("root");
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut config = ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .expect("versions")
