@@ -245,6 +245,18 @@ mod tests {
         assert!(names("TLS_AES_128_GCM_SHA256", false).is_err());
     }
 
+    #[test]
+    fn the_provider_offers_the_classic_groups_only() {
+        let p = provider("default", "default");
+        let names: Vec<String> = p
+            .kx_groups
+            .iter()
+            .map(|g| format!("{:?}", g.name()))
+            .collect();
+        assert_eq!(names, ["X25519", "secp256r1", "secp384r1"]);
+        assert_eq!(p.cipher_suites.len(), 9);
+    }
+
     fn curves(v: &str) -> Result<Vec<String>, String> {
         groups(v).map(|g| g.iter().map(|g| format!("{:?}", g.name())).collect())
     }
