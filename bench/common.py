@@ -81,6 +81,11 @@ EXTRA_SCENARIOS = [
     # (docs/performance.md, twenty-ninth round).
     Scenario("sporadic_500", "select-only, 500 clients sending every ~3 s (-R 150)", 500,
              ["-S", "-R", "150"]),
+    # A new TLS connection per transaction: what a TLS login costs, the signature of
+    # the key most of it (--tls-key rsa for an RSA 2048 key; docs/performance.md,
+    # fifty-seventh round).
+    Scenario("tls_connect", "SELECT 1, new TLS connection per tx (-C), 8 clients", 8, ["-C"],
+             connect=True, script=SELECT1, tls=True),
 ]
 CHART = [("select_8", 8), ("select_64", 64), ("select_256", 256), ("select_600", 600)]
 

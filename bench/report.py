@@ -86,6 +86,9 @@ def render_markdown(meta, agg, raw, idle, chart_name):
     L.append("- pgbench `-j %d -T %s`, %d round(s), interleaved Sluice, PgBouncer, direct; "
              "each figure is the median over the rounds." % (OPT.jobs, meta["seconds"], meta["rounds"]))
     L.append("- Sluice's worker threads: %s." % meta["workers"])
+    if any(s.tls for s in OPT.scenarios):
+        L.append("- TLS scenarios: PostgreSQL and both poolers present one self-signed %s key."
+                 % meta.get("tls_key", "ECDSA P-256"))
     L.append("")
     L.append("| scenario | Sluice tps | PgBouncer tps | direct tps | Sluice/direct | Sluice/PgBouncer "
              "| avg latency ms (S / B / D) | p99 latency ms (S / B / D) "

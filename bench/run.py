@@ -48,6 +48,8 @@ def main():
     ap.add_argument("--jobs", type=int, default=OPT.jobs, help="pgbench -j (default %d)" % OPT.jobs)
     ap.add_argument("--workers", type=int,
                     help="Sluice's worker threads (SLUICE_WORKERS; default: its own choice by cores)")
+    ap.add_argument("--tls-key", choices=["ecdsa", "rsa"], default="ecdsa",
+                    help="the TLS scenarios' key: ECDSA P-256 (default) or RSA 2048")
     ap.add_argument("--train", metavar="DIR",
                     help="only run each scenario once against an instrumented Sluice, "
                          "which writes its profile into DIR (bench/pgo.sh)")
@@ -94,7 +96,7 @@ def main():
     work = tempfile.mkdtemp(prefix="pooler-bench.", dir=base)
     os.chmod(work, 0o755)
     runner.own(work)
-    pg = Postgres(work, runner, bindir, TlsFiles(work, runner))
+    pg = Postgres(work, runner, bindir, TlsFiles(work, runner, args.tls_key))
     poolers = {}
     tls_poolers = {}  # for the TLS scenario: the same, offering TLS
     t_start = time.monotonic()
@@ -164,6 +166,7 @@ def main():
             "workers": ("%d (SLUICE_WORKERS)" % OPT.workers if OPT.workers is not None
                         else "its default for %d cores" % (os.cpu_count() or 1)),
             "pool_size": OPT.pool_size, "jobs": OPT.jobs, "seconds": seconds, "idle_note": idle_note,
+            "tls_key": "RSA 2048" if args.tls_key == "rsa" else "ECDSA P-256",
         }
         os.makedirs(args.out, exist_ok=True)
         charted = all(k in raw for k, _ in CHART)

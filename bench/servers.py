@@ -46,14 +46,16 @@ class TlsFiles:
     """A self-signed key and certificate for localhost, made with openssl, readable
     by the servers' user only (PostgreSQL insists): PostgreSQL and both poolers
     present it to the TLS scenario's clients, which do not verify it
-    (sslmode=require), so all three do the same TLS work."""
+    (sslmode=require), so all three do the same TLS work. `kind` is "ecdsa" (P-256,
+    the default) or "rsa" (2048 bits)."""
 
-    def __init__(self, work, runner):
+    def __init__(self, work, runner, kind="ecdsa"):
         openssl = which("openssl") or die("openssl not found; run bench/install-deps.sh")
         self.key = os.path.join(work, "tls.key")
         self.cert = os.path.join(work, "tls.crt")
-        out = subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                              "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
+        key = (["-newkey", "rsa:2048"] if kind == "rsa" else
+               ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"])
+        out = subprocess.run([openssl, "req", "-x509"] + key + ["-nodes", "-days", "2",
                               "-subj", "/CN=localhost", "-keyout", self.key, "-out", self.cert],
                              env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if out.returncode:
