@@ -94,7 +94,7 @@ fn through(s: &Sluice, tool: &str, db: &str) -> Command {
 }
 
 /// Runs `cmd` to its end; panics with its stderr and Sluice's log if it fails.
-fn run_ok(s: &Sluice, what: &str, cmd: &mut Command) -> String {
+fn run_ok(s: &Sluice, what: &str, cmd: &mut Command) {
     let out = run_bounded(cmd, None, LIMIT).unwrap_or_else(|| panic!("{what} hung"));
     assert!(
         out.status.success(),
@@ -102,7 +102,6 @@ fn run_ok(s: &Sluice, what: &str, cmd: &mut Command) -> String {
         String::from_utf8_lossy(&out.stderr),
         s.diagnostics()
     );
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 fn sluice_for(mode: &str, pool_size: &str, dbs: &[&str]) -> Sluice {
