@@ -443,6 +443,11 @@ impl Pool {
                             f.severity,
                             f.message
                         ),
+                        // PgBouncer's error line names the cause; the clients
+                        // get "server login failed: ..." (and a warning each).
+                        PoolError::Auth { log, .. } => {
+                            tracing::error!("S-{id}: {db}/{user}@{addr} {log}")
+                        }
                         e => tracing::warn!("S-{id}: {db}/{user}@{addr} {e}"),
                     }
                     if n > 1 {

@@ -3,6 +3,10 @@
 use crate::protocol::backend::ErrorFields;
 use crate::protocol::sqlstate;
 
+/// What the clients are told of a password whose type cannot answer the server's
+/// method: PgBouncer's words, which its users (and some applications) know.
+pub(crate) const WRONG_TYPE: &str = "wrong password type";
+
 /// A failure to get or use a server connection.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum PoolError {
@@ -18,9 +22,12 @@ pub enum PoolError {
     /// The server answered with an ErrorResponse (login failure, failed reset ...).
     #[error("{}", .0.message)]
     Server(ErrorFields),
-    /// Sluice cannot log in with what it has.
-    #[error("{0}")]
-    Auth(&'static str),
+    /// Sluice cannot log in to the server with what it has (a password of the wrong
+    /// type for the method the server asks, none at all, a mechanism it cannot do).
+    /// `client` is what the clients are told, in PgBouncer's words ("server login
+    /// failed: wrong password type"); `log` names the cause for the server's log line.
+    #[error("server login failed: {client}")]
+    Auth { log: String, client: &'static str },
     /// The server broke the protocol.
     #[error("server protocol error: {0}")]
     Protocol(&'static str),
@@ -53,6 +60,33 @@ pub enum PoolError {
 }
 
 impl PoolError {
+    /// A server login Sluice cannot do: `log` for the log line, `client` after
+    /// "server login failed: " for the clients.
+    pub(crate) fn auth(log: impl Into<String>, client: &'static str) -> PoolError {
+        PoolError::Auth {
+            log: log.into(),
+            client,
+        }
+    }
+
+    /// The configured password cannot answer `method` (an MD5 hash for SCRAM, a SCRAM
+    /// secret for MD5, a hash for a cleartext request).
+    pub(crate) fn wrong_type(method: &str) -> PoolError {
+        PoolError::auth(
+            format!("cannot do {method} authentication: wrong password type"),
+            WRONG_TYPE,
+        )
+    }
+
+    /// The server asks for a password and neither `auth_file`, `auth_query` nor the
+    /// database entry gave one for this user.
+    pub(crate) fn no_password(method: &str) -> PoolError {
+        PoolError::auth(
+            format!("cannot do {method} authentication: no password configured for the user"),
+            "no password configured",
+        )
+    }
+
     pub(crate) fn io(e: std::io::Error) -> PoolError {
         PoolError::Io(e.to_string())
     }
@@ -63,11 +97,13 @@ impl PoolError {
             PoolError::Server(f) => (f.code.clone(), f.message.clone()),
             // 08P01 below: PgBouncer's code for every error it ends a client with.
             PoolError::Timeout(m) => (sqlstate::PROTOCOL_VIOLATION.into(), (*m).into()),
-            PoolError::Auth(m) => (sqlstate::INVALID_AUTHORIZATION.into(), (*m).into()),
-            // As a killed client is told (KILL, a removed database).
-            PoolError::PoolClosed | PoolError::LoginFailing(_) | PoolError::ShuttingDown => {
-                (sqlstate::PROTOCOL_VIOLATION.into(), self.to_string())
-            }
+            // As a killed client is told (KILL, a removed database); a server login
+            // Sluice cannot do is the pooler's configuration, not the client's
+            // credentials, so 08P01 as from PgBouncer, not a 28 code.
+            PoolError::Auth { .. }
+            | PoolError::PoolClosed
+            | PoolError::LoginFailing(_)
+            | PoolError::ShuttingDown => (sqlstate::PROTOCOL_VIOLATION.into(), self.to_string()),
             other => (sqlstate::CONNECTION_FAILURE.into(), other.to_string()),
         }
     }

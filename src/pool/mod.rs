@@ -21,6 +21,7 @@ pub mod opening;
 pub mod registry;
 mod resetting;
 pub mod server;
+mod server_login;
 mod server_tls;
 mod slot;
 mod socket;

@@ -1,17 +1,17 @@
-//! One server connection: connect, log in to PostgreSQL, and the state the pool and the
-//! relay keep about it.
+//! One server connection: connect, log in to PostgreSQL (the exchange itself is
+//! server_login.rs), and the state the pool and the relay keep about it.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Buf, BytesMut};
+use bytes::BytesMut;
 
 use super::error::PoolError;
 use super::limits::LimitToken;
 use super::slot::SlotToken;
 use super::target::{PoolConfig, ServerAddr};
-use crate::auth::{md5_response, DerivedKeys, ScramClient, ScramCredential, Secret};
+use crate::auth::DerivedKeys;
 use crate::clock::Tick;
 use crate::net::framed::{read_message, ReadError};
 use crate::net::Stream;
@@ -19,10 +19,10 @@ use crate::protocol::backend::{parse_error_fields, parse_parameter_status, Error
 use crate::protocol::{frontend, header};
 
 /// Largest message accepted from a server during login.
-const LOGIN_MAX_LEN: u32 = 1 << 20;
+pub(super) const LOGIN_MAX_LEN: u32 = 1 << 20;
 
 /// AuthenticationSASLContinue's request code.
-const AUTH_SASL_CONTINUE: u32 = 11;
+pub(super) const AUTH_SASL_CONTINUE: u32 = 11;
 
 /// Credentials recovered from a client's SCRAM login, for pass-through to the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -276,7 +276,7 @@ impl ServerParams {
     }
 }
 
-fn read_err(e: ReadError) -> PoolError {
+pub(super) fn read_err(e: ReadError) -> PoolError {
     match e {
         ReadError::Io(e) => PoolError::io(e),
         ReadError::Eof => PoolError::Closed,
@@ -345,7 +345,7 @@ pub(crate) async fn connect(
     frontend::startup_message(&mut out, &params);
     stream.write_all(&out).await.map_err(PoolError::io)?;
 
-    let login = LoginState {
+    let login = super::server_login::LoginState {
         cfg,
         addr,
         scram_keys,
@@ -406,194 +406,4 @@ pub(crate) fn conn_for_tests(stream: Stream, slot: SlotToken, generation: u64) -
         limit_tokens: None,
         prepared: Default::default(),
     }))
-}
-
-struct LoginState<'a> {
-    cfg: &'a PoolConfig,
-    addr: &'a ServerAddr,
-    scram_keys: Option<ScramKeys>,
-    key_cache: &'a KeyCache,
-    scram: Option<ScramClient>,
-    /// Set once the server proved it knows the password (valid SASLFinal).
-    scram_verified: bool,
-}
-
-impl LoginState<'_> {
-    async fn run(
-        mut self,
-        stream: &Stream,
-    ) -> Result<(u32, u32, Vec<(String, String)>), PoolError> {
-        let mut buf = BytesMut::with_capacity(1024);
-        let mut out = BytesMut::with_capacity(256);
-        let (mut pid, mut key) = (0, 0);
-        let mut params = Vec::new();
-        loop {
-            let (tag, mut body) = read_message(stream, &mut buf, LOGIN_MAX_LEN)
-                .await
-                .map_err(read_err)?;
-            match tag {
-                header::TAG_AUTHENTICATION => {
-                    if body.len() < 4 {
-                        return Err(PoolError::Protocol("short authentication message"));
-                    }
-                    let code = body.get_u32();
-                    out.clear();
-                    if code == AUTH_SASL_CONTINUE {
-                        self.take_server_first(body, &mut out).await?;
-                    } else {
-                        self.answer_auth(code, &body, &mut out)?;
-                    }
-                    if !out.is_empty() {
-                        stream.write_all(&out).await.map_err(PoolError::io)?;
-                    }
-                }
-                header::TAG_ERROR_RESPONSE => {
-                    let e = parse_error_fields(&body).unwrap_or_else(|_| ErrorFields {
-                        severity: "FATAL".into(),
-                        code: "08P01".into(),
-                        message: "malformed error from server".into(),
-                    });
-                    return Err(PoolError::Server(e));
-                }
-                header::TAG_PARAMETER_STATUS => {
-                    let (k, v) = parse_parameter_status(&body)
-                        .map_err(|_| PoolError::Protocol("malformed ParameterStatus"))?;
-                    params.push((k.to_owned(), v.to_owned()));
-                }
-                header::TAG_BACKEND_KEY_DATA => {
-                    if body.len() < 8 {
-                        return Err(PoolError::Protocol("short BackendKeyData"));
-                    }
-                    pid = body.get_u32();
-                    key = body.get_u32();
-                }
-                header::TAG_READY_FOR_QUERY => {
-                    if !buf.is_empty() {
-                        return Err(PoolError::DiedAfterLogin);
-                    }
-                    return Ok((pid, key, params));
-                }
-                header::TAG_NOTICE_RESPONSE | header::TAG_NEGOTIATE_PROTOCOL_VERSION => {}
-                _ => {
-                    return Err(PoolError::Protocol(
-                        "unexpected message during server login",
-                    ))
-                }
-            }
-        }
-    }
-
-    /// Answers AuthenticationSASLContinue (the server-first-message) into `out`. With a
-    /// password the keys are derived there, PBKDF2 over as many rounds as the server
-    /// asks (4096 by default, ~0.5 ms; up to a million, over 100 ms): on the event loop
-    /// that would stall every client it serves, so it runs on a blocking thread; unless
-    /// the keys the pool's last login derived are for this salt and iteration count.
-    async fn take_server_first(
-        &mut self,
-        body: BytesMut,
-        out: &mut BytesMut,
-    ) -> Result<(), PoolError> {
-        let mut scram = self
-            .scram
-            .take()
-            .ok_or(PoolError::Protocol("SASLContinue without SASL"))?;
-        if scram.derives_keys() {
-            let cache = self.key_cache.lock().unwrap_or_else(|p| p.into_inner());
-            if cache.as_ref().is_some_and(|c| scram.adopt(&body, c)) {
-                tracing::debug!(
-                    "{}: SCRAM keys from an earlier login of this pool, no PBKDF2",
-                    self.addr
-                );
-            }
-        }
-        let (scram, msg) = if scram.derives_keys() {
-            tokio::task::spawn_blocking(move || {
-                let msg = scram.handle_server_first(&body);
-                (scram, msg)
-            })
-            .await
-            .map_err(|_| PoolError::Auth("SCRAM exchange with the server failed"))?
-        } else {
-            let msg = scram.handle_server_first(&body);
-            (scram, msg)
-        };
-        self.scram = Some(scram);
-        let msg = msg.map_err(|_| PoolError::Auth("SCRAM exchange with the server failed"))?;
-        frontend::sasl_response(out, &msg);
-        Ok(())
-    }
-
-    /// Answers one authentication request into `out` (left empty for AuthenticationOk).
-    fn answer_auth(&mut self, code: u32, body: &[u8], out: &mut BytesMut) -> Result<(), PoolError> {
-        let cfg = self.cfg;
-        match code {
-            // A server that started SCRAM must finish it: AuthenticationOk without a
-            // verified SASLFinal would let an impostor skip mutual authentication.
-            0 if self.scram.is_some() && !self.scram_verified => Err(PoolError::Auth(
-                "server ended SCRAM authentication without proving the password",
-            )),
-            0 => Ok(()),
-            3 => match &cfg.secret {
-                Some(Secret::Plain(p)) => {
-                    frontend::password_message(out, p);
-                    Ok(())
-                }
-                _ => Err(PoolError::Auth(
-                    "server asked for a cleartext password but none is configured",
-                )),
-            },
-            5 => {
-                if body.len() < 4 {
-                    return Err(PoolError::Protocol("short md5 salt"));
-                }
-                let salt = [body[0], body[1], body[2], body[3]];
-                let resp = cfg
-                    .secret
-                    .as_ref()
-                    .and_then(|s| md5_response(&cfg.user, s, salt))
-                    .ok_or(PoolError::Auth(
-                        "server asked for md5 but no usable password is configured",
-                    ))?;
-                frontend::password_message(out, &resp);
-                Ok(())
-            }
-            10 => {
-                let offers_scram = body.split(|&b| b == 0).any(|m| m == b"SCRAM-SHA-256");
-                if !offers_scram {
-                    return Err(PoolError::Auth("server offers no supported SASL mechanism"));
-                }
-                let cred = match (&cfg.secret, self.scram_keys) {
-                    (Some(Secret::Plain(p)), _) => ScramCredential::Password(p.clone()),
-                    (_, Some(k)) => ScramCredential::Keys { client_key: k.client_key, server_key: k.server_key },
-                    (Some(Secret::Scram(_)), None) => {
-                        return Err(PoolError::Auth(
-                            "cannot do SCRAM authentication: password is SCRAM secret but client authentication did not provide SCRAM keys",
-                        ))
-                    }
-                    _ => return Err(PoolError::Auth("server asked for SCRAM but no usable password is configured")),
-                };
-                let client = ScramClient::new(cred);
-                frontend::sasl_initial_response(out, "SCRAM-SHA-256", &client.client_first());
-                self.scram = Some(client);
-                Ok(())
-            }
-            12 => {
-                let scram = self
-                    .scram
-                    .as_mut()
-                    .ok_or(PoolError::Protocol("SASLFinal without SASL"))?;
-                scram
-                    .verify_server_final(body)
-                    .map_err(|_| PoolError::Auth("server's SCRAM signature is invalid"))?;
-                self.scram_verified = true;
-                if let Some(keys) = scram.take_derived() {
-                    *self.key_cache.lock().unwrap_or_else(|p| p.into_inner()) = Some(keys);
-                }
-                Ok(())
-            }
-            _ => Err(PoolError::Auth(
-                "server asked for an unsupported authentication method",
-            )),
-        }
-    }
 }

@@ -173,8 +173,93 @@ async fn auth_server_scram_secret_without_keys_is_reported() {
         support::TEST_DB,
     ))
     .await;
-    assert_eq!(code, "28000", "{msg}");
-    assert!(msg.contains("SCRAM"), "{msg}");
+    // PgBouncer's words: the cause in the log, "wrong password type" to the client.
+    assert_eq!(
+        (code.as_str(), msg.as_str()),
+        ("08P01", "server login failed: wrong password type")
+    );
+    let line = ": sluice_test/sluice_scram@127.0.0.1:";
+    let cause = "cannot do SCRAM authentication: password is SCRAM secret but client \
+                 authentication did not provide SCRAM keys";
+    let log = sluice.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("ERROR S-") && l.contains(line) && l.ends_with(cause)),
+        "{}",
+        sluice.diagnostics()
+    );
+}
+
+#[tokio::test]
+async fn auth_server_password_of_the_wrong_type_is_named() {
+    // Client auth is trust, so the userlist's entry is only for the server: a hash
+    // that cannot answer the method PostgreSQL asks (pg_hba: sluice_scram scram,
+    // sluice_md5 md5, sluice_plain password), or no entry at all.
+    let md5_hash = postgres_protocol::password::md5(b"x", support::SCRAM_USER);
+    let scram = postgres_protocol::password::scram_sha_256(support::MD5_PASSWORD.as_bytes());
+    let plain_md5 = postgres_protocol::password::md5(b"x", support::PLAIN_USER);
+    let sluice = SluiceBuilder::new()
+        .setting("auth_type", "trust")
+        .setting("server_login_retry", "0")
+        .userlist(support::SCRAM_USER, &md5_hash)
+        .userlist(support::MD5_USER, &scram)
+        .userlist(support::PLAIN_USER, &plain_md5)
+        .start();
+    let cases = [
+        (
+            support::SCRAM_USER,
+            "wrong password type",
+            "cannot do SCRAM authentication: wrong password type",
+        ),
+        (
+            support::MD5_USER,
+            "wrong password type",
+            "cannot do MD5 authentication: wrong password type",
+        ),
+        (
+            support::PLAIN_USER,
+            "wrong password type",
+            "cannot do plain-text authentication: wrong password type",
+        ),
+    ];
+    for (user, client, cause) in cases {
+        let (code, msg) = login_error(&sluice.config(user, "", support::TEST_DB)).await;
+        assert_eq!(code, "08P01", "{user}: {msg}");
+        assert_eq!(msg, format!("server login failed: {client}"), "{user}");
+        let at = format!(": sluice_test/{user}@127.0.0.1:");
+        assert!(
+            sluice
+                .log()
+                .lines()
+                .any(|l| l.contains("ERROR S-") && l.contains(&at) && l.ends_with(cause)),
+            "{user}: {}",
+            sluice.diagnostics()
+        );
+    }
+}
+
+#[tokio::test]
+async fn auth_server_user_without_a_password_is_named() {
+    // A forced user the database entry gives no password and no userlist names:
+    // PostgreSQL asks for one Sluice does not have.
+    let sluice = SluiceBuilder::new()
+        .setting("auth_type", "any")
+        .setting("server_login_retry", "0")
+        .database("nopw", &pg_db("user=sluice_md5"))
+        .start();
+    let (code, msg) = login_error(&sluice.config("anyone", "", "nopw")).await;
+    assert_eq!(
+        (code.as_str(), msg.as_str()),
+        ("08P01", "server login failed: no password configured")
+    );
+    let cause = "cannot do MD5 authentication: no password configured for the user";
+    assert!(
+        sluice.log().lines().any(|l| l.contains("ERROR S-")
+            && l.contains(": nopw/sluice_md5@")
+            && l.ends_with(cause)),
+        "{}",
+        sluice.diagnostics()
+    );
 }
 
 #[tokio::test]
