@@ -221,6 +221,9 @@ async fn run(
             Ok(m) => m,
             Err(ReadError::Eof) => return "client unexpected eof".into(),
             Err(ReadError::Io(e)) => return format!("client I/O error: {e}"),
+            Err(ReadError::Protocol(e @ crate::protocol::ProtocolError::BadHeader(_))) => {
+                return fail(stream, tag, &e.to_string()).await
+            }
             Err(ReadError::Protocol(e)) => {
                 return fail(stream, tag, &format!("client protocol error: {e}")).await
             }

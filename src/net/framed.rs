@@ -32,7 +32,7 @@ pub async fn read_message(
 ) -> Result<(u8, BytesMut), ReadError> {
     loop {
         if let Some((tag, len)) = header::parse(buf) {
-            let len = header::check_len(len, max_len)?;
+            let len = header::check_len(tag, len, max_len)?;
             if buf.len() > len {
                 let mut msg = buf.split_to(len + 1);
                 let body = msg.split_off(HEADER_LEN);

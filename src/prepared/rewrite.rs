@@ -157,7 +157,7 @@ impl Rewriter {
             let Some((tag, len)) = parse(input) else {
                 return Ok(());
             };
-            let len = check_len(len, max_len)?;
+            let len = check_len(tag, len, max_len)?;
             let whole = input.len() > len;
             let inspected = matches!(tag, TAG_PARSE | TAG_BIND | TAG_DESCRIBE | TAG_CLOSE)
                 || (tag == TAG_QUERY && len <= MAX_INSPECTED_QUERY);
@@ -228,7 +228,7 @@ pub fn plain_request(input: &[u8], max_len: u32, client_holds: bool) -> bool {
         let Some((tag, len)) = parse(rest) else {
             return false;
         };
-        let Ok(len) = check_len(len, max_len) else {
+        let Ok(len) = check_len(tag, len, max_len) else {
             return false;
         };
         let Some(msg) = rest.get(..=len) else {

@@ -57,11 +57,18 @@ pub fn parse(buf: &[u8]) -> Option<(u8, u32)> {
 
 /// Validates a header length against the protocol minimum and a configured maximum.
 #[inline]
-pub fn check_len(len: u32, max: u32) -> Result<usize, super::ProtocolError> {
+pub fn check_len(tag: u8, len: u32, max: u32) -> Result<usize, super::ProtocolError> {
     if len < 4 || len > max {
-        return Err(super::ProtocolError::BadLength(len as usize));
+        return Err(bad_header(tag, len));
     }
     Ok(len as usize)
+}
+
+/// The error for a header [`check_len`] refuses.
+#[cold]
+pub fn bad_header(tag: u8, len: u32) -> super::ProtocolError {
+    let [a, b, c, d] = len.to_be_bytes();
+    super::ProtocolError::BadHeader([tag, a, b, c, d])
 }
 
 #[cfg(test)]
@@ -78,8 +85,11 @@ mod tests {
 
     #[test]
     fn length_limits() {
-        assert!(check_len(3, 100).is_err());
-        assert!(check_len(101, 100).is_err());
-        assert_eq!(check_len(4, 100), Ok(4));
+        assert!(check_len(b'Q', 3, 100).is_err());
+        assert_eq!(
+            check_len(b'Q', 101, 100).map_err(|e| e.to_string()),
+            Err("bad packet header: '5100000065'".to_owned())
+        );
+        assert_eq!(check_len(b'Q', 4, 100), Ok(4));
     }
 }

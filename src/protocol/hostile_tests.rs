@@ -31,8 +31,8 @@ fn startup_packets() {
 #[test]
 fn message_headers() {
     hostile::run(12, 20_000, &[b"Q\0\0\0\x0dSELECT 1;\0"], |input| {
-        if let Some((_, len)) = header::parse(input) {
-            if let Ok(n) = header::check_len(len, 1 << 20) {
+        if let Some((tag, len)) = header::parse(input) {
+            if let Ok(n) = header::check_len(tag, len, 1 << 20) {
                 assert!((4..=1 << 20).contains(&n));
             }
         }

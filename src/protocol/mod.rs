@@ -15,12 +15,27 @@ mod hostile_tests;
 
 use thiserror::Error;
 
+/// Bytes as lowercase hex, for [`ProtocolError::BadHeader`].
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(2 * bytes.len());
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
 /// A malformed or unacceptable packet from a peer.
 #[derive(Debug, Clone, Copy, Error, PartialEq, Eq)]
 pub enum ProtocolError {
     /// A length field outside what the protocol or our limits allow.
     #[error("invalid packet length {0}")]
     BadLength(usize),
+    /// A message header (tag and length) whose length is under the protocol's 4 or
+    /// over the configured maximum (`max_packet_size`): PgBouncer's words, with the
+    /// header's bytes in hex.
+    #[error("bad packet header: '{}'", hex(.0))]
+    BadHeader([u8; 5]),
     /// A packet whose body does not parse; the text names what is wrong.
     #[error("malformed packet: {0}")]
     Malformed(&'static str),

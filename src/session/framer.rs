@@ -120,7 +120,7 @@ impl Framer {
                 )
             };
             if len < 4 || len > max_len {
-                return Err(ProtocolError::BadLength(len as usize));
+                return Err(crate::protocol::header::bad_header(tag, len));
             }
             let body_len = len as usize - 4;
             self.tag = tag;

@@ -79,7 +79,7 @@ pub async fn read_startup(
                 *tls = Box::pin(direct_tls(app, stream, &first[..n])).await?;
                 continue;
             }
-            match startup::packet_len(&first[..n]).map_err(bad_startup)? {
+            match startup::packet_len(&first[..n]).map_err(|_| bad_header(&first[..n]))? {
                 Some(len) if n >= len => {
                     // What came after it, if anything, is kept for the next read.
                     buf.extend_from_slice(&first[len..n]);
@@ -92,7 +92,7 @@ pub async fn read_startup(
             }
         } else {
             let len = loop {
-                match startup::packet_len(buf).map_err(bad_startup)? {
+                match startup::packet_len(buf).map_err(|_| bad_header(buf))? {
                     Some(len) if buf.len() >= len => break len,
                     Some(len) => buf.reserve(len - buf.len()),
                     None => buf.reserve(64),
@@ -180,6 +180,18 @@ pub async fn read_startup(
 /// Bytes read per startup packet before a heap buffer is needed (libpq's startup
 /// packet is ~100 bytes; one with many options may take more reads).
 const FIRST_READ: usize = 512;
+
+/// A startup packet whose length no packet can have (under 8 bytes or over 10,000:
+/// an HTTP request, a port scanner, TLS to a plaintext port) in PgBouncer's words,
+/// with its first bytes in hex, which operators' log checks count.
+fn bad_header(bytes: &[u8]) -> ClientError {
+    use std::fmt::Write;
+    let mut hex = String::with_capacity(16);
+    for b in bytes.iter().take(8) {
+        let _ = write!(hex, "{b:02x}");
+    }
+    ClientError::fatal(PROTOCOL_VIOLATION, format!("bad packet header: '{hex}'"))
+}
 
 fn bad_startup(e: crate::protocol::ProtocolError) -> ClientError {
     use crate::protocol::ProtocolError::UnsupportedVersion;

@@ -507,8 +507,9 @@ async fn protocol_failure(
 ) -> String {
     use crate::protocol::ProtocolError;
     let message = match e {
-        // A refusal's reason is PgBouncer's text as it is.
+        // A refusal's reason and a bad header are PgBouncer's texts as they are.
         ProtocolError::Refused(why) => (*why).to_owned(),
+        ProtocolError::BadHeader(_) => e.to_string(),
         ProtocolError::UnknownMessage(t) => {
             tracing::error!("{tag} unknown pkt from client: {t}/0x{t:x}");
             e.to_string()

@@ -365,6 +365,33 @@ fn startup_malformed_packets_are_refused_without_harm() {
 }
 
 #[test]
+fn startup_bad_packet_header_is_named_as_pgbouncer_names_it() {
+    // A length no startup packet can have: the first eight bytes in hex, to the
+    // client and in the log's closing line, as PgBouncer reports it.
+    let sluice = trust_builder().setting("log_disconnections", "1").start();
+    let cases: [(&[u8], &str); 3] = [
+        (&[0, 0, 0, 4, 0, 3, 0, 0], "0000000400030000"),
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "474554202f204854"),
+        (&[0, 1, 0, 0, 0, 3, 0, 0, 1, 2], "0001000000030000"),
+    ];
+    for (bytes, hex) in cases {
+        let why = format!("bad packet header: '{hex}'");
+        expect_refused(&sluice, bytes, "08P01", &why);
+        let closing = "(nodb)/(nouser)@127.0.0.1:";
+        let line = format!("closing because: {why}");
+        assert!(
+            support::wait_until(T, || sluice
+                .log()
+                .lines()
+                .any(|l| l.contains(closing) && l.ends_with(&line))),
+            "{}",
+            sluice.diagnostics()
+        );
+    }
+    assert_serves(&sluice);
+}
+
+#[test]
 fn startup_ssl_answer_is_a_single_byte_before_the_error() {
     // SSL request followed by pipelined bytes: PostgreSQL refuses this to avoid a
     // plaintext injection. Whatever Sluice does, it must not log the client in.

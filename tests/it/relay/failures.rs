@@ -231,6 +231,9 @@ async fn oversized_message_is_refused() {
     let msgs = expect_error_and_close(&mut raw, "oversized Query").await;
     let err = msgs.iter().find(|m| m.tag == TAG_ERROR).unwrap();
     assert_eq!(err.field(b'C').as_deref(), Some("08P01"), "{msgs:?}");
+    // PgBouncer's words: the header (tag, length) in hex.
+    let why = format!("bad packet header: '51{:08x}'", sql.len() + 5);
+    assert_eq!(err.field(b'M').as_deref(), Some(why.as_str()), "{msgs:?}");
 
     // Announcing a huge message without sending it is refused just the same.
     let mut raw = RawClient::login(s.port(), MD5_USER, MD5_PASSWORD, TEST_DB, &[])
@@ -239,7 +242,15 @@ async fn oversized_message_is_refused() {
     let mut header = vec![b'Q'];
     header.extend_from_slice(&100_000_000u32.to_be_bytes());
     raw.send(&header).await.unwrap();
-    expect_error_and_close(&mut raw, "huge announced length").await;
+    let msgs = expect_error_and_close(&mut raw, "huge announced length").await;
+    let err = msgs.iter().find(|m| m.tag == TAG_ERROR).unwrap();
+    let why = "bad packet header: '5105f5e100'";
+    assert_eq!(err.field(b'M').as_deref(), Some(why), "{msgs:?}");
+    assert!(
+        s.log().contains(&format!("closing because: {why}")),
+        "{}",
+        s.diagnostics()
+    );
 
     let row = within(T, "bystander", c.query_one("SELECT 1::int4", &[]))
         .await
