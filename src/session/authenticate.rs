@@ -198,6 +198,10 @@ async fn exchange(
         )),
         Err(ReadError::Eof) => Err(ClientError::Gone),
         Err(ReadError::Io(e)) => Err(ClientError::Io(e)),
+        // PgBouncer's words for a length no message can have.
+        Err(ReadError::Protocol(e @ crate::protocol::ProtocolError::BadHeader(_))) => {
+            Err(ClientError::fatal(PROTOCOL_VIOLATION, e.to_string()))
+        }
         Err(ReadError::Protocol(e)) => Err(ClientError::fatal(
             PROTOCOL_VIOLATION,
             format!("bad password packet: {e}"),

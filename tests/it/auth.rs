@@ -352,3 +352,29 @@ fn a_client_leaving_mid_login_is_logged_with_its_names() {
         sluice.diagnostics()
     );
 }
+
+#[tokio::test]
+async fn a_password_message_with_a_bad_header_is_named() {
+    // A PasswordMessage announcing more than any password takes: PgBouncer's words,
+    // with the header in hex, and other clients still log in.
+    let sluice = SluiceBuilder::new()
+        .userlist("alice", "alicepw")
+        .database("sluice_test", DB_AS_TRUST_USER)
+        .start();
+    let mut c = RawConn::tcp(sluice.port());
+    let params = [("user", "alice"), ("database", support::TEST_DB)];
+    c.send(&raw::startup_packet(raw::PROTOCOL_3_0, &params))
+        .unwrap();
+    assert_eq!(c.read_msg(LOGIN_LIMIT).unwrap().auth_code(), Some(5));
+    c.send(&[b'p', 0x7f, 0xff, 0xff, 0xff]).unwrap();
+    let msgs = c.expect_closed(LOGIN_LIMIT).unwrap();
+    let error = msgs.iter().find_map(|m| m.error());
+    let why = "bad packet header: '707fffffff'";
+    assert_eq!(
+        error,
+        Some(("08P01".to_owned(), why.to_owned())),
+        "{msgs:?}"
+    );
+    let cfg = sluice.config("alice", "alicepw", support::TEST_DB);
+    assert_eq!(whoami(&cfg).await, support::TRUST_USER);
+}
