@@ -196,7 +196,11 @@ async fn wake(s: Sleeper) {
         Ok(stream) => Box::pin(drive(stream, session, None)).await,
         Err(e) => {
             if session.log_disconnections {
-                tracing::info!("{} closing because: client I/O error: {e}", session.tag());
+                let age = session.info.age().as_secs();
+                tracing::info!(
+                    "{} closing because: client I/O error: {e} (age={age}s)",
+                    session.tag()
+                );
             }
         }
     }

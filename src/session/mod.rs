@@ -234,6 +234,9 @@ async fn serve_client(app: Arc<App>, mut stream: Stream, origin: Origin) {
         }
     });
     let limit = cfg.settings.client_login_timeout;
+    // When the login began to wait, for a failure's `age`: one that ends in its first
+    // poll is 0 s old, and reading a clock for it would cost every new connection.
+    let mut waited_since = None;
     // Most logins (trust, the startup packet already read) end in their first poll:
     // the timeout is armed only for one that waits.
     let result = {
@@ -243,6 +246,7 @@ async fn serve_client(app: Arc<App>, mut stream: Stream, origin: Origin) {
             Poll::Pending => {
                 let now = crate::clock::Tick::now();
                 watch.waits(now);
+                waited_since = Some(now);
                 if limit.is_zero() {
                     login.await
                 } else {
@@ -271,7 +275,8 @@ async fn serve_client(app: Arc<App>, mut stream: Stream, origin: Origin) {
         }
         other => {
             let at = (peer, local, tls.info);
-            Box::pin(other_login(other, &app, &stream, buf, id, at)).await;
+            let age = waited_since.map_or(0, |t| t.elapsed().as_secs());
+            Box::pin(other_login(other, &app, &stream, buf, (id, age), at)).await;
             drop(slot);
             return;
         }
@@ -317,13 +322,13 @@ async fn other_login(
     app: &Arc<App>,
     stream: &Stream,
     buf: BytesMut,
-    id: u64,
+    (id, age): (u64, u64),
     at: (PeerAddr, Option<SocketAddr>, TlsInfo),
 ) {
     match result {
         Ok(Some(Who::Console(a))) => crate::admin::serve(app, stream, buf, a, id, at).await,
         Ok(Some(Who::Pooled(_))) | Ok(None) => {}
-        Err(e) => report_login_failure(id, &at.0, stream, e).await,
+        Err(e) => report_login_failure((id, age), &at.0, stream, e).await,
     }
 }
 
@@ -386,7 +391,8 @@ async fn open_session(
             // PgBouncer's words for these two limits (max_client_conn's differ).
             let message = format!("client connections exceeded ({setting})");
             let tag = ClientTag::new(&info, log_pooler_errors);
-            tracing::warn!("{tag} closing because: {message}");
+            let age = info.age().as_secs();
+            tracing::warn!("{tag} closing because: {message} (age={age}s)");
             Box::pin(send_fatal(stream, PROTOCOL_VIOLATION, &message)).await;
             return None;
         }
@@ -452,7 +458,14 @@ fn drive(
     }
 }
 
-async fn report_login_failure(id: u64, peer: &PeerAddr, stream: &Stream, e: ClientError) {
+/// Logs a failed login's `closing because:` line as PgBouncer writes it (with the
+/// connection's age in seconds, which log parsers match on), and tells the client.
+async fn report_login_failure(
+    (id, age): (u64, u64),
+    peer: &PeerAddr,
+    stream: &Stream,
+    e: ClientError,
+) {
     const UNNAMED: &str = "(nodb)/(nouser)";
     let (named, e) = match e {
         ClientError::Named { who, error } => (Some(who), *error),
@@ -462,18 +475,22 @@ async fn report_login_failure(id: u64, peer: &PeerAddr, stream: &Stream, e: Clie
     match e {
         ClientError::Fatal { code, message, who } => {
             let who = who.as_deref().unwrap_or(UNNAMED);
-            tracing::warn!("C-{id}: {who}@{peer} closing because: {message}");
+            tracing::warn!("C-{id}: {who}@{peer} closing because: {message} (age={age}s)");
             tracing::warn!("C-{id}: {who}@{peer} pooler error: {message}");
             send_fatal(stream, code, &message).await;
         }
         ClientError::Io(e) => {
-            tracing::info!("C-{id}: {who}@{peer} closing because: client I/O error: {e}")
+            tracing::info!(
+                "C-{id}: {who}@{peer} closing because: client I/O error: {e} (age={age}s)"
+            )
         }
         ClientError::Gone => {
-            tracing::debug!("C-{id}: {who}@{peer} closing because: client unexpected eof")
+            tracing::debug!(
+                "C-{id}: {who}@{peer} closing because: client unexpected eof (age={age}s)"
+            )
         }
         ClientError::Dropped(why) => {
-            tracing::info!("C-{id}: {who}@{peer} closing because: {why}")
+            tracing::info!("C-{id}: {who}@{peer} closing because: {why} (age={age}s)")
         }
         // `naming` never nests them.
         ClientError::Named { .. } => {}

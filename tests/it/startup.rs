@@ -378,7 +378,7 @@ fn startup_bad_packet_header_is_named_as_pgbouncer_names_it() {
         let why = format!("bad packet header: '{hex}'");
         expect_refused(&sluice, bytes, "08P01", &why);
         let closing = "(nodb)/(nouser)@127.0.0.1:";
-        let line = format!("closing because: {why}");
+        let line = format!("closing because: {why} (age=0s)");
         assert!(
             support::wait_until(T, || sluice
                 .log()
@@ -456,6 +456,17 @@ fn startup_client_login_timeout_closes_idle_clients() {
     }
     let took = started.elapsed();
     assert!(took < Duration::from_secs(5), "took {took:?}");
+    // With its age, as PgBouncer logs it: the second it waited.
+    let line = "(nodb)/(nouser)@127.0.0.1:";
+    let why = "closing because: client_login_timeout (age=1s)";
+    assert!(
+        support::wait_until(T, || sluice
+            .log()
+            .lines()
+            .any(|l| l.contains(line) && l.ends_with(why))),
+        "{}",
+        sluice.diagnostics()
+    );
     assert!(
         took >= Duration::from_millis(500),
         "closed too early: {took:?}"
