@@ -15,8 +15,9 @@ mod hostile_tests;
 
 use thiserror::Error;
 
-/// Bytes as lowercase hex, for [`ProtocolError::BadHeader`].
-fn hex(bytes: &[u8]) -> String {
+/// Bytes as lowercase hex, for [`ProtocolError::BadHeader`] and the startup phase's
+/// own `bad packet header`.
+pub(crate) fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
     let mut s = String::with_capacity(2 * bytes.len());
     for b in bytes {

@@ -185,11 +185,7 @@ const FIRST_READ: usize = 512;
 /// an HTTP request, a port scanner, TLS to a plaintext port) in PgBouncer's words,
 /// with its first bytes in hex, which operators' log checks count.
 fn bad_header(bytes: &[u8]) -> ClientError {
-    use std::fmt::Write;
-    let mut hex = String::with_capacity(16);
-    for b in bytes.iter().take(8) {
-        let _ = write!(hex, "{b:02x}");
-    }
+    let hex = crate::protocol::hex(&bytes[..bytes.len().min(8)]);
     ClientError::fatal(PROTOCOL_VIOLATION, format!("bad packet header: '{hex}'"))
 }
 
