@@ -391,8 +391,12 @@ async fn open_session(
             // PgBouncer's words for these two limits (max_client_conn's differ).
             let message = format!("client connections exceeded ({setting})");
             let tag = ClientTag::new(&info, log_pooler_errors);
+            // PgBouncer's two lines: the close (LOG), then the error sent (WARNING).
             let age = info.age().as_secs();
-            tracing::warn!("{tag} closing because: {message} (age={age}s)");
+            tracing::info!("{tag} closing because: {message} (age={age}s)");
+            if log_pooler_errors {
+                tracing::warn!("{tag} pooler error: {message}");
+            }
             Box::pin(send_fatal(stream, PROTOCOL_VIOLATION, &message)).await;
             return None;
         }
@@ -475,7 +479,8 @@ async fn report_login_failure(
     match e {
         ClientError::Fatal { code, message, who } => {
             let who = who.as_deref().unwrap_or(UNNAMED);
-            tracing::warn!("C-{id}: {who}@{peer} closing because: {message} (age={age}s)");
+            // PgBouncer's two lines: the close (LOG), then the error sent (WARNING).
+            tracing::info!("C-{id}: {who}@{peer} closing because: {message} (age={age}s)");
             tracing::warn!("C-{id}: {who}@{peer} pooler error: {message}");
             send_fatal(stream, code, &message).await;
         }

@@ -383,7 +383,7 @@ fn startup_bad_packet_header_is_named_as_pgbouncer_names_it() {
             support::wait_until(T, || sluice
                 .log()
                 .lines()
-                .any(|l| l.contains(closing) && l.ends_with(&line))),
+                .any(|l| l.contains(" LOG C-") && l.contains(closing) && l.ends_with(&line))),
             "{}",
             sluice.diagnostics()
         );
