@@ -137,13 +137,6 @@ async fn the_heap_shrinks_after_a_burst_of_busy_clients() {
     select1(&holder).await;
 }
 
-/// The open files of the pooler, from /proc.
-fn open_files(s: &Sluice) -> usize {
-    std::fs::read_dir(format!("/proc/{}/fd", s.pid()))
-        .map(|d| d.count())
-        .unwrap_or(0)
-}
-
 /// Each SHOW MEM cache's live count (`used`), by name.
 fn mem_used(s: &Sluice) -> Vec<(String, u64)> {
     let out = psql_ok(s, "SHOW MEM");
@@ -182,10 +175,10 @@ async fn connections_that_come_and_go_leave_nothing_behind() {
         .all(|d| d != TEST_DB)));
     };
     within(T * 4, "a first pass", pass(s.clone())).await;
-    let (files, used) = (open_files(&s), mem_used(&s));
+    let (files, used) = (s.open_files(), mem_used(&s));
     let after_first = resident(&s);
     within(T * 4, "a second pass", pass(s.clone())).await;
-    assert_eq!(open_files(&s), files, "open files after a second pass");
+    assert_eq!(s.open_files(), files, "open files after a second pass");
     assert_eq!(
         mem_used(&s),
         used,
