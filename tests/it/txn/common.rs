@@ -389,3 +389,23 @@ impl Rng {
         self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
     }
 }
+
+/// Waits until the pooler holds no socket but its listeners (`at_start`, counted
+/// before any client came) and its servers still established to `pg_port`. A
+/// client's or server's socket kept after its peer left would stay, in CLOSE_WAIT,
+/// and fail this.
+pub fn nothing_left_open(s: &Sluice, at_start: usize, pg_port: u16) {
+    let mut seen = (0, 0);
+    let settled = support::wait_until(STEP, || {
+        let servers = established_to(s.pid(), pg_port);
+        seen = (s.open_sockets(), usize::try_from(servers).unwrap_or(0));
+        seen.0 == at_start + seen.1
+    });
+    assert!(
+        settled,
+        "{} sockets open with {} servers established, {at_start} at start\n{}",
+        seen.0,
+        seen.1,
+        s.diagnostics()
+    );
+}

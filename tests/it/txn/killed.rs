@@ -13,9 +13,8 @@ use tokio_postgres::types::Type;
 use tokio_postgres::{Client, SimpleQueryMessage};
 
 use super::common::*;
-use crate::support::pg::pg;
 use crate::support::probe::{within, Observer};
-use crate::support::{wait_until, Sluice};
+use crate::support::Sluice;
 
 pub(super) const CLIENTS: u64 = 12;
 const POOL: u32 = 2;
@@ -250,20 +249,6 @@ async fn servers_killed_under_load_never_mix_answers() {
     served_again(&s, &db, ended, 2 * SIZES.len() as u64).await;
     // And the pool holds no more servers than it may.
     wait_backends(&obs, &db, STEP, |n| n <= i64::from(POOL)).await;
-    // Nor is a killed server's socket left open: once the clients have gone, the
-    // pooler holds its listeners and its servers' sockets, those still established
-    // to PostgreSQL (one it kept after its backend closed would not be).
-    let mut seen = (0, 0);
-    let settled = wait_until(STEP, || {
-        let servers = established_to(s.pid(), pg().port());
-        seen = (s.open_sockets(), usize::try_from(servers).unwrap_or(0));
-        seen.0 == sockets + seen.1
-    });
-    assert!(
-        settled,
-        "{} sockets open with {} servers established, {sockets} at start\n{}",
-        seen.0,
-        seen.1,
-        s.diagnostics()
-    );
+    // Nor is a killed server's socket left open.
+    nothing_left_open(&s, sockets, crate::support::pg::pg().port());
 }

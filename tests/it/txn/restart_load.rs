@@ -21,6 +21,7 @@ async fn postgres_restarts_under_load_mix_no_answers() {
             .setting("query_wait_timeout", "10")
             .start(),
     );
+    let sockets = s.open_sockets();
     for mode in ["fast", "immediate"] {
         let load = Load::start(&s, TEST_DB);
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -60,6 +61,9 @@ async fn postgres_restarts_under_load_mix_no_answers() {
             );
         }
     }
+    // The servers of before each restart, all closed by PostgreSQL, are closed here
+    // too, and the clients that left with them.
+    nothing_left_open(&s, sockets, private.port());
     drop(s);
     let private = Arc::try_unwrap(private).expect("sole owner");
     within(

@@ -89,6 +89,7 @@ async fn clients_vanishing_mid_anything_disturb_no_other_client() {
             .setting("query_wait_timeout", "30")
             .start(),
     );
+    let sockets = s.open_sockets();
     let load = Load::start(&s, &db);
     // A client reading the table the vanishing ones lock: a lock left behind
     // would stop it (and its step's bound would fail the test).
@@ -156,4 +157,6 @@ async fn clients_vanishing_mid_anything_disturb_no_other_client() {
             .get::<_, i64>(0)
     };
     settles(&s, STEP, "servers busy after every client left", 0, busy).await;
+    // And no vanished client's socket, nor a server closed for it, is kept open.
+    nothing_left_open(&s, sockets, crate::support::pg::pg().port());
 }
