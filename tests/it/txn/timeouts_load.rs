@@ -72,6 +72,7 @@ async fn timeouts_end_only_the_clients_that_ran_over_under_load() {
             .setting("idle_transaction_timeout", "1")
             .start(),
     );
+    let sockets = s.open_sockets();
     let load = Load::start(&s, &db);
     tokio::time::sleep(Duration::from_millis(100)).await;
 
@@ -98,6 +99,9 @@ async fn timeouts_end_only_the_clients_that_ran_over_under_load() {
     load.finish_undisturbed(&s, "another's timeout").await;
     let c = client(&s, &db).await;
     assert_eq!(one(&c, "SELECT 3").await, "3");
+    drop(c);
+    // The servers closed at the timeouts, and the clients ended, are closed here.
+    nothing_left_open(&s, sockets, crate::support::pg::pg().port());
 }
 
 /// `transaction_timeout` for a transaction sent whole in one request that waited in
@@ -111,11 +115,13 @@ async fn transaction_timeout_ends_a_transaction_written_in_line() {
             .setting("transaction_timeout", "1")
             .start(),
     );
+    let sockets = s.open_sockets();
     let load = Load::start(&s, &db);
     tokio::time::sleep(Duration::from_millis(100)).await;
     let slow = start_slow(&s, &db, "BEGIN; SELECT pg_sleep(8); COMMIT");
     ended_in_time(slow, "transaction timeout").await;
     load.finish_undisturbed(&s, "another's timeout").await;
+    nothing_left_open(&s, sockets, crate::support::pg::pg().port());
 }
 
 /// `client_idle_timeout` with many idle clients (most of them asleep, their state
@@ -132,6 +138,7 @@ async fn client_idle_timeout_ends_every_idle_client_and_no_busy_one() {
             .setting("max_client_conn", "400")
             .start(),
     );
+    let sockets = s.open_sockets();
     let load = Load::start(&s, &db);
     let mut idle = Vec::new();
     for i in 0..IDLE {
@@ -155,4 +162,6 @@ async fn client_idle_timeout_ends_every_idle_client_and_no_busy_one() {
         );
     }
     load.finish_undisturbed(&s, "client_idle_timeout").await;
+    // Those ended asleep too: their sockets are closed, not left in the keeper.
+    nothing_left_open(&s, sockets, crate::support::pg::pg().port());
 }
