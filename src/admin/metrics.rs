@@ -34,12 +34,12 @@ pub async fn bind_setting(s: &crate::config::Settings) -> Result<Option<TcpListe
 /// Serves scrapes until the task is aborted.
 pub async fn serve(app: Arc<App>, listener: TcpListener) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut failures = crate::lifecycle::AcceptFailures::new("metrics ");
     loop {
         let (sock, _) = match listener.accept().await {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!("metrics accept failed: {e}");
-                crate::timer::sleep(Duration::from_millis(50)).await;
+                failures.met(&e).await;
                 continue;
             }
         };

@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 use crate::app::{App, Shutdown};
+use crate::clock::Tick;
 use crate::net::{
     listener::TcpListener, Accepting, Acceptor, Listeners, Origin, PeerAddr, StdStream, Stream,
     TcpTuning,
@@ -33,6 +34,7 @@ pub(super) async fn accept_loops(app: Arc<App>, mut listeners: Listeners) {
         let app = app.clone();
         tasks.push(tokio::spawn(async move {
             let mut acceptor = Acceptor::new(&l);
+            let mut failures = AcceptFailures::new("");
             loop {
                 let accepted = acceptor.accept().await;
                 match accepted.and_then(|(s, alone)| Ok((Stream::from_std(s)?, alone))) {
@@ -44,10 +46,7 @@ pub(super) async fn accept_loops(app: Arc<App>, mut listeners: Listeners) {
                         };
                         crate::session::spawn_client(app.clone(), s, origin);
                     }
-                    Err(e) => {
-                        tracing::warn!("accept failed: {e}");
-                        crate::timer::sleep(Duration::from_millis(50)).await;
-                    }
+                    Err(e) => failures.met(&e).await,
                 }
             }
         }));
@@ -70,6 +69,7 @@ async fn accept_tcp(app: Arc<App>, l: Arc<TcpListener>) {
     let listener = socket2::SockRef::from(l.get_ref());
     let mut options = Accepting::new(&listener, &TcpTuning::from_settings(&app.config().settings));
     let mut acceptor = Acceptor::new(&l);
+    let mut failures = AcceptFailures::new("");
     loop {
         match acceptor.accept().await {
             Ok(((s, peer), alone)) => {
@@ -91,14 +91,58 @@ async fn accept_tcp(app: Arc<App>, l: Arc<TcpListener>) {
                 };
                 match Stream::from_std(StdStream::Tcp(s)) {
                     Ok(s) => crate::session::spawn_client(app.clone(), s, origin),
-                    Err(e) => tracing::warn!("accept failed: {e}"),
+                    Err(e) => tracing::warn!("cannot register a client socket: {e}"),
                 }
             }
-            Err(e) => {
-                tracing::warn!("accept failed: {e}");
-                crate::timer::sleep(Duration::from_millis(50)).await;
-            }
+            Err(e) => failures.met(&e).await,
         }
+    }
+}
+
+/// How often a lasting accept failure is logged.
+const LOG_EVERY: Duration = Duration::from_secs(5);
+/// How long an accept loop waits after a failure before it tries again.
+const RETRY: Duration = Duration::from_millis(50);
+
+/// An accept loop's failures. The usual one is the open-files limit, which lasts
+/// until clients leave: the loop tries again every [`RETRY`], so that a descriptor
+/// freed is used at once (PgBouncer stops accepting for 5 s), but logs PgBouncer's
+/// `accept() failed: <reason>` at most every [`LOG_EVERY`], not twenty times a
+/// second. A connection its client gave up before the accept is no failure of
+/// Sluice's, and is passed over as PgBouncer passes it over.
+pub(crate) struct AcceptFailures {
+    /// What accepts, for the log line (`metrics ` for the metrics endpoint).
+    what: &'static str,
+    logged: Option<Tick>,
+}
+
+impl AcceptFailures {
+    pub(crate) fn new(what: &'static str) -> AcceptFailures {
+        AcceptFailures { what, logged: None }
+    }
+
+    /// Logs `e` unless logged lately, and waits before the next try.
+    pub(crate) async fn met(&mut self, e: &std::io::Error) {
+        use std::io::ErrorKind::{ConnectionAborted, Interrupted};
+        if matches!(e.kind(), ConnectionAborted | Interrupted) {
+            return;
+        }
+        let now = Tick::now();
+        if self.logged.is_none_or(|t| now.reached(t, LOG_EVERY)) {
+            self.logged = Some(now);
+            tracing::error!("{}accept() failed: {}", self.what, reason(e));
+        }
+        crate::timer::sleep(RETRY).await;
+    }
+}
+
+/// An error's text as C's `strerror` gives it (PgBouncer's log lines), without the
+/// ` (os error N)` Rust adds.
+fn reason(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    match (e.raw_os_error(), text.rfind(" (os error ")) {
+        (Some(_), Some(at)) => text[..at].to_owned(),
+        _ => text,
     }
 }
 
@@ -135,4 +179,17 @@ async fn watch_tcp(app: Arc<App>, l: Arc<TcpListener>, accepting: JoinHandle<()>
     accepting.abort();
     // The accept loop has dropped its share of the listener once this returns.
     let _ = accepting.await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reason;
+
+    #[test]
+    fn a_reason_reads_as_strerror() {
+        let e = std::io::Error::from_raw_os_error(libc::EMFILE);
+        assert_eq!(reason(&e), "Too many open files");
+        let e = std::io::Error::other("not an OS error (os error 1)");
+        assert_eq!(reason(&e), "not an OS error (os error 1)");
+    }
 }

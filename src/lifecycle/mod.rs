@@ -2,6 +2,7 @@
 //! shutdown modes.
 
 mod accept;
+pub(crate) use accept::AcceptFailures;
 pub mod alloc;
 pub mod cli;
 pub mod logging;

@@ -3,6 +3,7 @@
 
 mod abstract_ns;
 mod logs;
+mod open_files;
 mod reuseport;
 mod tcp_options;
 
