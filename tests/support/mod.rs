@@ -14,6 +14,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod activation;
+mod fds;
 pub mod pg;
 pub mod probe;
 pub mod raw;

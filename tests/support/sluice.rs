@@ -480,25 +480,6 @@ impl Sluice {
         self.child.id()
     }
 
-    /// The process's open files, from /proc.
-    pub fn open_files(&self) -> usize {
-        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
-            .map(|d| d.count())
-            .unwrap_or(0)
-    }
-
-    /// The process's open sockets (listeners, clients, servers), from /proc.
-    pub fn open_sockets(&self) -> usize {
-        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
-            .map(|d| {
-                d.flatten()
-                    .filter_map(|f| std::fs::read_link(f.path()).ok())
-                    .filter(|t| t.to_string_lossy().starts_with("socket:"))
-                    .count()
-            })
-            .unwrap_or(0)
-    }
-
     /// Sends `sig` (e.g. `libc::SIGHUP`, `libc::SIGINT`, `libc::SIGTERM`) unless
     /// the process has already been reaped.
     pub fn signal(&mut self, sig: i32) {
