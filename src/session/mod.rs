@@ -328,7 +328,10 @@ async fn other_login(
     match result {
         Ok(Some(Who::Console(a))) => crate::admin::serve(app, stream, buf, a, id, at).await,
         Ok(Some(Who::Pooled(_))) | Ok(None) => {}
-        Err(e) => report_login_failure((id, age), &at.0, stream, e).await,
+        Err(e) => {
+            let eof_logged = app.config().settings.log_disconnections;
+            report_login_failure((id, age), &at.0, stream, e, eof_logged).await
+        }
     }
 }
 
@@ -464,11 +467,14 @@ fn drive(
 
 /// Logs a failed login's `closing because:` line as PgBouncer writes it (with the
 /// connection's age in seconds, which log parsers match on), and tells the client.
+/// A client gone without a word (a port probe, a load balancer's check) is logged
+/// only with `log_disconnections` (`eof_logged`), as PgBouncer logs it.
 async fn report_login_failure(
     (id, age): (u64, u64),
     peer: &PeerAddr,
     stream: &Stream,
     e: ClientError,
+    eof_logged: bool,
 ) {
     const UNNAMED: &str = "(nodb)/(nouser)";
     let (named, e) = match e {
@@ -489,11 +495,12 @@ async fn report_login_failure(
                 "C-{id}: {who}@{peer} closing because: client I/O error: {e} (age={age}s)"
             )
         }
-        ClientError::Gone => {
-            tracing::debug!(
+        ClientError::Gone if eof_logged => {
+            tracing::info!(
                 "C-{id}: {who}@{peer} closing because: client unexpected eof (age={age}s)"
             )
         }
+        ClientError::Gone => {}
         ClientError::Dropped(why) => {
             tracing::info!("C-{id}: {who}@{peer} closing because: {why} (age={age}s)")
         }

@@ -291,3 +291,44 @@ async fn a_bare_close_and_a_terminate_are_told_apart() {
         }
     }
 }
+
+/// A client gone before its startup packet (a port probe, a load balancer's check)
+/// is logged as PgBouncer logs it, with `log_disconnections`, and not without.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_before_its_startup_packet_is_logged_with_log_disconnections() {
+    const GONE: &str = "(nodb)/(nouser)@127.0.0.1:";
+    const WHY: &str = "closing because: client unexpected eof (age=0s)";
+    let probe = |s: &Sluice| drop(std::net::TcpStream::connect(("127.0.0.1", s.port())));
+    let s = md5_sluice().start();
+    probe(&s);
+    let prefix = format!(" UTC [{}] LOG C-", s.pid());
+    let logged = || {
+        log_lines(&s, WHY)
+            .iter()
+            .any(|l| l.contains(&prefix) && l.contains(GONE))
+    };
+    assert!(
+        wait_until(Duration::from_secs(5), logged),
+        "no `{GONE}... {WHY}`\n{}",
+        s.diagnostics()
+    );
+
+    // Off: with room for one client only, the next login gets in once the probe's
+    // session has ended, after its line would have been written.
+    let s = md5_sluice()
+        .setting("log_disconnections", "0")
+        .setting("max_client_conn", "1")
+        .start();
+    probe(&s);
+    let cfg = s.config(support::MD5_USER, support::MD5_PASSWORD, support::TEST_DB);
+    let mut next = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while next.is_none() && tokio::time::Instant::now() < deadline {
+        next = support::try_connect(&cfg).await.ok();
+        if next.is_none() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    select(&next.expect("the next client never got in"), 3).await;
+    assert!(log_lines(&s, "unexpected eof").is_empty(), "{}", s.log());
+}
