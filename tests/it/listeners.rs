@@ -210,16 +210,23 @@ async fn max_client_conn_turns_away_the_third_client() {
     select(&b, 2).await;
     // Once one leaves, there is room again.
     drop(a);
-    let mut c = None;
+    let c = connect_when_room(&cfg).await;
+    select(&c, 3).await;
+}
+
+/// Connects with `cfg` once the pooler has room (`max_client_conn`), trying for up
+/// to 10 s.
+async fn connect_when_room(cfg: &tokio_postgres::Config) -> tokio_postgres::Client {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while c.is_none() && tokio::time::Instant::now() < deadline {
-        c = support::try_connect(&cfg).await.ok();
-        if c.is_none() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+    loop {
+        match support::try_connect(cfg).await {
+            Ok(c) => return c,
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                panic!("no room for a client in 10 s: {e}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     }
-    let c = c.expect("no room after a client left");
-    select(&c, 3).await;
 }
 
 /// As PgBouncer: `max_client_conn` never turns away the console or a cancel request,

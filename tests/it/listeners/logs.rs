@@ -1,7 +1,7 @@
 //! PgBouncer's log lines for client and server connections (`log_connections`,
 //! `log_disconnections`).
 
-use super::{md5_sluice, select};
+use super::{connect_when_room, md5_sluice, select};
 use crate::support::{self, wait_until, Sluice};
 use std::time::Duration;
 
@@ -178,15 +178,7 @@ async fn log_disconnections_off_suppresses_closing_lines() {
     let first = support::connect(&cfg).await;
     select(&first, 1).await;
     drop(first);
-    let mut second = None;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while second.is_none() && tokio::time::Instant::now() < deadline {
-        second = support::try_connect(&cfg).await.ok();
-        if second.is_none() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-    let second = second.expect("second client never got in");
+    let second = connect_when_room(&cfg).await;
     select(&second, 2).await;
     assert!(
         log_lines(&s, "login attempt").len() >= 2,
@@ -321,14 +313,6 @@ async fn a_client_gone_before_its_startup_packet_is_logged_with_log_disconnectio
         .start();
     probe(&s);
     let cfg = s.config(support::MD5_USER, support::MD5_PASSWORD, support::TEST_DB);
-    let mut next = None;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while next.is_none() && tokio::time::Instant::now() < deadline {
-        next = support::try_connect(&cfg).await.ok();
-        if next.is_none() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-    select(&next.expect("the next client never got in"), 3).await;
+    select(&connect_when_room(&cfg).await, 3).await;
     assert!(log_lines(&s, "unexpected eof").is_empty(), "{}", s.log());
 }
