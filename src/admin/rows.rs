@@ -121,20 +121,36 @@ impl<'a> Table<'a> {
         }
     }
 
-    /// Writes one DataRow; missing trailing cells are sent as NULL.
+    /// Writes one DataRow; missing trailing cells are sent as NULL. Each cell goes
+    /// straight into the message, its text neither copied nor (a number) made a
+    /// string first: SHOW CLIENTS writes ~20 cells for each of thousands of clients,
+    /// on the event loop every client shares.
     pub fn row(&mut self, cells: Vec<Cell>) {
         let at = begin(self.out, b'D');
         self.out.put_u16(self.cols as u16);
         for i in 0..self.cols {
-            match cells.get(i).and_then(Cell::text) {
-                None => self.out.put_i32(-1),
-                Some(t) => {
+            match cells.get(i) {
+                None | Some(Cell::Null) => self.out.put_i32(-1),
+                Some(Cell::Text(t)) => {
                     self.out.put_i32(t.len() as i32);
                     self.out.extend_from_slice(t.as_bytes());
                 }
+                Some(Cell::Int(v)) => self.number(v),
+                Some(Cell::UInt(v)) => self.number(v),
             }
         }
         finish(self.out, at);
+    }
+
+    /// A number's decimal text, with its length before it.
+    fn number(&mut self, v: &dyn std::fmt::Display) {
+        use std::fmt::Write;
+        let len_at = self.out.len();
+        self.out.put_i32(0);
+        // Writing to a BytesMut cannot fail: it grows as needed.
+        let _ = write!(self.out, "{v}");
+        let len = (self.out.len() - len_at - 4) as i32;
+        self.out[len_at..len_at + 4].copy_from_slice(&len.to_be_bytes());
     }
 
     /// Ends the result set with CommandComplete `SHOW`.
