@@ -76,11 +76,13 @@ fn server_ptr(id: u64) -> String {
 
 /// PgBouncer's time format: `YYYY-MM-DD HH:MM:SS UTC`.
 fn time_text(t: SystemTime) -> String {
-    let s = crate::lifecycle::logging::timestamp(t);
-    match s.get(..19) {
-        Some(head) => format!("{head} UTC"),
-        None => s,
-    }
+    let b = crate::lifecycle::logging::stamp(t);
+    // The log's stamp less its milliseconds.
+    b[..19]
+        .iter()
+        .chain(b" UTC")
+        .map(|&c| char::from(c))
+        .collect()
 }
 
 /// Wall-clock time of a moment in the past.

@@ -191,17 +191,35 @@ pub fn init(sink: Arc<LogSink>, verbose: u8) {
 
 /// `YYYY-MM-DD HH:MM:SS.mmm UTC`.
 pub fn timestamp(t: SystemTime) -> String {
+    stamp(t).iter().map(|&c| char::from(c)).collect()
+}
+
+/// `YYYY-MM-DD HH:MM:SS.mmm UTC` as ASCII bytes, written digit by digit: every log
+/// line and two cells of each SHOW CLIENTS and SERVERS row pay for it, and `format!`
+/// with seven padded fields took ~4,000 instructions (callgrind), ~20 times this.
+pub fn stamp(t: SystemTime) -> [u8; 27] {
     let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
     let secs = d.as_secs();
     let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
     let (y, m, day) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{day:02} {:02}:{:02}:{:02}.{:03} UTC",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        d.subsec_millis()
-    )
+    let mut b = *b"0000-00-00 00:00:00.000 UTC";
+    // Four digits of the year: from 1970 on, and to 9999.
+    put_digits(&mut b[0..4], y.clamp(0, 9999) as u64);
+    put_digits(&mut b[5..7], u64::from(m));
+    put_digits(&mut b[8..10], u64::from(day));
+    put_digits(&mut b[11..13], rem / 3600);
+    put_digits(&mut b[14..16], rem % 3600 / 60);
+    put_digits(&mut b[17..19], rem % 60);
+    put_digits(&mut b[20..23], u64::from(d.subsec_millis()));
+    b
+}
+
+/// `v`'s last `to.len()` decimal digits, zero-padded.
+fn put_digits(to: &mut [u8], mut v: u64) {
+    for c in to.iter_mut().rev() {
+        *c = b'0' + (v % 10) as u8;
+        v /= 10;
+    }
 }
 
 /// Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
@@ -228,5 +246,9 @@ mod tests {
         assert_eq!(timestamp(UNIX_EPOCH), "1970-01-01 00:00:00.000 UTC");
         let t = UNIX_EPOCH + Duration::from_millis(1_709_210_096_789); // 2024-02-29 12:34:56.789
         assert_eq!(timestamp(t), "2024-02-29 12:34:56.789 UTC");
+        let t = UNIX_EPOCH + Duration::from_millis(4_102_444_799_007); // 2099-12-31 23:59:59.007
+        assert_eq!(timestamp(t), "2099-12-31 23:59:59.007 UTC");
+        let t = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29 (a 400-year leap day)
+        assert_eq!(timestamp(t), "2000-02-29 00:00:00.000 UTC");
     }
 }
