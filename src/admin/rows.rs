@@ -81,18 +81,6 @@ impl<T: Into<Cell>> From<Option<T>> for Cell {
     }
 }
 
-impl Cell {
-    /// The text form a client sees.
-    pub fn text(&self) -> Option<String> {
-        match self {
-            Cell::Null => None,
-            Cell::Text(s) => Some(s.clone()),
-            Cell::Int(v) => Some(v.to_string()),
-            Cell::UInt(v) => Some(v.to_string()),
-        }
-    }
-}
-
 /// A result set being written: the header now, rows as they come, the tag at the end.
 pub struct Table<'a> {
     out: &'a mut BytesMut,
