@@ -281,3 +281,22 @@ async fn column_types_and_welcome_match_pgbouncer() {
         vec![("name".into(), TEXT), ("value".into(), NUMERIC)]
     );
 }
+
+/// SHOW CLIENTS' times are PgBouncer's `YYYY-MM-DD HH:MM:SS UTC` and read as the time
+/// they were: PostgreSQL takes the console's own `connect_time` back as a moment of
+/// the last minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_times_are_utc_and_now() {
+    let s = builder().start();
+    let out = psql_ok(&s, "SHOW CLIENTS");
+    let times = out.column("connect_time");
+    let t = times.first().expect("the console's own row");
+    assert!(t.len() == 23 && t.ends_with(" UTC"), "{t:?}");
+    let sql = format!("SELECT extract(epoch FROM now() - '{t}'::timestamptz)::int");
+    let age = crate::support::pg::pg().psql_db("postgres", &sql);
+    let age: i64 = age
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{age:?}: {e}"));
+    assert!((0..60).contains(&age), "{t} is {age} s ago");
+}
