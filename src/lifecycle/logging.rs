@@ -161,13 +161,10 @@ where
             Level::DEBUG => "DEBUG",
             Level::TRACE => "NOISE",
         };
-        write!(
-            w,
-            "{} [{}] {} ",
-            timestamp(SystemTime::now()),
-            self.pid,
-            level
-        )?;
+        // The stamp's ASCII bytes as they are: no String per line.
+        let stamp = stamp(SystemTime::now());
+        let stamp = std::str::from_utf8(&stamp).unwrap_or("");
+        write!(w, "{stamp} [{}] {level} ", self.pid)?;
         ctx.field_format().format_fields(w.by_ref(), event)?;
         writeln!(w)
     }
