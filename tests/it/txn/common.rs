@@ -390,8 +390,20 @@ impl Rng {
     }
 }
 
-/// Waits until the pooler holds no socket but its listeners (`at_start`, counted
-/// before any client came) and its servers still established to `pg_port`. A
+/// The sockets of a pooler just started, before any client: its listeners. The
+/// fewest seen over 200 ms, since the harness's readiness probe (a connection of its
+/// own) may not be closed yet when the test begins.
+pub fn listening_sockets(s: &Sluice) -> usize {
+    let mut fewest = s.open_sockets();
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(20));
+        fewest = fewest.min(s.open_sockets());
+    }
+    fewest
+}
+
+/// Waits until the pooler holds no socket but its listeners (`at_start`, from
+/// [`listening_sockets`]) and its servers still established to `pg_port`. A
 /// client's or server's socket kept after its peer left would stay, in CLOSE_WAIT,
 /// and fail this.
 pub fn nothing_left_open(s: &Sluice, at_start: usize, pg_port: u16) {

@@ -66,7 +66,7 @@ async fn query_timeout_ends_the_client_of_a_frozen_server_and_closes_it() {
             .setting("query_timeout", "1")
             .start(),
     );
-    let sockets = s.open_sockets();
+    let sockets = listening_sockets(&s);
     let load = Load::start(&s, &db);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let pid = freeze_one(&s, &db).await;

@@ -221,7 +221,7 @@ async fn servers_killed_under_load_never_mix_answers() {
     );
     let obs = Observer::new().await;
     // Its listeners: no client or server yet.
-    let sockets = s.open_sockets();
+    let sockets = listening_sockets(&s);
     let load = Load::start(&s, &db);
     let killed = within(
         Duration::from_secs(60),

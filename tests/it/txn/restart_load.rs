@@ -21,7 +21,7 @@ async fn postgres_restarts_under_load_mix_no_answers() {
             .setting("query_wait_timeout", "10")
             .start(),
     );
-    let sockets = s.open_sockets();
+    let sockets = listening_sockets(&s);
     for mode in ["fast", "immediate"] {
         let load = Load::start(&s, TEST_DB);
         tokio::time::sleep(Duration::from_millis(300)).await;

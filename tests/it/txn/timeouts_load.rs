@@ -72,7 +72,7 @@ async fn timeouts_end_only_the_clients_that_ran_over_under_load() {
             .setting("idle_transaction_timeout", "1")
             .start(),
     );
-    let sockets = s.open_sockets();
+    let sockets = listening_sockets(&s);
     let load = Load::start(&s, &db);
     tokio::time::sleep(Duration::from_millis(100)).await;
 
@@ -115,7 +115,7 @@ async fn transaction_timeout_ends_a_transaction_written_in_line() {
             .setting("transaction_timeout", "1")
             .start(),
     );
-    let sockets = s.open_sockets();
+    let sockets = listening_sockets(&s);
     let load = Load::start(&s, &db);
     tokio::time::sleep(Duration::from_millis(100)).await;
     let slow = start_slow(&s, &db, "BEGIN; SELECT pg_sleep(8); COMMIT");
@@ -138,7 +138,7 @@ async fn client_idle_timeout_ends_every_idle_client_and_no_busy_one() {
             .setting("max_client_conn", "400")
             .start(),
     );
-    let sockets = s.open_sockets();
+    let sockets = listening_sockets(&s);
     let load = Load::start(&s, &db);
     let mut idle = Vec::new();
     for i in 0..IDLE {

@@ -89,7 +89,7 @@ async fn clients_vanishing_mid_anything_disturb_no_other_client() {
             .setting("query_wait_timeout", "30")
             .start(),
     );
-    let sockets = s.open_sockets();
+    let sockets = listening_sockets(&s);
     let load = Load::start(&s, &db);
     // A client reading the table the vanishing ones lock: a lock left behind
     // would stop it (and its step's bound would fail the test).
