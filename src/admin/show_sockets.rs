@@ -63,27 +63,20 @@ fn header(out: &mut BytesMut, debug: bool) -> Table<'_> {
     if debug {
         cols.extend(DEBUG_COLUMNS.iter().map(|c| (*c, Ty::Int4)));
     }
-    Table::new(out, &cols)
+    // The buffer positions read 0 (missing trailing cells are sent as the pad).
+    Table::new(out, &cols).pad_with(Cell::UInt(0))
 }
 
-fn client_ptr(id: u64) -> String {
-    format!("{:#x}", (1u64 << 40) | id)
+fn client_ptr(id: u64) -> Cell<'static> {
+    Cell::Hex((1u64 << 40) | id)
 }
 
-fn server_ptr(id: u64) -> String {
-    format!("{:#x}", (2u64 << 40) | id)
+fn server_ptr(id: u64) -> Cell<'static> {
+    Cell::Hex((2u64 << 40) | id)
 }
 
-/// PgBouncer's time format: `YYYY-MM-DD HH:MM:SS UTC`.
-fn time_text(t: SystemTime) -> String {
-    let b = crate::lifecycle::logging::stamp(t);
-    // The log's stamp less its milliseconds.
-    b[..19]
-        .iter()
-        .chain(b" UTC")
-        .map(|&c| char::from(c))
-        .collect()
-}
+/// An empty `link` (PgBouncer prints an unlinked one as an empty string).
+const NO_LINK: Cell<'static> = Cell::Str("");
 
 /// Wall-clock time of a moment in the past.
 fn wall(at: Tick) -> SystemTime {
@@ -93,54 +86,47 @@ fn wall(at: Tick) -> SystemTime {
 }
 
 /// `(addr, port)` as PgBouncer prints them; UNIX sockets read `unix`.
-fn peer_text(p: &PeerAddr, listen_port: u16) -> (String, u16) {
+fn peer_text(p: &PeerAddr, listen_port: u16) -> (Cell<'static>, u16) {
     match p {
-        PeerAddr::Tcp(a) => (a.ip().to_string(), a.port()),
-        PeerAddr::Unix => ("unix".to_owned(), listen_port),
+        PeerAddr::Tcp(a) => (Cell::Ip(a.ip()), a.port()),
+        PeerAddr::Unix => (Cell::Str("unix"), listen_port),
     }
 }
 
-fn local_text(a: Option<CompactAddr>, unix_port: u16) -> (String, u16) {
+fn local_text(a: Option<CompactAddr>, unix_port: u16) -> (Cell<'static>, u16) {
     match a {
-        Some(a) => (a.ip.to_string(), a.port),
-        None => ("unix".to_owned(), unix_port),
+        Some(a) => (Cell::Ip(a.ip), a.port),
+        None => (Cell::Str("unix"), unix_port),
     }
 }
 
-fn client_row(c: &ClientInfo, state: &str, listen_port: u16, debug: bool) -> Vec<Cell> {
+fn client_row<'a>(c: &'a ClientInfo, state: &'a str, listen_port: u16) -> [Cell<'a>; 21] {
     let (addr, port) = peer_text(&c.meta.peer, listen_port);
     let (laddr, lport) = local_text(c.meta.local_addr, listen_port);
     let waited = c.waited();
-    let mut row = vec![
+    [
         "C".into(),
-        c.meta.user.to_string().into(),
-        c.meta.database.to_string().into(),
+        (*c.meta.user).into(),
+        (*c.meta.database).into(),
         replication_text(c.meta.replication()).into(),
         state.into(),
-        addr.into(),
+        addr,
         port.into(),
-        laddr.into(),
+        laddr,
         lport.into(),
-        time_text(c.connect_time()).into(),
-        time_text(c.request_time()).into(),
+        Cell::Time(c.connect_time()),
+        Cell::Time(c.request_time()),
         waited.as_secs().into(),
         u64::from(waited.subsec_micros()).into(),
         0u32.into(),
-        client_ptr(c.meta.id).into(),
-        c.linked()
-            .map(|s| server_ptr(s.id))
-            .unwrap_or_default()
-            .into(),
+        client_ptr(c.meta.id),
+        c.linked().map_or(NO_LINK, |s| server_ptr(s.id)),
         0u32.into(),
-        c.meta.tls.to_string().into(),
-        c.meta.application_name.to_string().into(),
+        Cell::Tls(c.meta.tls),
+        (*c.meta.application_name).into(),
         c.prepared().into(),
         c.meta.id.into(),
-    ];
-    if debug {
-        row.extend((0..DEBUG_COLUMNS.len()).map(|_| Cell::UInt(0)));
-    }
-    row
+    ]
 }
 
 /// One server as a row, whether idle in its pool or linked to a client.
@@ -167,43 +153,39 @@ fn replication_text(r: Option<crate::protocol::startup::Replication>) -> &'stati
     r.map_or("none", |r| r.name())
 }
 
-fn server_row(s: &ServerView, debug: bool) -> Vec<Cell> {
+fn server_row(s: &ServerView) -> [Cell<'_>; 21] {
     let (addr, port) = match &s.addr {
-        ServerAddr::Tcp(h, p) => (h.clone(), *p),
-        ServerAddr::Unix(_, p) => ("unix".to_owned(), *p),
+        ServerAddr::Tcp(h, p) => (Cell::Str(h), *p),
+        ServerAddr::Unix(_, p) => (Cell::Str("unix"), *p),
     };
     let (laddr, lport) = match (&s.addr, s.local_addr) {
         // A TCP connection not yet made has no local end.
-        (ServerAddr::Tcp(..), None) => (String::new(), 0),
+        (ServerAddr::Tcp(..), None) => (Cell::Str(""), 0),
         (_, local) => local_text(local.map(Into::into), 0),
     };
-    let mut row = vec![
+    [
         "S".into(),
-        s.user.clone().into(),
-        s.database.clone().into(),
+        (&s.user).into(),
+        (&s.database).into(),
         s.replication.into(),
         s.state.into(),
-        addr.into(),
+        addr,
         port.into(),
-        laddr.into(),
+        laddr,
         lport.into(),
-        time_text(wall(s.created)).into(),
-        time_text(s.request_time).into(),
+        Cell::Time(wall(s.created)),
+        Cell::Time(s.request_time),
         0u32.into(),
         0u32.into(),
         s.close_needed.into(),
-        server_ptr(s.id).into(),
-        s.link.map(client_ptr).unwrap_or_default().into(),
+        server_ptr(s.id),
+        s.link.map_or(NO_LINK, client_ptr),
         s.backend_pid.into(),
-        s.tls.to_string().into(),
-        s.application_name.clone().into(),
+        Cell::Tls(s.tls),
+        (&s.application_name).into(),
         s.prepared.into(),
         s.id.into(),
-    ];
-    if debug {
-        row.extend((0..DEBUG_COLUMNS.len()).map(|_| Cell::UInt(0)));
-    }
-    row
+    ]
 }
 
 /// Every server: linked ones (from their clients) and idle ones (from their pools).
@@ -348,7 +330,7 @@ fn cancel_names(r: &CancelView) -> (String, String) {
 
 /// A cancel request as a client row: waiting for its connection onwards, or sent
 /// on it (and linked to it).
-fn cancel_client_row(r: &CancelView, listen_port: u16) -> Vec<Cell> {
+fn cancel_client_row(r: &CancelView, listen_port: u16) -> [Cell<'static>; 21] {
     let (database, user) = cancel_names(r);
     let (addr, port) = peer_text(&r.peer, listen_port);
     let (laddr, lport) = local_text(r.local.map(Into::into), listen_port);
@@ -356,27 +338,28 @@ fn cancel_client_row(r: &CancelView, listen_port: u16) -> Vec<Cell> {
         Some(_) => "active_cancel_req",
         None => "waiting_cancel_req",
     };
-    let link = r.sent.map(|_| server_ptr(r.server_id)).unwrap_or_default();
-    vec![
+    let link = r.sent.map_or(NO_LINK, |_| server_ptr(r.server_id));
+    let arrived = wall(r.arrived);
+    [
         "C".into(),
         user.into(),
         database.into(),
         "none".into(),
         state.into(),
-        addr.into(),
+        addr,
         port.into(),
-        laddr.into(),
+        laddr,
         lport.into(),
-        time_text(wall(r.arrived)).into(),
-        time_text(wall(r.arrived)).into(),
+        Cell::Time(arrived),
+        Cell::Time(arrived),
         0u32.into(),
         0u32.into(),
         0u32.into(),
-        client_ptr(r.client_id).into(),
-        link.into(),
+        client_ptr(r.client_id),
+        link,
         0u32.into(),
-        r.tls.to_string().into(),
-        String::new().into(),
+        Cell::Tls(r.tls),
+        "".into(),
         0u32.into(),
         r.client_id.into(),
     ]
@@ -413,38 +396,37 @@ fn cancel_server_view(r: &CancelView) -> Option<ServerView> {
 
 /// A client whose login waits, as PgBouncer lists its login clients: named once
 /// its startup packet was read, `(nouser)`/`(nodb)` before.
-fn login_row(e: &LoginEntry, listen_port: u16) -> Vec<Cell> {
+fn login_row(e: &LoginEntry, listen_port: u16) -> [Cell<'_>; 21] {
     let (addr, port) = peer_text(&e.peer, listen_port);
     let (laddr, lport) = local_text(e.local, listen_port);
     let (user, database, tls) = match &e.names {
-        Some(n) => (&*n.user, &*n.database, n.tls.to_string()),
-        None => ("(nouser)", "(nodb)", String::new()),
+        Some(n) => (&*n.user, &*n.database, n.tls),
+        None => ("(nouser)", "(nodb)", Default::default()),
     };
-    let mut row = vec![
+    let since = wall(e.since);
+    [
         "C".into(),
         user.into(),
         database.into(),
         "none".into(),
         "cl_login".into(),
-        addr.into(),
+        addr,
         port.into(),
-        laddr.into(),
+        laddr,
         lport.into(),
-        time_text(wall(e.since)).into(),
-        time_text(wall(e.since)).into(),
+        Cell::Time(since),
+        Cell::Time(since),
         0u32.into(),
         0u32.into(),
         0u32.into(),
-        client_ptr(e.id).into(),
-        String::new().into(),
+        client_ptr(e.id),
+        NO_LINK,
         0u32.into(),
-        tls.into(),
-        String::new().into(),
+        Cell::Tls(tls),
+        "".into(),
         0u32.into(),
         e.id.into(),
-    ];
-    row.extend((0..DEBUG_COLUMNS.len()).map(|_| Cell::UInt(0)));
-    row
+    ]
 }
 
 /// SHOW CLIENTS: logged-in clients, then cancel requests on their way.
@@ -452,7 +434,7 @@ pub fn clients(app: &App, out: &mut BytesMut) {
     let port = app.config().settings.listen_port;
     let mut t = header(out, false);
     for c in app.client_reg.all() {
-        t.row(client_row(&c, c.state().as_str(), port, false));
+        t.row(client_row(&c, c.state().as_str(), port));
     }
     for r in app.cancels.on_way() {
         t.row(cancel_client_row(&r, port));
@@ -464,10 +446,10 @@ pub fn clients(app: &App, out: &mut BytesMut) {
 pub fn servers(app: &App, out: &mut BytesMut) {
     let mut t = header(out, false);
     for s in server_views(app) {
-        t.row(server_row(&s, false));
+        t.row(server_row(&s));
     }
     for v in app.cancels.on_way().iter().filter_map(cancel_server_view) {
-        t.row(server_row(&v, false));
+        t.row(server_row(&v));
     }
     t.finish();
 }
@@ -486,7 +468,7 @@ pub fn sockets(app: &App, out: &mut BytesMut, only_active: bool) {
         if only_active && c.state() != ClientState::Active {
             continue;
         }
-        t.row(client_row(c, state, port, true));
+        t.row(client_row(c, state, port));
     }
     for mut s in server_views(app) {
         if only_active && s.state != "active" {
@@ -498,7 +480,7 @@ pub fn sockets(app: &App, out: &mut BytesMut, only_active: bool) {
             "new" => "sv_login",
             _ => "sv_idle",
         };
-        t.row(server_row(&s, true));
+        t.row(server_row(&s));
     }
     // Last, as PgBouncer's list of login clients. Never in ACTIVE_SOCKETS: a login
     // waits on its client or on a lookup, with nothing of its own to send.

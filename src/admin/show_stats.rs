@@ -95,7 +95,7 @@ fn numeric_cols<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<(&'a str, T
     cols
 }
 
-fn row(db: &str, values: impl IntoIterator<Item = u64>) -> Vec<Cell> {
+fn row(db: &str, values: impl IntoIterator<Item = u64>) -> Vec<Cell<'_>> {
     let mut r = vec![Cell::from(db)];
     r.extend(values.into_iter().map(Cell::UInt));
     r
