@@ -5,6 +5,8 @@
 //! `pgbouncer`, pool size 2, statement mode.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,20 +54,48 @@ struct ClientCounts {
     maxwait: Duration,
 }
 
+impl ClientCounts {
+    fn add(&mut self, o: ClientCounts) {
+        self.active += o.active;
+        self.waiting += o.waiting;
+        self.cancels_waiting += o.cancels_waiting;
+        self.cancels_sent += o.cancels_sent;
+        self.maxwait = self.maxwait.max(o.maxwait);
+    }
+}
+
+/// A name's allocation, as a key: a client's names are its pool's shared ones
+/// (`session::start`), so counting by it hashes a word per name and allocates an
+/// entry per pool, not per client. Each key's map entry holds a clone of the `Arc`,
+/// so no allocation is freed and its address reused while the pass runs.
+fn name_key(name: &Arc<str>) -> usize {
+    Arc::as_ptr(name) as *const u8 as usize
+}
+
 /// Client counts per (database, pool user): waiting ones, and the others, which
-/// PgBouncer counts as `cl_active` whether linked or idle.
+/// PgBouncer counts as `cl_active` whether linked or idle. One pass over the
+/// clients, unsorted and uncloned: monitoring polls SHOW POOLS (and `/metrics`) with
+/// thousands of clients, on the loop they share.
 fn client_counts(app: &App) -> HashMap<(String, String), ClientCounts> {
-    let mut m: HashMap<(String, String), ClientCounts> = HashMap::new();
-    for c in app.client_reg.all() {
-        let e = m
-            .entry((c.meta.database.to_string(), c.meta.pool_user.to_string()))
-            .or_default();
+    type ByName = (Arc<str>, Arc<str>, ClientCounts);
+    let mut by_ptr: FxHashMap<(usize, usize), ByName> = FxHashMap::default();
+    app.client_reg.for_each(|c| {
+        let (db, user) = (&c.meta.database, &c.meta.pool_user);
+        let (_, _, e) = by_ptr
+            .entry((name_key(db), name_key(user)))
+            .or_insert_with(|| (db.clone(), user.clone(), ClientCounts::default()));
         if c.state() == ClientState::Waiting {
             e.waiting += 1;
             e.maxwait = e.maxwait.max(c.waited());
         } else {
             e.active += 1;
         }
+    });
+    let mut m: HashMap<(String, String), ClientCounts> = HashMap::new();
+    for (db, user, n) in by_ptr.into_values() {
+        m.entry((db.to_string(), user.to_string()))
+            .or_default()
+            .add(n);
     }
     for (target, [waiting, sent]) in app.cancels.in_flight() {
         let Target::Pool((db, user)) = target else {
@@ -74,6 +104,25 @@ fn client_counts(app: &App) -> HashMap<(String, String), ClientCounts> {
         let e = m.entry((db.to_string(), user.to_string())).or_default();
         e.cancels_waiting += waiting;
         e.cancels_sent += sent;
+    }
+    m
+}
+
+/// Logged-in clients per user name, by the same one pass: every client's name is
+/// listed, the console's own clients are not counted.
+fn clients_per_user(app: &App) -> HashMap<String, u32> {
+    let mut by_ptr: FxHashMap<usize, (Arc<str>, u32)> = FxHashMap::default();
+    app.client_reg.for_each(|c| {
+        let (_, n) = by_ptr
+            .entry(name_key(&c.meta.user))
+            .or_insert_with(|| (c.meta.user.clone(), 0));
+        if !c.meta.is_admin() {
+            *n += 1;
+        }
+    });
+    let mut m: HashMap<String, u32> = HashMap::new();
+    for (name, n) in by_ptr.into_values() {
+        *m.entry(name.to_string()).or_default() += n;
     }
     m
 }
@@ -260,12 +309,9 @@ pub fn database_rows(app: &App) -> Vec<DbRow> {
             name,
         })
         .collect();
-    let console_clients = app
-        .client_reg
-        .all()
-        .iter()
-        .filter(|c| c.meta.is_admin())
-        .count() as u32;
+    let mut console_clients = 0u32;
+    app.client_reg
+        .for_each(|c| console_clients += u32::from(c.meta.is_admin()));
     rows.push(DbRow {
         name: ADMIN_DB.to_owned(),
         host: None,
@@ -340,11 +386,15 @@ pub fn databases(app: &App, out: &mut BytesMut) {
 /// Every user known: the auth file, `[users]`, pool owners, logged-in clients, and
 /// the console's `pgbouncer`.
 pub(super) fn user_names(app: &App) -> BTreeSet<String> {
+    names_of_users(app, clients_per_user(app).into_keys())
+}
+
+fn names_of_users(app: &App, of_clients: impl Iterator<Item = String>) -> BTreeSet<String> {
     let cfg = app.config();
     let mut names: BTreeSet<String> = cfg.userlist.keys().cloned().collect();
     names.extend(cfg.users.keys().cloned());
     names.extend(app.pools.all().iter().map(|p| p.key.user.clone()));
-    names.extend(app.client_reg.all().iter().map(|c| c.meta.user.to_string()));
+    names.extend(of_clients);
     names.insert(ADMIN_DB.to_owned());
     names
 }
@@ -354,7 +404,6 @@ pub fn users(app: &App, out: &mut BytesMut) {
     let cfg = app.config();
     let s = &cfg.settings;
     let pools = app.pools.all();
-    let clients = app.client_reg.all();
     let mut t = Table::new(
         out,
         &[
@@ -368,17 +417,19 @@ pub fn users(app: &App, out: &mut BytesMut) {
             ("current_client_connections", Ty::Int4),
         ],
     );
-    for name in user_names(app) {
+    // One pass over the pools and one over the clients, not one per user.
+    let mut pool_of: HashMap<&str, &Arc<Pool>> = HashMap::new();
+    for p in &pools {
+        pool_of.entry(p.key.user.as_str()).or_insert(p);
+    }
+    let clients_of = clients_per_user(app);
+    for name in names_of_users(app, clients_of.keys().cloned()) {
         let u = cfg.users.get(&name);
         // All pools of a user share one counter; any of them reads it.
-        let current = pools
-            .iter()
-            .find(|p| p.key.user == name)
+        let current = pool_of
+            .get(name.as_str())
             .map_or(0, |p| p.limits().user.count());
-        let clients_now = clients
-            .iter()
-            .filter(|c| !c.meta.is_admin() && *c.meta.user == *name)
-            .count() as u32;
+        let clients_now = clients_of.get(name.as_str()).copied().unwrap_or(0);
         t.row(vec![
             name.clone().into(),
             u.and_then(|u| u.pool_size).into(),

@@ -191,51 +191,73 @@ fn server_row(s: &ServerView) -> [Cell<'_>; 21] {
 /// Every server: linked ones (from their clients) and idle ones (from their pools).
 fn server_views(app: &App) -> Vec<ServerView> {
     let mut views = Vec::new();
-    let clients = app.client_reg.all();
-    for row in pool_rows(app) {
-        let Some(pool) = row.pool.as_ref() else {
+    let rows = pool_rows(app);
+    let generations: Vec<Option<u64>> = rows
+        .iter()
+        .map(|r| r.pool.as_ref().map(|p| p.generation()))
+        .collect();
+    // The linked servers of each pool, found in one pass over the clients (unsorted,
+    // uncloned) rather than one per pool: a pooler with hundreds of pools and
+    // thousands of clients answers at once. Only a linked client's names are looked
+    // up, and at most as many clients are linked as there are servers.
+    let index: HashMap<(&str, &str), usize> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| ((r.database.as_str(), r.user.as_str()), i))
+        .collect();
+    let mut linked: Vec<Vec<ServerView>> = rows.iter().map(|_| Vec::new()).collect();
+    app.client_reg.for_each(|c| {
+        if c.meta.is_admin() {
+            return;
+        }
+        let Some(s) = c.linked() else {
+            return;
+        };
+        let Some(&i) = index.get(&(&*c.meta.database, &*c.meta.pool_user)) else {
+            return;
+        };
+        let Some(generation) = generations[i] else {
+            return;
+        };
+        linked[i].push(ServerView {
+            id: s.id,
+            user: rows[i].user.clone(),
+            database: rows[i].database.clone(),
+            state: "active",
+            addr: s.addr.clone(),
+            local_addr: s.local_addr,
+            created: s.created,
+            request_time: c.request_time(),
+            close_needed: s.generation != generation,
+            link: Some(c.meta.id),
+            backend_pid: s.backend_pid,
+            application_name: c.meta.application_name.to_string(),
+            prepared: s.prepared(),
+            tls: s.tls,
+            replication: replication_text(c.meta.replication()),
+        });
+    });
+    for ((row, generation), mut active) in rows.iter().zip(generations).zip(linked) {
+        let (Some(pool), Some(generation)) = (row.pool.as_ref(), generation) else {
             continue;
         };
         let cfg = pool.config();
-        let generation = pool.generation();
-        for c in clients.iter().filter(|c| {
-            !c.meta.is_admin()
-                && *c.meta.database == *row.database
-                && *c.meta.pool_user == *row.user
-        }) {
-            if let Some(s) = c.linked() {
-                views.push(ServerView {
-                    id: s.id,
-                    user: row.user.clone(),
-                    database: row.database.clone(),
-                    state: "active",
-                    addr: s.addr.clone(),
-                    local_addr: s.local_addr,
-                    created: s.created,
-                    request_time: c.request_time(),
-                    close_needed: s.generation != generation,
-                    link: Some(c.meta.id),
-                    backend_pid: s.backend_pid,
-                    application_name: c.meta.application_name.to_string(),
-                    prepared: s.prepared(),
-                    tls: s.tls,
-                    replication: replication_text(c.meta.replication()),
-                });
-            }
-        }
+        // In their clients' order, as SHOW CLIENTS lists them.
+        active.sort_by_key(|v| v.link);
+        views.append(&mut active);
         // Given back while cancels were on their way to it: no client, not idle yet.
         for (ident, since) in pool.being_canceled() {
             let prepared = ident.prepared();
             let state = "being_canceled";
             views.push(unlinked_view(
-                &row, &ident, state, since, prepared, generation,
+                row, &ident, state, since, prepared, generation,
             ));
         }
         // Its client gone, its reset query running (PgBouncer's `tested`).
         for (ident, since) in pool.resetting_servers() {
             let prepared = ident.prepared();
             views.push(unlinked_view(
-                &row, &ident, "tested", since, prepared, generation,
+                row, &ident, "tested", since, prepared, generation,
             ));
         }
         // Being opened: no backend yet, and no local end known.
@@ -264,7 +286,7 @@ fn server_views(app: &App) -> Vec<ServerView> {
                 && now.reached(s.last_used, cfg.server_check_delay);
             let state = if used { "used" } else { "idle" };
             views.push(unlinked_view(
-                &row,
+                row,
                 &s.ident,
                 state,
                 s.last_used,

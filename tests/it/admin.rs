@@ -10,6 +10,7 @@ mod access;
 mod autodb;
 mod control;
 mod idle_pools;
+mod many_pools;
 mod metrics;
 mod opening;
 mod pause;
