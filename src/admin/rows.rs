@@ -7,9 +7,8 @@ use std::time::SystemTime;
 
 use bytes::{BufMut, BytesMut};
 
-use crate::tls::TlsInfo;
-
 use crate::protocol::backend::{begin, finish, put_cstr};
+use crate::tls::TlsInfo;
 
 /// Column types the console uses (PgBouncer sends the same OIDs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,12 +5,11 @@
 //! `pgbouncer`, pool size 2, statement mode.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-
-use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
+use rustc_hash::FxHashMap;
 
 use super::rows::{Table, Ty};
 use crate::app::App;
