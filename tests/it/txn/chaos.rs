@@ -48,6 +48,7 @@ async fn chaos(mode: &str) {
     let obs = Observer::new().await;
     let admin = console(&s, ADMIN, ADMIN_PW).await;
     let load = Load::start(&s, &db);
+    let monitor = Monitor::start(&s);
     let named = super::prepared_load::Load::start(&s, &db);
     // Transactions of several requests: transaction pooling only.
     let pairs = (mode == "transaction").then(|| {
@@ -99,6 +100,8 @@ async fn chaos(mode: &str) {
     }
     run_final(&admin, &format!("RESUME {db}")).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let polls = monitor.finish().await;
+    assert!(polls > 0, "the console was never polled");
 
     let (named_ok, named_errors) = named.finish().await;
     let pair_errors = match pairs {
@@ -111,7 +114,9 @@ async fn chaos(mode: &str) {
     }
     let (ended, failed) = load.finish_counting().await;
     let failed = failed + (named_errors.len() + pair_errors.len()) as u64;
-    eprintln!("faults {log:?}: {killed} servers killed, {failed} client errors");
+    eprintln!(
+        "faults {log:?}: {killed} servers killed, {failed} client errors, {polls} console polls"
+    );
     assert!(
         failed <= killed,
         "{failed} client errors from {killed} kills\n{}",
@@ -124,4 +129,75 @@ async fn chaos(mode: &str) {
 /// fine, as long as one comes.
 async fn run_final(admin: &tokio_postgres::Client, sql: &str) {
     let _ = within(STEP, sql, admin.simple_query(sql)).await;
+}
+
+/// The console polled as monitoring polls it, all through the faults, on a connection
+/// of its own: every SHOW that reads each client and server (under the registry's and
+/// the clients' locks, on other threads than the faults') answers, and SHOW SERVERS
+/// lists no server twice and no client as linked to two servers.
+struct Monitor {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<u64>,
+}
+
+const POLLED: [&str; 6] = [
+    "SHOW POOLS",
+    "SHOW SERVERS",
+    "SHOW CLIENTS",
+    "SHOW SOCKETS",
+    "SHOW USERS",
+    "SHOW DATABASES",
+];
+
+impl Monitor {
+    fn start(s: &Arc<crate::support::Sluice>) -> Monitor {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (s, done) = (s.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let c = console(&s, ADMIN, ADMIN_PW).await;
+            let mut polls = 0u64;
+            // Bounded: the faults take a few seconds; 500 rounds at 20 ms is 10 s.
+            while !done.load(std::sync::atomic::Ordering::Relaxed) && polls < 500 {
+                for sql in POLLED {
+                    let answer = within(STEP, sql, c.simple_query(sql))
+                        .await
+                        .unwrap_or_else(|e| panic!("{sql}: {}", err_text(&e)));
+                    if sql == "SHOW SERVERS" {
+                        once_each(&answer);
+                    }
+                }
+                polls += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            polls
+        });
+        Monitor { stop, task }
+    }
+
+    async fn finish(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        within(STEP, "the console's poller", self.task)
+            .await
+            .expect("the poller panicked")
+    }
+}
+
+/// No server (`ptr`) listed twice, no client (`link`) linked to two servers.
+fn once_each(answer: &[tokio_postgres::SimpleQueryMessage]) {
+    let (mut ptrs, mut links) = (
+        std::collections::HashSet::new(),
+        std::collections::HashSet::new(),
+    );
+    for m in answer {
+        let tokio_postgres::SimpleQueryMessage::Row(r) = m else {
+            continue;
+        };
+        let ptr = r.get("ptr").unwrap_or_default().to_owned();
+        assert!(ptrs.insert(ptr.clone()), "server {ptr} listed twice");
+        let link = r.get("link").unwrap_or_default();
+        assert!(
+            link.is_empty() || links.insert(link.to_owned()),
+            "client {link} linked to two servers"
+        );
+    }
 }
