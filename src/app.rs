@@ -285,6 +285,11 @@ impl App {
         self.gate.borrow().blocks(db)
     }
 
+    /// Whether DISABLE holds `db` now (read at every login, so no copy of the gate).
+    pub fn gate_disables(&self, db: &str) -> bool {
+        self.gate.borrow().disabled(db)
+    }
+
     /// A copy of the gate now.
     pub fn gate(&self) -> Gate {
         self.gate.borrow().clone()

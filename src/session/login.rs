@@ -385,7 +385,7 @@ pub async fn login(
     }
     // DISABLE db (admin console): new logins are refused, connected clients stay;
     // told after the password, as PgBouncer tells it.
-    if app.gate().disabled(&database) {
+    if app.gate_disables(&database) {
         let e = ClientError::fatal(
             PROTOCOL_VIOLATION,
             format!("database \"{database}\" is disabled"),
