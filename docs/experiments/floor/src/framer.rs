@@ -70,6 +70,83 @@ impl Framer {
     }
 }
 
+impl Framer {
+    /// Server bytes: follows `d` until `want` ReadyForQuery messages have ended (their
+    /// status byte included), and says how many bytes that took, how many ended, and
+    /// the last one's status. `want` 0: the whole of `d`.
+    pub(crate) fn scan_split(
+        &mut self,
+        d: &[u8],
+        want: u32,
+    ) -> Result<(usize, u32, Option<u8>), ()> {
+        let mut at = 0;
+        let mut readies = 0;
+        let mut status = None;
+        while at < d.len() {
+            if self.skip > 0 {
+                if self.want_status {
+                    status = Some(d[at]);
+                    self.want_status = false;
+                    self.skip -= 1;
+                    at += 1;
+                    readies += 1;
+                    if want > 0 && readies == want && self.skip == 0 {
+                        return Ok((at, readies, status));
+                    }
+                    continue;
+                }
+                let n = (self.skip as usize).min(d.len() - at);
+                self.skip -= n as u32;
+                at += n;
+                continue;
+            }
+            let have = self.have as usize;
+            let n = (5 - have).min(d.len() - at);
+            self.hdr[have..have + n].copy_from_slice(&d[at..at + n]);
+            self.have += n as u8;
+            at += n;
+            if self.have < 5 {
+                break;
+            }
+            self.have = 0;
+            let len = u32::from_be_bytes([self.hdr[1], self.hdr[2], self.hdr[3], self.hdr[4]]);
+            if len < 4 {
+                return Err(());
+            }
+            self.skip = len - 4;
+            if self.hdr[0] == b'Z' {
+                if self.skip == 0 {
+                    return Err(());
+                }
+                self.want_status = true;
+            }
+        }
+        Ok((at, readies, status))
+    }
+}
+
+/// Whether a buffered request may go to a server behind another client's: one whole
+/// simple Query, one statement, starting with SELECT (so it cannot open a transaction
+/// block, and ends with ReadyForQuery `I`).
+pub(crate) fn pipelinable(req: &[u8]) -> bool {
+    let Some(&[b'Q', a, b, c, d]) = req.first_chunk::<5>() else {
+        return false;
+    };
+    let len = u32::from_be_bytes([a, b, c, d]) as usize;
+    if len + 1 != req.len() || len < 5 {
+        return false;
+    }
+    let body = &req[5..req.len() - 1];
+    let t = body.trim_ascii_start();
+    if t.len() < 6 || !t[..6].eq_ignore_ascii_case(b"select") {
+        return false;
+    }
+    match t.iter().position(|&b| b == b';') {
+        None => true,
+        Some(i) => t[i + 1..].iter().all(|b| b.is_ascii_whitespace()),
+    }
+}
+
 /// The `user` parameter of a startup packet's body (after the protocol version).
 pub(crate) fn startup_user(mut body: &[u8]) -> Option<String> {
     let mut next = || {

@@ -21,9 +21,10 @@ use std::os::unix::net::{UnixListener, UnixStream};
 mod ballast;
 mod framer;
 mod ini;
+mod pipeline;
 
 use ballast::Ballast;
-use framer::{startup_user, Framer, Seen};
+use framer::{pipelinable, startup_user, Framer, Seen};
 use ini::read_ini;
 
 const SCRATCH: usize = 64 * 1024;
@@ -56,6 +57,14 @@ struct Conn {
     out: Vec<u8>,
     /// Client: the first of its `FLOOR_COLD_LINES` lines of ballast (see [`Ballast`]).
     ballast: u32,
+    /// Server: clients whose requests were sent behind its peer's, in order, each
+    /// owed one ReadyForQuery; whether its peer's may have more (pipeline.rs).
+    queue: VecDeque<RawFd>,
+    pipe_ok: bool,
+    /// Client: when its server began on its request; whether its last one took
+    /// under `FLOOR_PIPE_US` (pipeline.rs).
+    started: Option<std::time::Instant>,
+    fast: bool,
 }
 
 impl Conn {
@@ -71,6 +80,10 @@ impl Conn {
             req_syncs: 0,
             out: Vec::new(),
             ballast: 0,
+            queue: VecDeque::new(),
+            pipe_ok: false,
+            started: None,
+            fast: false,
         }
     }
 }
@@ -96,6 +109,15 @@ struct Floor {
     /// Clients with answers held back in this batch.
     deferred: Vec<RawFd>,
     logins: usize,
+    /// `FLOOR_PIPELINE=n`: up to n requests in flight on a server (1: off).
+    depth: usize,
+    /// `FLOOR_PIPE_US`: how quick (µs) a client's last query must have been for others
+    /// to be sent behind its next (0: no such check).
+    pipe_us: u128,
+}
+
+fn env_num(name: &str) -> Option<u128> {
+    std::env::var(name).ok()?.parse().ok()
 }
 
 fn die(what: &str) -> ! {
@@ -143,6 +165,8 @@ fn main() {
         logins: 0,
         defer: std::env::var_os("FLOOR_DEFER").is_some(),
         deferred: Vec::new(),
+        depth: env_num("FLOOR_PIPELINE").unwrap_or(1) as usize,
+        pipe_us: env_num("FLOOR_PIPE_US").unwrap_or(0),
     };
     let tcp = std::net::TcpListener::bind(("127.0.0.1", set.port)).unwrap_or_else(|_| die("bind"));
     tcp.set_nonblocking(true)
@@ -334,12 +358,14 @@ impl Floor {
     }
 
     fn chunk(&mut self, fd: RawFd, d: &[u8]) -> Result<(), ()> {
+        let piped = self.depth > 1;
         let c = self.conn(fd);
         match c.kind {
             Kind::Startup => {
                 c.req.extend_from_slice(d);
                 self.startup(fd)
             }
+            Kind::Server if piped => self.server_piped(fd, d),
             Kind::Server => {
                 let mut seen = Seen::default();
                 c.framer.scan(d, true, &mut seen)?;
@@ -384,6 +410,9 @@ impl Floor {
                 }
                 match c.peer {
                     Some(server) => {
+                        if self.conn(server).peer != Some(fd) {
+                            return Err(()); // more from a client sent behind another: not here
+                        }
                         self.conn(server).pending += seen.syncs;
                         self.send(server, d);
                     }
@@ -451,16 +480,24 @@ impl Floor {
 
     /// Gives a client with a buffered request the server, and sends the request.
     fn link(&mut self, client: RawFd, server: RawFd) {
+        let (pipe_us, depth) = (self.pipe_us, self.depth);
         let c = self.conn(client);
         c.peer = Some(server);
         let mut req = std::mem::take(&mut c.req);
         let syncs = std::mem::take(&mut c.req_syncs);
+        let fast = pipe_us == 0 || c.fast;
+        if pipe_us > 0 {
+            c.started = Some(std::time::Instant::now());
+        }
+        let ok = depth > 1 && syncs == 1 && fast && pipelinable(&req);
         let s = self.conn(server);
         s.peer = Some(client);
         s.pending += syncs;
+        s.pipe_ok = ok;
         self.send(server, &req);
         req.clear();
         self.conn(client).req = req;
+        self.top_up(server);
     }
 
     fn release(&mut self, server: RawFd) {
@@ -538,12 +575,18 @@ impl Floor {
         match (c.kind, c.peer) {
             (Kind::Server, peer) => {
                 self.idle.retain(|&s| s != fd);
+                for client in c.queue {
+                    self.close(client);
+                }
                 if let Some(client) = peer {
                     self.close(client);
                 }
             }
             (_, Some(server)) => {
                 let s = self.conn(server);
+                if s.peer != Some(fd) {
+                    return self.close(server); // sent behind another's: not here
+                }
                 if s.pending == 0 && s.status == b'I' && s.out.is_empty() && !c.unsynced {
                     self.release(server);
                 } else {
