@@ -82,7 +82,28 @@ pub fn render(app: &App) -> String {
     databases(app, &mut t);
     config_and_lists(app, &mut t);
     histograms(app, &mut t);
+    pipelined(app, &mut t);
     t.0
+}
+
+/// Sluice's own: requests written to a server behind another client's request
+/// (pool/pipeline.rs), per database and user.
+fn pipelined(app: &App, t: &mut Text) {
+    let name = "sluice_pipelined_requests_total";
+    t.family(
+        name,
+        "counter",
+        "Requests written to a server behind another client's",
+    );
+    let mut pools = app.pools.all();
+    pools.sort_by(|a, b| (&a.key.database, &a.key.user).cmp(&(&b.key.database, &b.key.user)));
+    for p in &pools {
+        let labels = [
+            ("database", p.key.database.as_str()),
+            ("user", p.key.user.as_str()),
+        ];
+        t.sample(name, &labels, p.stats.pipelined());
+    }
 }
 
 fn pools(app: &App, t: &mut Text) {

@@ -272,6 +272,8 @@ impl Pool {
             }
             Answer::Refused => Err(refusal(self)),
             Answer::Served(at, n) => Err(PoolError::Served(at, n)),
+            // (`Behind` is never taken as an answer: `poll_answer` skips it.)
+            Answer::Lost | Answer::Behind => Err(PoolError::Closed),
         }
     }
 
@@ -301,7 +303,9 @@ impl Pool {
             match crate::timer::timeout_at(first, ticket.answer(&mut *on_notice)).await {
                 Ok(Answer::Granted(g)) => return Ok(g),
                 // The janitor's query_wait_timeout can come first.
-                Ok(Answer::Refused | Answer::Served(..)) => return Err(refusal(self)),
+                Ok(Answer::Refused | Answer::Served(..) | Answer::Behind | Answer::Lost) => {
+                    return Err(refusal(self))
+                }
                 Err(_) => {
                     let mut st = self.lock_state();
                     let limit = cfg.pool_size + cfg.reserve_pool_size;
@@ -322,7 +326,9 @@ impl Pool {
         // query_wait_timeout (`Pool::expire_waiters`), as PgBouncer's does.
         match ticket.answer(on_notice).await {
             Answer::Granted(g) => Ok(g),
-            Answer::Refused | Answer::Served(..) => Err(refusal(self)),
+            Answer::Refused | Answer::Served(..) | Answer::Behind | Answer::Lost => {
+                Err(refusal(self))
+            }
         }
     }
 

@@ -31,6 +31,7 @@ impl CancelAim {
     /// Counts a cancel for `server`. Called under its client's link lock.
     pub fn new(server: Arc<ServerIdent>) -> CancelAim {
         server.cancels.fetch_add(1, Ordering::SeqCst);
+        server.aimed.fetch_add(1, Ordering::SeqCst);
         CancelAim(server)
     }
 }

@@ -49,7 +49,7 @@ const MAX_GATHERED: usize = 4 * READ_SIZE;
 const GATHER_WINDOW_US: u64 = 10_000;
 
 /// Starts gathering the answer to `r` with `part`, its first read: the window opens.
-fn start_gathering(r: &mut super::Request, part: &[u8]) {
+pub(super) fn start_gathering(r: &mut super::Request, part: &[u8]) {
     r.answer.extend_from_slice(part);
     let end = Tick::now() + std::time::Duration::from_micros(GATHER_WINDOW_US);
     match r.gather_end.as_mut() {
@@ -108,23 +108,31 @@ enum Answered {
     Other,
 }
 
+#[cfg(test)]
 fn answered(b: &[u8]) -> Answered {
+    answered_at(b, false).0
+}
+
+/// As [`answered`], with where the answer ends: with `behind` (another request was
+/// written behind this one, pipeline.rs), bytes after the ReadyForQuery `I` are the
+/// next answer's, and the answer is whole up to there.
+fn answered_at(b: &[u8], behind: bool) -> (Answered, usize) {
     let mut at = 0;
     // A notice (or notification) in an answer not yet whole: PostgreSQL sent it at
     // once (a long function's progress, say), so it is not held back for the rest.
     let mut noticed = false;
     let partial = |noticed| {
         if noticed {
-            Answered::Other
+            (Answered::Other, 0)
         } else {
-            Answered::Partial
+            (Answered::Partial, 0)
         }
     };
     // (A header as an array: one bounds check per message, not five.)
     while let Some(&[tag, l0, l1, l2, l3]) = b.get(at..).and_then(|r| r.first_chunk::<5>()) {
         let len = u32::from_be_bytes([l0, l1, l2, l3]) as usize;
         if len < 4 || matches!(tag, b'S' | b'G' | b'H' | b'W') {
-            return Answered::Other;
+            return (Answered::Other, 0);
         }
         noticed |= matches!(tag, b'N' | b'A');
         let end = at + 1 + len;
@@ -134,16 +142,16 @@ fn answered(b: &[u8]) -> Answered {
         };
         // ("DISCARD ALL\0" and "DEALLOCATE ALL\0": the length tells most apart.)
         if tag == b'C' && matches!(len, 16 | 19) && clears_all(body) {
-            return Answered::Other;
+            return (Answered::Other, 0);
         }
         if tag == b'Z' {
-            // One request, one ReadyForQuery: the last message, of its one status
-            // byte, `I`.
-            let idle = end == b.len() && body == b"I";
+            // One request, one ReadyForQuery: the last message (or the last of this
+            // answer), of its one status byte, `I`.
+            let idle = (end == b.len() || behind) && body == b"I";
             return if idle {
-                Answered::Whole
+                (Answered::Whole, end)
             } else {
-                Answered::Other
+                (Answered::Other, 0)
             };
         }
         at = end;
@@ -165,9 +173,29 @@ impl Pool {
             static BUF: std::cell::RefCell<Box<[u8; READ_SIZE]>> =
                 std::cell::RefCell::new(Box::new([0; READ_SIZE]));
         }
-        let id = d.id.load(Ordering::Relaxed);
-        let st = self.lock_state();
-        BUF.with_borrow_mut(|buf| self.delegate_relay(d, st, id, buf));
+        thread_local! {
+            /// Delegates woken while one runs (the next request's, pipeline.rs): run
+            /// after it, with the buffer free.
+            static LATER: std::cell::RefCell<Vec<Arc<Delegate>>> =
+                const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let ran = BUF.with(|b| {
+            let Ok(mut buf) = b.try_borrow_mut() else {
+                return false;
+            };
+            let st = self.lock_state();
+            self.delegate_relay(d, st, d.id.load(Ordering::Relaxed), &mut buf);
+            while let Some(next) = LATER.with_borrow_mut(Vec::pop) {
+                if let Some(p) = next.pool.upgrade() {
+                    let st = p.lock_state();
+                    p.delegate_relay(&next, st, next.id.load(Ordering::Relaxed), &mut buf);
+                }
+            }
+            true
+        });
+        if !ran {
+            LATER.with_borrow_mut(|l| l.push(d.clone()));
+        }
     }
 
     fn delegate_relay(
@@ -186,71 +214,88 @@ impl Pool {
             return;
         };
         let (wid, answer, mut request) = st.answers.swap_remove(i);
-        let Answer::Granted(Grant::Server(conn)) = answer else {
+        let Answer::Granted(Grant::Server(mut conn)) = answer else {
             return;
         };
-        let n = loop {
-            match conn.stream.try_read(&mut buf[..]) {
-                Ok(n) if n > 0 => {
-                    // Most answers come in one read, relayed from `buf`; one in several
-                    // is gathered with the request (a delegate always has one).
-                    let state = match request.as_mut().filter(|r| !r.answer.is_empty()) {
-                        Some(r) => {
-                            r.answer.extend_from_slice(&buf[..n]);
-                            answered(&r.answer)
-                        }
-                        None => {
-                            let state = answered(&buf[..n]);
-                            if state != Answered::Whole {
-                                if let Some(r) = request.as_mut() {
-                                    start_gathering(r, &buf[..n]);
-                                }
+        let behind = conn.behind.is_some();
+        // What came of this answer with the one before it (pipeline.rs) may be whole.
+        let mut end = request
+            .as_deref()
+            .filter(|r| !r.answer.is_empty())
+            .map(|r| answered_at(&r.answer, behind))
+            .map_or(
+                0,
+                |(state, end)| if state == Answered::Whole { end } else { 0 },
+            );
+        let n = if end > 0 {
+            0
+        } else {
+            loop {
+                match conn.stream.try_read(&mut buf[..]) {
+                    Ok(n) if n > 0 => {
+                        // Most answers come in one read, relayed from `buf`; one in several
+                        // is gathered with the request (a delegate always has one).
+                        let (state, e) = match request.as_mut().filter(|r| !r.answer.is_empty()) {
+                            Some(r) => {
+                                r.answer.extend_from_slice(&buf[..n]);
+                                answered_at(&r.answer, behind)
                             }
-                            state
-                        }
-                    };
-                    match state {
-                        Answered::Whole => break n,
-                        Answered::Partial
-                            if request.as_deref().is_some_and(|r| {
-                                r.answer.len() < MAX_GATHERED && may_gather(r)
-                            }) =>
-                        {
-                            continue
-                        }
-                        // Not for the delegate: the waiter's relay takes the bytes read.
-                        _ => return hand_back(st, wid, conn, request),
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    // Part of the answer gathered: it waits for the rest only until its
-                    // window ends (woken then by `gather_end`), then goes on by the
-                    // waiter's relay, which passes on the rest as it comes.
-                    let gathered = request.as_deref().filter(|r| !r.answer.is_empty());
-                    if gathered.is_some_and(|r| !may_gather(r)) {
-                        return hand_back(st, wid, conn, request);
-                    }
-                    let gathering = gathered.is_some();
-                    let w = Waker::from(d.clone());
-                    let mut cx = Context::from_waker(&w);
-                    if conn.stream.poll_read_ready(&mut cx).is_pending() {
-                        let armed = match request.as_mut().filter(|_| gathering) {
-                            Some(r) => arm_gather_end(r, &mut cx),
-                            None => true,
+                            None => {
+                                let (state, e) = answered_at(&buf[..n], behind);
+                                if state != Answered::Whole {
+                                    if let Some(r) = request.as_mut() {
+                                        start_gathering(r, &buf[..n]);
+                                    }
+                                }
+                                (state, e)
+                            }
                         };
-                        if !armed {
-                            // (Ended since the look above: the readiness may still wake
-                            // the delegate, which finds the place gone or taken on.)
+                        match state {
+                            Answered::Whole => {
+                                end = e;
+                                break n;
+                            }
+                            Answered::Partial
+                                if request.as_deref().is_some_and(|r| {
+                                    r.answer.len() < MAX_GATHERED && may_gather(r)
+                                }) =>
+                            {
+                                continue
+                            }
+                            // Not for the delegate: the waiter's relay takes the bytes read.
+                            _ => return hand_back(st, wid, conn, request),
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        // Part of the answer gathered: it waits for the rest only until its
+                        // window ends (woken then by `gather_end`), then goes on by the
+                        // waiter's relay, which passes on the rest as it comes.
+                        let gathered = request.as_deref().filter(|r| !r.answer.is_empty());
+                        if gathered.is_some_and(|r| !may_gather(r)) {
                             return hand_back(st, wid, conn, request);
                         }
-                        st.answers
-                            .push((wid, Answer::Granted(Grant::Server(conn)), request));
-                        return;
+                        let gathering = gathered.is_some();
+                        let w = Waker::from(d.clone());
+                        let mut cx = Context::from_waker(&w);
+                        if conn.stream.poll_read_ready(&mut cx).is_pending() {
+                            let armed = match request.as_mut().filter(|_| gathering) {
+                                Some(r) => arm_gather_end(r, &mut cx),
+                                None => true,
+                            };
+                            if !armed {
+                                // (Ended since the look above: the readiness may still wake
+                                // the delegate, which finds the place gone or taken on.)
+                                return hand_back(st, wid, conn, request);
+                            }
+                            st.answers
+                                .push((wid, Answer::Granted(Grant::Server(conn)), request));
+                            return;
+                        }
                     }
+                    // Closed or failed: the waiter's relay meets it on its own read (after
+                    // what was gathered).
+                    _ => return hand_back(st, wid, conn, request),
                 }
-                // Closed or failed: the waiter's relay meets it on its own read (after
-                // what was gathered).
-                _ => return hand_back(st, wid, conn, request),
             }
         };
         // The answer: gathered with the request, or the last read alone.
@@ -261,16 +306,33 @@ impl Pool {
                 std::mem::take(&mut r.answer)
             })
             .unwrap_or_default();
-        let answer = if gathered.is_empty() {
+        let whole = if gathered.is_empty() {
             &buf[..n]
         } else {
             &gathered[..]
         };
+        // The rest is the answer to the request written behind (pipeline.rs).
+        let (answer, rest) = whole.split_at(end.min(whole.len()));
         let n = answer.len();
         let now = Tick::now();
-        if let Some(r) = request.as_ref() {
+        if request.as_ref().is_some_and(|r| r.behind.gone) {
+            // Its client left (pipeline.rs): the answer is dropped, the server goes on.
+            conn.ahead.extend_from_slice(rest);
+            drop(st);
+            self.release_at(conn, true, now);
+            return;
+        }
+        if let Some(r) = request.as_mut() {
+            // Canceled by a cancel aimed at the request before it: written again.
+            if r.write_again(&mut conn, answer) {
+                return self.await_again(d, st, wid, conn, request);
+            }
+            r.behind.quick = r
+                .granted
+                .is_some_and(|g| now.since(g) < super::pipeline::QUICK);
             r.client.unlink();
         }
+        conn.ahead.extend_from_slice(rest);
         st.answers
             .push((wid, Answer::Served(now, n as u32), request));
         drop(st);
@@ -312,6 +374,30 @@ impl Pool {
     }
 }
 
+impl Pool {
+    /// The request was written again (pipeline.rs): the delegate waits for its answer.
+    fn await_again(
+        &self,
+        d: &Arc<Delegate>,
+        mut st: MutexGuard<'_, PoolState>,
+        wid: u64,
+        conn: super::ServerConn,
+        request: Option<Box<super::Request>>,
+    ) {
+        let w = Waker::from(d.clone());
+        let ready = conn
+            .stream
+            .poll_read_ready(&mut Context::from_waker(&w))
+            .is_ready();
+        st.answers
+            .push((wid, Answer::Granted(Grant::Server(conn)), request));
+        drop(st);
+        if ready {
+            w.wake();
+        }
+    }
+}
+
 /// Leaves the server with the waiter's place and wakes its task, which relays what
 /// is left of the answer itself.
 fn hand_back(
@@ -320,8 +406,17 @@ fn hand_back(
     conn: super::ServerConn,
     mut request: Option<Box<super::Request>>,
 ) {
+    if request.as_ref().is_some_and(|r| r.behind.gone) {
+        // Nobody to take it over: closed, and the request behind it fails
+        // (pipeline.rs; an answer the delegate could not finish, its client gone).
+        drop(st);
+        drop(conn);
+        return;
+    }
     let task = request.as_mut().and_then(|r| {
         r.gather_end = None;
+        // An answer the delegate did not finish is no quick one (pipeline.rs).
+        r.behind.quick = false;
         r.task.take()
     });
     st.answers

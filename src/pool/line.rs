@@ -76,6 +76,8 @@ pub struct Request {
     /// Wakes the delegate when the gathering window of a part-gathered answer ends,
     /// so that the part goes on though the rest is slow to come (delegate.rs).
     pub gather_end: Option<crate::timer::Sleep>,
+    /// How this request and the client's last one stand for pipelining (pipeline.rs).
+    pub(super) behind: super::pipeline::Behind,
 }
 
 impl Request {
@@ -95,7 +97,29 @@ impl Request {
             answer: BytesMut::new(),
             owed: BytesMut::new(),
             gather_end: None,
+            behind: Default::default(),
         })
+    }
+
+    /// Whether the client's relay follows answers with its prepared-statement tracker,
+    /// which may rewrite them: then no other request goes behind this one
+    /// (pipeline.rs).
+    pub fn set_tracked(&mut self, tracked: bool) {
+        self.behind.tracked = tracked;
+    }
+
+    /// Writes the request, behind another's, to `conn` without linking its client
+    /// (pipeline.rs); what is not written stays, as in [`Request::send_on`].
+    pub(super) fn write_behind(&mut self, conn: &mut ServerConn) {
+        while !self.bytes.is_empty() {
+            match conn.stream.try_write(&self.bytes) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    self.sent = true;
+                    self.bytes.advance(n);
+                }
+            }
+        }
     }
 
     /// Writes as much of the request to `conn` as it takes without waiting, if the
@@ -104,6 +128,11 @@ impl Request {
     pub(super) fn send_on(&mut self, conn: &mut ServerConn) {
         if !crate::session::params::matches(&self.params, conn) {
             return;
+        }
+        if !self.sent {
+            self.behind.select = self.delegate_ok
+                && !self.behind.tracked
+                && super::pipeline::one_select(&self.bytes);
         }
         while !self.bytes.is_empty() {
             match conn.stream.try_write(&self.bytes) {
@@ -134,6 +163,11 @@ pub(super) enum Answer {
     /// (delegate.rs), at this time and of this many bytes: the waiter only folds in
     /// its counts.
     Served(Tick, u32),
+    /// The request went to a server behind another client's (pipeline.rs): the place
+    /// waits on, out of line, until the server gets to it.
+    Behind,
+    /// The server the request went to behind another's closed first.
+    Lost,
 }
 
 /// A place in a pool's line; dropping it leaves the line (and passes on an answer
@@ -211,6 +245,13 @@ impl Waiter {
         true
     }
 
+    /// Its place number, waker and request, its notice (if owed) dropped: for a
+    /// waiter taken out of line whose place lives on elsewhere (pipeline.rs).
+    pub(super) fn into_parts(self, st: &mut PoolState) -> (u64, Waker, Option<Box<Request>>) {
+        take_notice(st, self.id);
+        (self.id, self.waker, self.request)
+    }
+
     /// Leaves `answer` for this waiter (taken out of line) in the pool's state: the
     /// waker to wake once the lock is released.
     pub(super) fn answer(self, st: &mut PoolState, answer: Answer) -> Waker {
@@ -248,7 +289,8 @@ impl Ticket {
         // another task (it is awaited where it was taken).
         let mut st = self.pool.lock_state();
         let notice = take_notice(&mut st, self.id);
-        match st.answers.iter().position(|(id, ..)| *id == self.id) {
+        let mine = |(id, a, _): &(u64, Answer, _)| *id == self.id && !matches!(a, Answer::Behind);
+        match st.answers.iter().position(mine) {
             Some(i) => {
                 let (_, answer, request) = st.answers.swap_remove(i);
                 self.answered = true;
@@ -319,6 +361,12 @@ impl Drop for Ticket {
             }
             match st.answers.iter().position(|(id, ..)| *id == self.id) {
                 Some(i) => {
+                    // The server has another client's request behind this one's
+                    // answer: its delegate reads that answer and drops it instead
+                    // (pipeline.rs).
+                    if super::pipeline::drain_for_behind(&mut st.answers[i]) {
+                        return;
+                    }
                     let (_, answer, request) = st.answers.swap_remove(i);
                     (answer, request)
                 }
@@ -346,6 +394,15 @@ impl Pool {
         let mut st = self.lock_state();
         let place = st.waiters.iter_mut().rev().find(|w| w.id == id);
         if let Some(r) = place.and_then(|w| w.request.as_mut()) {
+            r.more = true;
+            return;
+        }
+        // Written behind another client's request: woken when the server gets to it.
+        let behind = st
+            .answers
+            .iter_mut()
+            .find(|(i, a, _)| *i == id && matches!(a, Answer::Behind));
+        if let Some(r) = behind.and_then(|(_, _, r)| r.as_mut()) {
             r.more = true;
         }
     }

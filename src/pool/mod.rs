@@ -18,6 +18,7 @@ mod line;
 mod login_hold;
 pub mod lookup;
 pub mod opening;
+mod pipeline;
 pub mod registry;
 mod resetting;
 pub mod server;
@@ -366,6 +367,23 @@ impl Pool {
             }
         }
         let mut st = self.lock_state();
+        // A request was written behind the one just answered: the server is its, even
+        // if it must close after (too old, from before a reload).
+        if clean && conn.behind.is_some() && conn.close_needed.is_none() {
+            return match self.advance(&mut st, conn, now) {
+                Ok(wake) => {
+                    drop(st);
+                    if let Some(w) = wake {
+                        w.wake();
+                    }
+                    true
+                }
+                Err(conn) => {
+                    drop(st);
+                    self.release_at(conn, false, now)
+                }
+            };
+        }
         // Not reusable (unclean, too old, from before a reload...): closed, and why.
         if let Some(reason) = closing::release_close_reason(&conn, clean, &st, now) {
             let reason = closing::noted(&mut st, reason, now);
@@ -395,6 +413,12 @@ impl Pool {
                     r.send_on(&mut conn);
                 }
                 let asleep = w.wake_on_answer(&conn, now);
+                if asleep
+                    && w.request.as_deref().is_some_and(pipeline::may_lead)
+                    && pipeline::send_behind(&mut st, &mut conn, now)
+                {
+                    self.stats.count_pipelined();
+                }
                 let waker = w.answer(&mut st, line::Answer::Granted(Grant::Server(conn)));
                 drop(st);
                 if !asleep {

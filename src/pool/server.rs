@@ -73,6 +73,23 @@ pub struct ServerState {
     pub prepared: crate::prepared::ServerStatements,
     /// Units of the database and user limits, returned when the connection closes.
     pub(crate) limit_tokens: Option<(LimitToken, LimitToken)>,
+    /// The place in line whose request was written behind the one the server works
+    /// on (pipeline.rs), and what of its answer a relay read with the one before.
+    pub(crate) behind: Option<u64>,
+    pub(crate) ahead: bytes::BytesMut,
+}
+
+impl Drop for ServerState {
+    fn drop(&mut self) {
+        // Closed with a request behind the one it worked on: that request's client
+        // gets the error of a server lost mid-query, instead of waiting on. (Lent
+        // connections are never dropped under their pool's lock: see `LentMark`.)
+        if let Some(id) = self.behind.take() {
+            if let Some(pool) = self.lent.pool() {
+                pool.lose_behind(id);
+            }
+        }
+    }
 }
 
 /// A server connection's fixed facts, made once at login and shared (one pointer)
@@ -105,6 +122,9 @@ pub struct ServerIdent {
     prepared: AtomicU32,
     /// The connection, while held off the pool for those cancels.
     pub(crate) held: std::sync::Mutex<Option<ServerConn>>,
+    /// Cancel requests ever aimed at it: a request written behind another learns
+    /// from it whether one was aimed while it waited there (pipeline.rs).
+    pub(crate) aimed: AtomicU32,
 }
 
 impl ServerIdent {
@@ -117,6 +137,7 @@ impl ServerIdent {
             created: Tick::now(),
             generation,
             cancels: AtomicU32::new(0),
+            aimed: AtomicU32::new(0),
             local_addr: None,
             peer_addr: None,
             tls: Default::default(),
@@ -380,6 +401,8 @@ pub(crate) async fn connect(
         _slot: slot,
         limit_tokens: None,
         prepared: Default::default(),
+        behind: None,
+        ahead: Default::default(),
     }));
     if let Some(q) = &cfg.connect_query {
         conn.run_internal(q, limit).await?;
@@ -405,5 +428,7 @@ pub(crate) fn conn_for_tests(stream: Stream, slot: SlotToken, generation: u64) -
         _slot: slot,
         limit_tokens: None,
         prepared: Default::default(),
+        behind: None,
+        ahead: Default::default(),
     }))
 }

@@ -235,13 +235,22 @@ pub(super) fn serve<'a>(
         };
         // No cancel reaches the server now (its reset, if any, is ours).
         s.info.unlink();
-        let clean = match s.relay.active() {
+        let mut clean = match s.relay.active() {
             Some(relay) => {
                 s.pool.stats.flush(&mut relay.stats);
                 relay.server_clean()
             }
             None => true,
         };
+        // Another client's request was written behind this one's (pool/pipeline.rs):
+        // the rest of this answer is read and dropped, not the server closed under it.
+        if let (false, Some(srv), Some(relay)) = (
+            clean,
+            s.server.as_mut().filter(|v| v.behind.is_some()),
+            s.relay.active(),
+        ) {
+            clean = Box::pin(relay.drain_for_behind(srv, &mut s.params)).await;
+        }
         if let Some(srv) = s.server.take() {
             Box::pin(finish_server(&s.pool, srv, clean, mode)).await;
         }

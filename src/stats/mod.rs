@@ -43,6 +43,8 @@ pub struct PoolStats {
     server_parses: AtomicU64,
     binds: AtomicU64,
     logins: AtomicU64,
+    /// Requests written behind another client's on a server (pool/pipeline.rs).
+    pipelined: AtomicU64,
     pub query_hist: Histogram,
     pub xact_hist: Histogram,
     pub wait_hist: Histogram,
@@ -105,6 +107,16 @@ impl PoolStats {
     /// Counts a client's login (it has no relay yet to count it in).
     pub fn count_login(&self) {
         self.logins.fetch_add(1, Relaxed);
+    }
+
+    /// Counts a request written behind another client's (pool/pipeline.rs).
+    pub fn count_pipelined(&self) {
+        self.pipelined.fetch_add(1, Relaxed);
+    }
+
+    /// Requests written behind another client's since start (`/metrics`).
+    pub fn pipelined(&self) -> u64 {
+        self.pipelined.load(Relaxed)
     }
 
     /// Folds a client's delta in and clears it.

@@ -23,6 +23,7 @@ mod midbatch;
 mod mixed;
 mod pairs;
 mod params;
+mod pipelined;
 mod portals;
 mod prepared_load;
 mod protocol;

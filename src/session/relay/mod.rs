@@ -10,10 +10,12 @@ use std::io;
 
 use bytes::{Buf, BytesMut};
 
+mod behind;
 mod copy;
 mod count;
 mod delegated;
 mod midbatch;
+mod owed;
 mod parked;
 mod prepared;
 mod spare;
@@ -127,6 +129,9 @@ pub struct Relay {
     desync: bool,
     /// A ReadyForQuery arrived in the last server read.
     saw_ready: bool,
+    /// The answer before another client's request ended in the last server read
+    /// (behind.rs): the server goes on to that request now.
+    lead_ended: bool,
     /// `server_preload` holds bytes: a flag on the relay's first lines, so that the
     /// hot loop need not read the cold buffer's header.
     preloaded: bool,
@@ -200,13 +205,17 @@ impl Relay {
         release: ReleaseAt,
         stats: &PoolStats,
     ) -> Outcome {
-        if let Err(e) = self.rewrite_pending(server) {
-            return e;
-        }
-        // The request that made the client ask for a server goes out now, without
-        // waiting a loop turn for writability.
-        if let Err(e) = flush(&server.stream, &mut self.c2s) {
-            return Outcome::ServerClosed(e);
+        // With another client's request behind the one this client's answer is
+        // owed for, nothing more of this client's goes to the server (behind.rs).
+        if server.behind.is_none() {
+            if let Err(e) = self.rewrite_pending(server) {
+                return e;
+            }
+            // The request that made the client ask for a server goes out now, without
+            // waiting a loop turn for writability.
+            if let Err(e) = flush(&server.stream, &mut self.c2s) {
+                return Outcome::ServerClosed(e);
+            }
         }
         let mut transaction_ended = false;
         let mut timer = None;
@@ -233,7 +242,7 @@ impl Relay {
                 server_read: self.s2c.is_empty(),
                 client_write: !self.s2c.is_empty(),
                 client_read: self.c2s.is_empty() && !self.terminated,
-                server_write: !self.c2s.is_empty(),
+                server_write: !self.c2s.is_empty() && server.behind.is_none(),
                 client_first: self.pending == 0,
             };
             let wake = if self.preloaded {
@@ -251,6 +260,10 @@ impl Relay {
                         Err(ServerRead::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => continue,
                         Err(ServerRead::Io(e)) => return Outcome::ServerClosed(e),
                         Err(ServerRead::Protocol(e)) => return Outcome::ServerProtocol(e),
+                    }
+                    if std::mem::take(&mut self.lead_ended) {
+                        self.note_server_activity(stats);
+                        return self.released();
                     }
                     if let Err(e) = self.replay_if_needed(server) {
                         return e;
@@ -310,6 +323,9 @@ impl Relay {
                             return client_protocol(e);
                         }
                         Err(e) => return Outcome::ClientFailed(e),
+                    }
+                    if server.behind.is_some() {
+                        continue;
                     }
                     if let Err(e) = flush(&server.stream, &mut self.c2s) {
                         return Outcome::ServerClosed(e);
@@ -423,11 +439,21 @@ impl Relay {
         // PgBouncer drops a server that sent something after its ReadyForQuery. A
         // read that ends with the ReadyForQuery costs one test.
         let mut ended = false;
+        // With another client's request written behind this one (pool/pipeline.rs),
+        // what follows the ReadyForQuery is that client's answer: it is cut off here
+        // (`cut`, its offset in `s2c`) and left with the server.
+        let behind = server.behind.is_some();
+        let (mut lead_end, mut cut) = (false, None);
         // One deref of the boxed connection, so its fields borrow apart.
         let server = &mut **server;
         let (server_params, close_needed) = (&mut server.params, &mut server.close_needed);
         let on_event = |e: Event<'_>| match e {
-            Event::Start { tag, .. } => {
+            _ if cut.is_some() => Body::Skip,
+            Event::Start { tag, at, .. } => {
+                if lead_end {
+                    cut = Some(start + at.unwrap_or(0));
+                    return Body::Skip;
+                }
                 if ended && tag != TAG_NOTIFICATION_RESPONSE {
                     *close_needed = Some("idle server got dirty");
                 }
@@ -473,6 +499,12 @@ impl Relay {
                     *xacts_done += 1;
                 }
                 ended = *pending == 0 && *status == b'I' && !unsynced;
+                // The one request before another's (its own requests sent after it
+                // are held back, so this is its ReadyForQuery).
+                lead_end = behind;
+                if behind && *status != b'I' {
+                    *close_needed = Some("idle server got dirty");
+                }
                 Body::Skip
             }
             Event::Complete {
@@ -511,6 +543,10 @@ impl Relay {
             }
         }
         .map_err(ServerRead::Protocol)?;
+        if let Some(at) = cut {
+            self.cut_behind(server, at);
+        }
+        self.lead_ended = lead_end;
         if let Some(p) = self.prepared.as_mut() {
             self.pending = self.pending.saturating_sub(p.take_skipped_ready());
         }
@@ -520,42 +556,6 @@ impl Relay {
             )));
         }
         Ok(())
-    }
-
-    /// Whether server bytes wait in the relay for the client (after a release point).
-    pub fn owes_client(&self) -> bool {
-        !self.s2c.is_empty()
-    }
-
-    /// Writes as much of what the client is owed as its socket takes now; true when
-    /// all of it went.
-    pub fn try_pay_client(&mut self, client: &Stream) -> io::Result<bool> {
-        flush(client, &mut self.s2c)?;
-        Ok(self.s2c.is_empty())
-    }
-
-    /// Tells a client waiting in line past `query_wait_notify` that it is queued, with
-    /// PgBouncer's notice. A waiting client is owed nothing (its session paid it before
-    /// reading the request), so the notice goes straight to the socket; what the
-    /// socket does not take now waits in `s2c`, which is written before anything the
-    /// server sends.
-    pub fn notice_queued(&mut self, client: &Stream) -> io::Result<()> {
-        let mut msg = BytesMut::with_capacity(96);
-        crate::protocol::backend::notice_response(&mut msg, "NOTICE", "00000", QUEUED_NOTICE);
-        if self.s2c.is_empty() {
-            flush(client, &mut msg)?;
-        }
-        self.s2c.extend_from_slice(&msg);
-        Ok(())
-    }
-
-    /// Writes a message the pooler made (an error, say) to the client, after anything
-    /// still pending for it.
-    pub async fn send_to_client(&mut self, client: &Stream, msg: &[u8]) -> io::Result<()> {
-        self.s2c.extend_from_slice(msg);
-        let r = client.write_all(&self.s2c).await;
-        self.s2c.clear();
-        r
     }
 }
 

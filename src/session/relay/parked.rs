@@ -329,6 +329,7 @@ impl Relay {
             max_packet: _,
             no_simple_query: _,
             saw_ready,
+            lead_ended,
             preloaded: _,
             timeouts: _,
             request_started,
@@ -356,6 +357,7 @@ impl Relay {
         *terminated = false;
         *desync = false;
         *saw_ready = false;
+        *lead_ended = false;
         *request_started = None;
         *transaction_started = None;
         *readies = 0;

@@ -322,6 +322,7 @@ impl Relay {
         };
         // The timeouts a delegate could not keep are those the task must stay awake for.
         r.timed = !self.delegable();
+        r.set_tracked(self.prepared.as_ref().is_some_and(|p| p.watches(false)));
         r
     }
 

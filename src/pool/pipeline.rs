@@ -1,0 +1,343 @@
+//! Requests of two clients in flight on one server.
+//!
+//! A backend that has answered a request finds no next one: the pooler must first read
+//! the answer and write the next waiter's request, so behind any pooler every backend
+//! sleeps and is woken once per transaction. Finding the next request already there
+//! spares PostgreSQL a quarter to a third of its work per query, and the pooler a read
+//! (docs/performance/rounds-60-79.md, sixty-first round).
+//!
+//! So when the hand-over gives a server a request that is one simple Query of one
+//! `SELECT`, which cannot open a transaction block (the server is idle after it,
+//! errors included), the request of the next client in line is written right behind
+//! it if it is such a request too. Its place leaves the line and waits as
+//! [`Answer::Behind`]; the server's answers are split at the first one's
+//! ReadyForQuery (by its delegate, or by its relay, which keeps the rest in
+//! `ServerState::ahead`), and its release goes on to the second client
+//! ([`Pool::advance`]) instead of the line. Only behind a client whose last answer
+//! came within [`QUICK`] of its request, so that a slow query holds nobody up; not
+//! while a cancel is on its way to the server; and only where a delegate relays both
+//! answers (transaction pooling, one event loop, plaintext, no timeout that needs the
+//! relay's clock), with no prepared statements on the server.
+//!
+//! What could reach the second client that is not its own:
+//! - a cancel aimed at the first client's query that lands after it ended: a backend
+//!   drops a cancel that comes between two queries, but with the next request already
+//!   there is no such gap. The second client's answer is then checked, and if it was
+//!   canceled its request is written again (a canceled `SELECT` committed nothing);
+//! - the first client vanishing mid-answer: its answer is read to its end and dropped
+//!   (`Session::drain_for_behind`), not the server closed;
+//! - the server failing: the second client gets the error of a server lost mid-query
+//!   ([`Answer::Lost`]).
+
+use std::sync::atomic::Ordering;
+use std::task::Waker;
+
+use bytes::BytesMut;
+
+use super::line::{Answer, Request};
+use super::{Grant, Pool, PoolState, ServerConn};
+use crate::clock::Tick;
+use crate::protocol::header::{TAG_ERROR_RESPONSE, TAG_QUERY};
+
+/// How quickly a client's last answer must have come (from its request written to the
+/// answer read) for another client's request to be written behind its next one.
+pub(super) const QUICK: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// The longest request written behind another (a copy is kept for writing it again).
+const MAX_BEHIND: usize = 2048;
+
+/// A request's standing for pipelining, kept in its box from one request to the next.
+#[derive(Debug, Default)]
+pub struct Behind {
+    /// The request is one simple Query of one `SELECT` (set when it is first written).
+    pub(super) select: bool,
+    /// The client's relay follows answers with its prepared-statement tracker.
+    pub(super) tracked: bool,
+    /// The client's last answer came within [`QUICK`].
+    pub(super) quick: bool,
+    /// Written behind another: a copy, to write again if a cancel aimed at the one
+    /// before canceled it.
+    resend: BytesMut,
+    /// The server's count of cancels aimed at it when this one was written behind.
+    aimed: u32,
+    /// A cancel was aimed at the server while this request waited behind: its answer
+    /// is checked for a cancel that was not its own.
+    pub(super) exposed: bool,
+    /// Its client left while its delegate waited for its answer, with another
+    /// request behind it: the answer is read and dropped, touching no client socket.
+    pub(super) gone: bool,
+}
+
+/// Place `entry`'s client is leaving: if its answer is on its way from a server with
+/// another request behind it, and its delegate waits for it, the place stays for the
+/// delegate to read that answer and drop it (true); the server then goes on to the
+/// request behind, which closing it would fail.
+pub(super) fn drain_for_behind(entry: &mut (u64, Answer, Option<Box<Request>>)) -> bool {
+    let (_, Answer::Granted(Grant::Server(conn)), Some(r)) = entry else {
+        return false;
+    };
+    if conn.behind.is_none() || !r.delegate_ok || r.task.is_none() {
+        return false;
+    }
+    r.behind.gone = true;
+    r.task = None;
+    true
+}
+
+/// Whether `req` is one whole simple Query holding one statement that starts with
+/// `SELECT`. (A comment before it, or a `;` inside a literal, makes it not one: a
+/// request is only ever left out, never taken wrongly.)
+pub(super) fn one_select(req: &[u8]) -> bool {
+    let Some(&[TAG_QUERY, a, b, c, d]) = req.first_chunk::<5>() else {
+        return false;
+    };
+    let len = u32::from_be_bytes([a, b, c, d]) as usize;
+    if len < 5 || len + 1 != req.len() || req.last() != Some(&0) {
+        return false;
+    }
+    let text = req[5..req.len() - 1].trim_ascii_start();
+    let Some(word) = text.get(..7) else {
+        return false;
+    };
+    if !word[..6].eq_ignore_ascii_case(b"select")
+        || word[6].is_ascii_alphanumeric()
+        || word[6] == b'_'
+    {
+        return false;
+    }
+    match text.iter().position(|&b| b == b';' || b == 0) {
+        None => true,
+        Some(i) => text[i] == b';' && text[i + 1..].iter().all(u8::is_ascii_whitespace),
+    }
+}
+
+/// Whether another request may be written behind `r`, which the server was just
+/// handed with: all of it written, to be answered by its delegate, a `SELECT`, from a
+/// client whose last answer was quick.
+pub(super) fn may_lead(r: &Request) -> bool {
+    r.sent
+        && r.bytes.is_empty()
+        && r.delegate_ok
+        && !r.more
+        && !r.timed
+        && r.behind.select
+        && r.behind.quick
+}
+
+/// Writes the request of the first in line behind the one `conn` was just handed
+/// with (see [`may_lead`]), if it is one that may go there; true if it was.
+pub(super) fn send_behind(st: &mut PoolState, conn: &mut ServerConn, now: Tick) -> bool {
+    if conn.behind.is_some() || !conn.prepared.is_empty() || conn.ident.cancels_pending() {
+        return false;
+    }
+    let fits = |r: &Request| {
+        !r.sent
+            && r.delegate_ok
+            && r.delegate.is_some()
+            && !r.more
+            && !r.timed
+            && r.bytes.len() <= MAX_BEHIND
+            && !r.behind.tracked
+            && one_select(&r.bytes)
+            && crate::session::params::matches(&r.params, conn)
+    };
+    if !st
+        .waiters
+        .front()
+        .and_then(|w| w.request.as_deref())
+        .is_some_and(fits)
+    {
+        return false;
+    }
+    let Some(w) = st.waiters.pop_front() else {
+        return false;
+    };
+    let (id, waker, mut request) = w.into_parts(st);
+    let Some(r) = request.as_mut() else {
+        return false;
+    };
+    r.behind.resend.clear();
+    r.behind.resend.extend_from_slice(&r.bytes);
+    r.behind.aimed = conn.ident.aimed.load(Ordering::SeqCst);
+    r.behind.select = true;
+    // Written without linking the client: it is linked when its turn comes, and a
+    // cancel it sends meanwhile is dropped, as for a client waiting in line.
+    r.write_behind(conn);
+    if let Some(d) = &r.delegate {
+        d.id.store(id, Ordering::Relaxed);
+    }
+    r.task = Some(waker);
+    r.granted = Some(now);
+    conn.behind = Some(id);
+    st.answers.push((id, Answer::Behind, request));
+    true
+}
+
+/// Whether `answer` (whole messages) holds an ErrorResponse of SQLSTATE 57014, query
+/// canceled.
+pub(super) fn canceled(answer: &[u8]) -> bool {
+    let mut at = 0;
+    while let Some(&[tag, a, b, c, d]) = answer.get(at..).and_then(|r| r.first_chunk::<5>()) {
+        let end = at + 1 + u32::from_be_bytes([a, b, c, d]) as usize;
+        let Some(body) = answer.get(at + 5..end) else {
+            return false;
+        };
+        // Fields: a type byte, then text to a NUL; the code is type `C`.
+        if tag == TAG_ERROR_RESPONSE && body.split(|&b| b == 0).any(|field| field == b"C57014") {
+            return true;
+        }
+        at = end;
+    }
+    false
+}
+
+impl Request {
+    /// A request sent behind another whose answer was canceled by a cancel aimed at
+    /// the one before: written again on `conn` (idle after that answer), once. False
+    /// if it is not that case or the write did not all go.
+    pub(super) fn write_again(&mut self, conn: &mut ServerConn, answer: &[u8]) -> bool {
+        if !std::mem::take(&mut self.behind.exposed) || !canceled(answer) {
+            return false;
+        }
+        let resend = std::mem::take(&mut self.behind.resend);
+        let all = matches!(conn.stream.try_write(&resend), Ok(n) if n == resend.len());
+        self.behind.resend = resend;
+        all
+    }
+}
+
+impl Pool {
+    /// `conn`'s answer to the request before is done, and the request written behind
+    /// it is next: its place gets the server, with what came of its answer already
+    /// (`ahead`). The waker to wake once the lock is released: its delegate's, or its
+    /// task's if the client sent more meanwhile (its relay takes over, as at any
+    /// hand-over). `Err`: its client left, and the server, with an answer on its way
+    /// that is nobody's, is to be closed as a vanished client's is.
+    pub(super) fn advance(
+        &self,
+        st: &mut PoolState,
+        mut conn: ServerConn,
+        now: Tick,
+    ) -> Result<Option<Waker>, ServerConn> {
+        let Some(id) = conn.behind.take() else {
+            return Err(conn);
+        };
+        let Some(i) = st
+            .answers
+            .iter()
+            .position(|(i, a, _)| *i == id && matches!(a, Answer::Behind))
+        else {
+            return Err(conn);
+        };
+        let (_, _, mut request) = st.answers.swap_remove(i);
+        let aimed = conn.ident.aimed.load(Ordering::SeqCst);
+        let ahead = std::mem::take(&mut conn.ahead);
+        let mut wake = None;
+        if let Some(r) = request.as_mut() {
+            r.behind.exposed = aimed != r.behind.aimed;
+            r.granted = Some(now);
+            r.client.link(&conn.ident, 0);
+            if !ahead.is_empty() {
+                super::delegate::start_gathering(r, &ahead);
+            }
+            // (What the socket did not take when it was written behind goes now.)
+            r.write_behind(&mut conn);
+            wake = match (r.more || !r.bytes.is_empty(), &r.delegate) {
+                (false, Some(d)) => {
+                    if may_lead(r) && send_behind(st, &mut conn, now) {
+                        self.stats.count_pipelined();
+                    }
+                    Some(Waker::from(d.clone()))
+                }
+                _ => r.task.take(),
+            };
+        }
+        conn.ahead = ahead;
+        conn.ahead.clear();
+        st.answers
+            .push((id, Answer::Granted(Grant::Server(conn)), request));
+        Ok(wake)
+    }
+
+    /// The server that place `id`'s request was written to (behind another's) is
+    /// gone: the place gets [`Answer::Lost`], and its task is woken.
+    pub(super) fn lose_behind(&self, id: u64) {
+        let mut st = self.lock_state();
+        let Some((_, a, r)) = st.answers.iter_mut().find(|(i, ..)| *i == id) else {
+            return;
+        };
+        if !matches!(a, Answer::Behind) {
+            return;
+        }
+        *a = Answer::Lost;
+        let task = r.as_mut().and_then(|r| r.task.take());
+        drop(st);
+        if let Some(t) = task {
+            t.wake();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{canceled, one_select};
+    use crate::hostile::msg;
+
+    #[test]
+    fn only_one_select_alone_may_go_behind_another() {
+        let q = |t: &str| msg(b'Q', format!("{t}\0").as_bytes());
+        for ok in [
+            "SELECT 1",
+            "select abalance from t where aid = 3;",
+            "  \n\tSelect\n1 ;  ",
+            "SELECT(1)",
+        ] {
+            assert!(one_select(&q(ok)), "{ok:?}");
+        }
+        for no in [
+            "BEGIN; SELECT 1",
+            "SELECT 1; BEGIN",
+            "SELECT 1; SELECT 2",
+            "select_x()",
+            "SELECTED",
+            "/* c */ SELECT 1",
+            "WITH x AS (SELECT 1) SELECT * FROM x",
+            "START TRANSACTION",
+            "SELECT 'a;b'",
+            "",
+            "SELEC",
+        ] {
+            assert!(!one_select(&q(no)), "{no:?}");
+        }
+        // Two messages, a cut one, a bad length, another message type, a NUL inside.
+        assert!(!one_select(&[q("SELECT 1"), q("SELECT 1")].concat()));
+        let one = q("SELECT 1");
+        assert!(!one_select(&one[..one.len() - 1]));
+        let mut bad = one.clone();
+        bad[4] = bad[4].wrapping_add(1);
+        assert!(!one_select(&bad));
+        assert!(!one_select(&msg(b'P', b"\0SELECT 1\0\0\0")));
+        assert!(!one_select(&msg(b'Q', b"SELECT 1\0; BEGIN\0")));
+    }
+
+    #[test]
+    fn a_canceled_answer_is_told_by_its_sqlstate() {
+        let err = |code: &str| {
+            msg(
+                b'E',
+                format!("SERROR\0C{code}\0Mcanceling statement due to user request\0\0").as_bytes(),
+            )
+        };
+        let ready = msg(b'Z', b"I");
+        let row = msg(b'T', b"\0\0");
+        assert!(canceled(&[err("57014"), ready.clone()].concat()));
+        assert!(canceled(
+            &[row.clone(), err("57014"), ready.clone()].concat()
+        ));
+        assert!(!canceled(&[err("22012"), ready.clone()].concat()));
+        assert!(!canceled(&[row, ready.clone()].concat()));
+        // Only as the code field, not in the message text.
+        let text = msg(b'E', b"SERROR\0C22012\0Mwhy C57014\0\0");
+        assert!(!canceled(&[text, ready].concat()));
+    }
+}

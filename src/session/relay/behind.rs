@@ -1,0 +1,42 @@
+//! A server with another client's request written behind this client's
+//! (pool/pipeline.rs): the relay passes this client's answer to its first
+//! ReadyForQuery and no further, keeps what follows with the server for that client,
+//! and writes nothing more of this client's to the server meanwhile (it goes to the
+//! next server this client gets, as a new request).
+
+use super::{Framer, Relay, ServerRead};
+use crate::pool::ServerConn;
+use crate::session::params::ClientParams;
+
+impl Relay {
+    /// The other client's answer starts at `at` in `s2c`: it goes with the server.
+    pub(super) fn cut_behind(&mut self, server: &mut crate::pool::server::ServerState, at: usize) {
+        server.ahead.extend_from_slice(&self.s2c[at..]);
+        self.stats.counts.bytes_sent -= (self.s2c.len() - at) as u64;
+        self.s2c.truncate(at);
+        self.server_framer = Framer::default();
+    }
+
+    /// The client is gone before its answer ended: reads the answer to its end and
+    /// drops it, so that the server goes on to the other client's request instead of
+    /// closing under it. False if the server failed first.
+    pub async fn drain_for_behind(
+        &mut self,
+        server: &mut ServerConn,
+        params: &mut ClientParams,
+    ) -> bool {
+        loop {
+            if !self.preloaded && server.stream.readable().await.is_err() {
+                return false;
+            }
+            match self.read_server(server, params) {
+                Ok(()) => self.s2c.clear(),
+                Err(ServerRead::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(_) => return false,
+            }
+            if std::mem::take(&mut self.lead_ended) {
+                return true;
+            }
+        }
+    }
+}

@@ -1,0 +1,330 @@
+//! Requests of two clients in flight on one server (`pool/pipeline.rs`): a one-
+//! `SELECT` request first in line is written behind the one a server was just handed,
+//! and the server's answers are split between the two clients. Each client gets its
+//! own answers whatever the first one's answer is (big, a ParameterStatus, a
+//! transaction of several requests around), the second is not failed when the first
+//! client vanishes, nor canceled by a cancel aimed at the first.
+//!
+//! The cases that need a request written behind another count how many were
+//! (`sluice_pipelined_requests_total` on `/metrics`) and set the scene again until
+//! one was: whether one goes depends on how quick the first client's last answer was.
+//! Delegates, and so this, run on one event loop only: with `SLUICE_WORKERS` above 1
+//! the answers are still checked, the count is not.
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use super::common::*;
+use crate::support::probe::within;
+use crate::support::wire::{first_column, first_error, query_msg, send_cancel_tcp};
+use crate::support::{free_port, Sluice, MD5_PASSWORD, MD5_USER};
+use tokio_postgres::Client;
+
+/// Delegates run (one event loop): requests can go behind others.
+fn one_loop() -> bool {
+    std::env::var("SLUICE_WORKERS").map_or(true, |w| w == "0" || w == "1")
+}
+
+/// Requests written behind others so far, from `/metrics` on `port`.
+fn pipelined(port: u16) -> u64 {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("metrics");
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .expect("scrape");
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok();
+    out.lines()
+        .filter(|l| l.starts_with("sluice_pipelined_requests_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+fn sluice(db: &str, mport: u16) -> Sluice {
+    txn_sluice(db)
+        .setting("default_pool_size", "1")
+        .setting("metrics_listen", &format!("127.0.0.1:{mport}"))
+        .start()
+}
+
+/// The first column of the first row up to the next ReadyForQuery, or the error's
+/// SQLSTATE as `error CODE`.
+async fn answer(c: &mut RawClient) -> String {
+    let msgs = c.until_ready(Duration::from_secs(20)).await;
+    if let Some(e) = first_error(&msgs) {
+        return format!("error {}", e.field(b'C').unwrap_or_default());
+    }
+    let first = first_column(&msgs).into_iter().next().flatten();
+    first.unwrap_or_else(|| panic!("no row in {msgs:?}"))
+}
+
+/// A client whose requests wait in line and are answered quickly: its next request
+/// may have another written behind it. `holder` holds the one server in a
+/// transaction meanwhile.
+async fn quick_client(s: &Sluice, db: &str, holder: &Client) -> RawClient {
+    let mut a = raw(s, db, &[]).await;
+    for _ in 0..3 {
+        within(STEP, "BEGIN", holder.batch_execute("BEGIN"))
+            .await
+            .expect("BEGIN");
+        a.send(&query_msg("SELECT 'warm'")).await.expect("send");
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        within(STEP, "COMMIT", holder.batch_execute("COMMIT"))
+            .await
+            .expect("COMMIT");
+        assert_eq!(answer(&mut a).await, "warm");
+    }
+    a
+}
+
+/// `a` (quick) and then `b` wait in line for the one server, which `holder` holds;
+/// then `holder` lets it go: `b`'s request may be written behind `a`'s.
+async fn line_up(holder: &Client, a: &mut RawClient, a_sql: &str, b: &mut RawClient, b_sql: &str) {
+    within(STEP, "BEGIN", holder.batch_execute("BEGIN"))
+        .await
+        .expect("BEGIN");
+    a.send(&query_msg(a_sql)).await.expect("send a");
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    b.send(&query_msg(b_sql)).await.expect("send b");
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    within(STEP, "COMMIT", holder.batch_execute("COMMIT"))
+        .await
+        .expect("COMMIT");
+}
+
+/// A Sluice with one server, its `/metrics` port, and a client of its own
+/// (`holder`) that holds the server in a transaction while others line up.
+struct Scene {
+    db: String,
+    mport: u16,
+    s: Sluice,
+    holder: Client,
+}
+
+impl Scene {
+    async fn new(prefix: &str) -> Scene {
+        let db = fresh_db(prefix);
+        let mport = free_port();
+        let s = sluice(&db, mport);
+        let holder = client(&s, &db).await;
+        Scene {
+            db,
+            mport,
+            s,
+            holder,
+        }
+    }
+
+    fn pipelined(&self) -> u64 {
+        pipelined(self.mport)
+    }
+
+    /// A quick client and another in line behind it, with these requests, the one
+    /// server let go; and the count of requests written behind others before.
+    async fn pair(&self, a_sql: &str, b_sql: &str) -> (RawClient, RawClient, u64) {
+        let before = self.pipelined();
+        let mut a = quick_client(&self.s, &self.db, &self.holder).await;
+        let mut b = raw(&self.s, &self.db, &[]).await;
+        line_up(&self.holder, &mut a, a_sql, &mut b, b_sql).await;
+        (a, b, before)
+    }
+}
+
+#[tokio::test]
+async fn every_client_gets_its_own_answers_from_a_shared_server() {
+    let db = fresh_db("txn_pipe_own");
+    let mport = free_port();
+    let s = sluice(&db, mport);
+    let mut tasks = Vec::new();
+    for k in 0..16u32 {
+        let (port, db) = (s.port(), db.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut c = RawClient::login(port, MD5_USER, MD5_PASSWORD, &db, &[])
+                .await
+                .expect("login");
+            for i in 0..120u32 {
+                let tag = format!("{k}-{i}");
+                // Between plain one-SELECT requests (those that go behind others):
+                // an answer bigger than a delegate gathers, one with a ParameterStatus,
+                // a transaction of three requests, and an error.
+                let (sql, want) = match i % 10 {
+                    3 => (format!("SELECT '{tag}' || repeat('x', 60000)"), None),
+                    5 => (
+                        format!("SELECT set_config('application_name', '{tag}', false)"),
+                        Some(tag.clone()),
+                    ),
+                    7 => {
+                        for q in ["BEGIN", &format!("SELECT '{tag}'"), "COMMIT"] {
+                            c.send(&query_msg(q)).await.expect("send");
+                            let msgs = c.until_ready(Duration::from_secs(20)).await;
+                            assert!(first_error(&msgs).is_none(), "{q}: {msgs:?}");
+                        }
+                        continue;
+                    }
+                    9 => (
+                        format!("SELECT 1/0, '{tag}'"),
+                        Some("error 22012".to_owned()),
+                    ),
+                    _ => (format!("SELECT '{tag}'"), Some(tag.clone())),
+                };
+                c.send(&query_msg(&sql)).await.expect("send");
+                let got = answer(&mut c).await;
+                match want {
+                    Some(w) => assert_eq!(got, w, "client {k}, request {i}"),
+                    None => assert!(
+                        got.starts_with(&format!("{tag}x")) && got.len() == tag.len() + 60000,
+                        "client {k}, request {i}: {} bytes",
+                        got.len()
+                    ),
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        within(Duration::from_secs(120), "a client's requests", t)
+            .await
+            .expect("client task");
+    }
+    if one_loop() {
+        assert!(pipelined(mport) > 0, "no request went behind another");
+    }
+}
+
+#[tokio::test]
+async fn the_request_behind_survives_the_first_client_vanishing() {
+    let sc = Scene::new("txn_pipe_gone").await;
+    for round in 0..10 {
+        let (a, mut b, before) = sc.pair("SELECT pg_sleep(0.3), 'a'", "SELECT 'b'").await;
+        // The first client leaves while its query runs.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(a);
+        assert_eq!(answer(&mut b).await, "b", "round {round}");
+        // The server is still good for the next client.
+        assert_eq!(one(&sc.holder, "SELECT 'next'").await, "next");
+        if !one_loop() || sc.pipelined() > before {
+            return;
+        }
+    }
+    panic!("no request went behind another in 10 rounds");
+}
+
+#[tokio::test]
+async fn a_cancel_aimed_at_the_first_request_does_not_fail_the_one_behind() {
+    let sc = Scene::new("txn_pipe_cancel").await;
+    let server_pid = backend_pid(&sc.holder).await;
+    for round in 0..10 {
+        let (mut a, mut b, before) = sc
+            .pair("SELECT pg_sleep(0.3), 'a'", "SELECT 'b', pg_sleep(0.3)")
+            .await;
+        // The first client cancels its query: it is canceled, and the second one runs.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let behind = sc.pipelined() > before;
+        send_cancel_tcp(sc.s.port(), a.pid, a.key).await;
+        assert_eq!(answer(&mut a).await, "error 57014", "round {round}");
+        if !behind {
+            // In line instead, it runs after; nothing to see here this round.
+            assert_eq!(answer(&mut b).await, "b", "round {round}");
+            if !one_loop() {
+                return;
+            }
+            continue;
+        }
+        // A cancel that came late would land on the second request instead: made
+        // here by canceling the backend directly while it runs the second request.
+        // Its answer is not the second client's error to see: the request is written
+        // again, and answered.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        direct(&sc.db, &format!("SELECT pg_cancel_backend({server_pid})"));
+        assert_eq!(answer(&mut b).await, "b", "round {round}");
+        return;
+    }
+    panic!("no request went behind another in 10 rounds");
+}
+
+#[tokio::test]
+async fn a_request_sent_while_the_first_runs_waits_for_the_next_server() {
+    let sc = Scene::new("txn_pipe_more").await;
+    for round in 0..10 {
+        let (mut a, mut b, before) = sc.pair("SELECT 'a', pg_sleep(0.3)", "SELECT 'b'").await;
+        // While its first request runs with another written behind it, the first
+        // client sends a second: it must not reach the server behind the other
+        // client's, whose answer would then be followed by this one's.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        a.send(&query_msg("SELECT 'a2'")).await.expect("send");
+        assert_eq!(answer(&mut a).await, "a", "round {round}");
+        assert_eq!(answer(&mut b).await, "b", "round {round}");
+        assert_eq!(answer(&mut a).await, "a2", "round {round}");
+        assert_eq!(one(&sc.holder, "SELECT 'next'").await, "next");
+        if !one_loop() || sc.pipelined() > before {
+            return;
+        }
+    }
+    panic!("no request went behind another in 10 rounds");
+}
+
+#[tokio::test]
+async fn nothing_goes_behind_a_client_whose_last_query_was_slow() {
+    if !one_loop() {
+        return;
+    }
+    let sc = Scene::new("txn_pipe_slow").await;
+    // A quick client whose last answer, handed over in line, took 50 ms.
+    let mut a = quick_client(&sc.s, &sc.db, &sc.holder).await;
+    let mut none = raw(&sc.s, &sc.db, &[]).await;
+    line_up(
+        &sc.holder,
+        &mut a,
+        "SELECT 'slow', pg_sleep(0.05)",
+        &mut none,
+        "SELECT 1",
+    )
+    .await;
+    assert_eq!(answer(&mut a).await, "slow");
+    assert_eq!(answer(&mut none).await, "1");
+    let before = sc.pipelined();
+    let mut b = raw(&sc.s, &sc.db, &[]).await;
+    line_up(
+        &sc.holder,
+        &mut a,
+        "SELECT 'a', pg_sleep(0.3)",
+        &mut b,
+        "SELECT 'b'",
+    )
+    .await;
+    assert_eq!(answer(&mut a).await, "a");
+    assert_eq!(answer(&mut b).await, "b");
+    assert_eq!(
+        sc.pipelined(),
+        before,
+        "a request went behind a slow client's"
+    );
+}
+
+#[tokio::test]
+async fn the_request_behind_gets_an_error_when_the_server_dies() {
+    let sc = Scene::new("txn_pipe_dies").await;
+    for round in 0..10 {
+        let server_pid = backend_pid(&sc.holder).await;
+        let (mut a, mut b, before) = sc.pair("SELECT pg_sleep(0.3), 'a'", "SELECT 'b'").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let behind = sc.pipelined() > before;
+        direct(
+            &sc.db,
+            &format!("SELECT pg_terminate_backend({server_pid})"),
+        );
+        // Both hear of it, neither waits on: the second client's request went to
+        // that server too.
+        let got = a.until_closed(Duration::from_secs(10)).await;
+        assert!(first_error(&got).is_some(), "round {round}: {got:?}");
+        if behind {
+            let got = b.until_closed(Duration::from_secs(10)).await;
+            let e = first_error(&got).unwrap_or_else(|| panic!("round {round}: {got:?}"));
+            assert!(e.field(b'M').is_some(), "{e:?}");
+            return;
+        }
+        assert_eq!(answer(&mut b).await, "b", "round {round}");
+        if !one_loop() {
+            return;
+        }
+    }
+    panic!("no request went behind another in 10 rounds");
+}
