@@ -218,15 +218,18 @@ impl Pool {
             return;
         };
         let behind = conn.behind.is_some();
-        // What came of this answer with the one before it (pipeline.rs) may be whole.
-        let mut end = request
+        // What came of this answer with the one before it (pipeline.rs) may be whole,
+        // or already something for the relay.
+        let mut end = 0;
+        match request
             .as_deref()
             .filter(|r| !r.answer.is_empty())
             .map(|r| answered_at(&r.answer, behind))
-            .map_or(
-                0,
-                |(state, end)| if state == Answered::Whole { end } else { 0 },
-            );
+        {
+            Some((Answered::Whole, e)) => end = e,
+            Some((Answered::Other, _)) => return hand_back(st, wid, conn, request),
+            _ => {}
+        }
         let n = if end > 0 {
             0
         } else {

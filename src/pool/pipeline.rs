@@ -85,8 +85,10 @@ pub(super) fn drain_for_behind(entry: &mut (u64, Answer, Option<Box<Request>>)) 
 }
 
 /// Whether `req` is one whole simple Query holding one statement that starts with
-/// `SELECT`. (A comment before it, or a `;` inside a literal, makes it not one: a
-/// request is only ever left out, never taken wrongly.)
+/// `SELECT` and does not name `set_config`, which would change the session's
+/// parameters under the request behind it (a function that does so is caught in
+/// [`Pool::advance`]). (A comment before it, or a `;` inside a literal, makes it not
+/// one: a request is only ever left out, never taken wrongly.)
 pub(super) fn one_select(req: &[u8]) -> bool {
     let Some(&[TAG_QUERY, a, b, c, d]) = req.first_chunk::<5>() else {
         return false;
@@ -105,10 +107,14 @@ pub(super) fn one_select(req: &[u8]) -> bool {
     {
         return false;
     }
-    match text.iter().position(|&b| b == b';' || b == 0) {
+    let alone = match text.iter().position(|&b| b == b';' || b == 0) {
         None => true,
         Some(i) => text[i] == b';' && text[i + 1..].iter().all(u8::is_ascii_whitespace),
-    }
+    };
+    alone
+        && !text
+            .windows(10)
+            .any(|w| w.eq_ignore_ascii_case(b"set_config"))
 }
 
 /// Whether another request may be written behind `r`, which the server was just
@@ -234,6 +240,17 @@ impl Pool {
         let ahead = std::mem::take(&mut conn.ahead);
         let mut wake = None;
         if let Some(r) = request.as_mut() {
+            // The answer before changed a parameter this client's request was written
+            // for (a function's `set_config`): what it ran with is not what it asked
+            // for. It fails as on a lost server, and the server closes under it.
+            if !crate::session::params::matches(&r.params, &mut conn) {
+                let task = r.task.take();
+                st.answers.push((id, Answer::Lost, request));
+                if let Some(t) = task {
+                    t.wake();
+                }
+                return Err(conn);
+            }
             r.behind.exposed = aimed != r.behind.aimed;
             r.granted = Some(now);
             r.client.link(&conn.ident, 0);
@@ -304,6 +321,8 @@ mod tests {
             "WITH x AS (SELECT 1) SELECT * FROM x",
             "START TRANSACTION",
             "SELECT 'a;b'",
+            "SELECT set_config('TimeZone', 'UTC', false)",
+            "select pg_catalog.SET_CONFIG('a.b', 'c', false)",
             "",
             "SELEC",
         ] {

@@ -328,3 +328,47 @@ async fn the_request_behind_gets_an_error_when_the_server_dies() {
     }
     panic!("no request went behind another in 10 rounds");
 }
+
+#[tokio::test]
+async fn a_parameter_changed_under_the_request_behind_fails_it_rather_than_answer_wrongly() {
+    let sc = Scene::new("txn_pipe_param").await;
+    // A function that changes a reported parameter for the rest of the session: a
+    // request naming `set_config` never has another written behind it, this one can.
+    direct(
+        &sc.db,
+        "CREATE FUNCTION to_tokyo() RETURNS text LANGUAGE plpgsql AS \
+         $$ BEGIN PERFORM set_config('TimeZone', 'Asia/Tokyo', false); RETURN 'a'; END $$",
+    );
+    // The second client asks for the server's own TimeZone, so that its request may
+    // be written behind another's.
+    let tz = direct(&sc.db, "SHOW TimeZone").trim().to_owned();
+    for round in 0..10 {
+        let before = sc.pipelined();
+        let mut a = quick_client(&sc.s, &sc.db, &sc.holder).await;
+        let mut b = raw(&sc.s, &sc.db, &[("TimeZone", &tz)]).await;
+        let b_sql = "SELECT current_setting('TimeZone')";
+        line_up(
+            &sc.holder,
+            &mut a,
+            "SELECT to_tokyo(), pg_sleep(0.1)",
+            &mut b,
+            b_sql,
+        )
+        .await;
+        assert_eq!(answer(&mut a).await, "a", "round {round}");
+        if sc.pipelined() == before {
+            // In line: the server's TimeZone is set back to this client's first.
+            assert_eq!(answer(&mut b).await, tz, "round {round}");
+            if !one_loop() {
+                return;
+            }
+            continue;
+        }
+        // It ran with the other client's TimeZone: not an answer to give it.
+        let got = b.until_closed(Duration::from_secs(10)).await;
+        assert!(first_column(&got).is_empty(), "round {round}: {got:?}");
+        assert!(first_error(&got).is_some(), "round {round}: {got:?}");
+        return;
+    }
+    panic!("no request went behind another in 10 rounds");
+}
