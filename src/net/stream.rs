@@ -221,6 +221,17 @@ impl Stream {
         !matches!(r, Err(ref e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 
+    /// Whether bytes wait unread, on the socket or in TLS's buffer (taking none).
+    pub fn has_unread(&self) -> bool {
+        if let Some(t) = self.io.get_ref().tls.as_deref() {
+            if !Stream::tls_is_quiet(t) {
+                return true;
+            }
+        }
+        let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        matches!(SockRef::from(&self.io.get_ref().raw).peek(&mut probe), Ok(n) if n > 0)
+    }
+
     /// Reads at least one byte more into `buf`, waiting as needed. `Ok(0)` is EOF.
     pub async fn read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
         loop {

@@ -245,6 +245,18 @@ impl Waiter {
         true
     }
 
+    /// A place back at the head of the line, for a request written behind another's
+    /// on a server that closed before any of its answer came (pipeline.rs).
+    pub(super) fn again(id: u64, waker: Waker, request: Option<Box<Request>>) -> Waiter {
+        Waiter {
+            id,
+            since: Tick::now(),
+            waker,
+            noticed: false,
+            request,
+        }
+    }
+
     /// Its place number, waker and request, its notice (if owed) dropped: for a
     /// waiter taken out of line whose place lives on elsewhere (pipeline.rs).
     pub(super) fn into_parts(self, st: &mut PoolState) -> (u64, Waker, Option<Box<Request>>) {

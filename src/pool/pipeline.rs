@@ -34,7 +34,7 @@ use std::task::Waker;
 
 use bytes::BytesMut;
 
-use super::line::{Answer, Request};
+use super::line::{Answer, Request, Waiter};
 use super::{Grant, Pool, PoolState, ServerConn};
 use crate::clock::Tick;
 use crate::protocol::header::{TAG_ERROR_RESPONSE, TAG_QUERY};
@@ -206,7 +206,13 @@ impl Request {
             return false;
         }
         let resend = std::mem::take(&mut self.behind.resend);
-        let all = matches!(conn.stream.try_write(&resend), Ok(n) if n == resend.len());
+        let written = conn.stream.try_write(&resend).unwrap_or(0);
+        if written > 0 && written < resend.len() {
+            // Part of it is there: the server is not fit to lend again (and this
+            // client gets the canceled answer it has).
+            conn.close_needed = Some("idle server got dirty");
+        }
+        let all = written == resend.len();
         self.behind.resend = resend;
         all
     }
@@ -261,7 +267,10 @@ impl Pool {
             r.write_behind(&mut conn);
             wake = match (r.more || !r.bytes.is_empty(), &r.delegate) {
                 (false, Some(d)) => {
-                    if may_lead(r) && send_behind(st, &mut conn, now) {
+                    // (Not onto a server that would not be lent again: from before a
+                    // reload, past its lifetime.)
+                    let fit = super::closing::release_close_reason(&conn, true, st, now).is_none();
+                    if fit && may_lead(r) && send_behind(st, &mut conn, now) {
                         self.stats.count_pipelined();
                     }
                     Some(Waker::from(d.clone()))
@@ -276,16 +285,34 @@ impl Pool {
         Ok(wake)
     }
 
-    /// The server that place `id`'s request was written to (behind another's) is
-    /// gone: the place gets [`Answer::Lost`], and its task is woken.
-    pub(super) fn lose_behind(&self, id: u64) {
+    /// The server that place `id`'s request was written to (behind another's)
+    /// closed. If none of an answer came (`answered` false), the request ran to no
+    /// effect the server kept, or did not run: it goes back to the head of the line,
+    /// unsent, and the slot the server frees is its. Otherwise its client gets the
+    /// error of a server lost mid-query ([`Answer::Lost`]).
+    pub(super) fn lose_behind(&self, id: u64, answered: bool) {
         let mut st = self.lock_state();
-        let Some((_, a, r)) = st.answers.iter_mut().find(|(i, ..)| *i == id) else {
+        let Some(i) = st
+            .answers
+            .iter()
+            .position(|(i, a, _)| *i == id && matches!(a, Answer::Behind))
+        else {
             return;
         };
-        if !matches!(a, Answer::Behind) {
+        let again = !answered && st.answers[i].2.as_ref().is_some_and(|r| r.task.is_some());
+        if again {
+            let (_, _, mut request) = st.answers.swap_remove(i);
+            if let Some(r) = request.as_mut() {
+                r.bytes.clear();
+                r.bytes.extend_from_slice(&r.behind.resend);
+                (r.sent, r.granted, r.behind.exposed) = (false, None, false);
+                if let Some(t) = r.task.take() {
+                    st.waiters.push_front(Waiter::again(id, t, request));
+                }
+            }
             return;
         }
+        let (_, a, r) = &mut st.answers[i];
         *a = Answer::Lost;
         let task = r.as_mut().and_then(|r| r.task.take());
         drop(st);

@@ -81,12 +81,14 @@ pub struct ServerState {
 
 impl Drop for ServerState {
     fn drop(&mut self) {
-        // Closed with a request behind the one it worked on: that request's client
-        // gets the error of a server lost mid-query, instead of waiting on. (Lent
+        // Closed with a request behind the one it worked on: that request goes back
+        // to the head of the line, or, if some of an answer came that may be its,
+        // its client gets the error of a server lost mid-query (pipeline.rs). (Lent
         // connections are never dropped under their pool's lock: see `LentMark`.)
         if let Some(id) = self.behind.take() {
             if let Some(pool) = self.lent.pool() {
-                pool.lose_behind(id);
+                let answered = !self.ahead.is_empty() || self.stream.has_unread();
+                pool.lose_behind(id, answered);
             }
         }
     }
