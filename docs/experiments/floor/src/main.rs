@@ -61,8 +61,7 @@ struct Conn {
     /// owed one ReadyForQuery; whether its peer's may have more (pipeline.rs).
     queue: VecDeque<RawFd>,
     pipe_ok: bool,
-    /// Client: when its server began on its request; whether its last one took
-    /// under `FLOOR_PIPE_US` (pipeline.rs).
+    /// Client: when its server began its request; its last one was quick (pipeline.rs).
     started: Option<std::time::Instant>,
     fast: bool,
 }
@@ -111,8 +110,7 @@ struct Floor {
     logins: usize,
     /// `FLOOR_PIPELINE=n`: up to n requests in flight on a server (1: off).
     depth: usize,
-    /// `FLOOR_PIPE_US`: how quick (µs) a client's last query must have been for others
-    /// to be sent behind its next (0: no such check).
+    /// `FLOOR_PIPE_US`: a client's last query's most µs for others to go behind it.
     pipe_us: u128,
 }
 
@@ -376,16 +374,7 @@ impl Floor {
                 let client = c.peer.ok_or(())?;
                 let head = self.conn(client).ballast;
                 self.ballast.touch(head);
-                if self.defer {
-                    let cc = self.conn(client);
-                    let was_empty = cc.out.is_empty();
-                    cc.out.extend_from_slice(d);
-                    if was_empty {
-                        self.deferred.push(client);
-                    }
-                } else {
-                    self.send(client, d);
-                }
+                self.answer(client, d);
                 let c = self.conn(fd);
                 if c.pending == 0 && c.status == b'I' && c.out.is_empty() {
                     let clean = !self.conn(client).unsynced && self.conn(client).req.is_empty();
@@ -545,6 +534,18 @@ impl Floor {
             let mut out = out;
             out.clear();
             self.conn(fd).out = out;
+        }
+    }
+
+    /// Server bytes for `client`: sent now, or (`FLOOR_DEFER`) at the batch's end.
+    fn answer(&mut self, client: RawFd, d: &[u8]) {
+        if !self.defer {
+            return self.send(client, d);
+        }
+        let c = self.conn(client);
+        c.out.extend_from_slice(d);
+        if c.out.len() == d.len() {
+            self.deferred.push(client);
         }
     }
 

@@ -59,16 +59,7 @@ impl Floor {
             self.ballast.touch(head);
             let part = &d[..used];
             d = &d[used..];
-            if self.defer {
-                let cc = self.conn(client);
-                let was_empty = cc.out.is_empty();
-                cc.out.extend_from_slice(part);
-                if was_empty {
-                    self.deferred.push(client);
-                }
-            } else {
-                self.send(client, part);
-            }
+            self.answer(client, part);
             let c = self.conn(fd);
             if c.pending == 0 && c.status == b'I' && c.out.is_empty() {
                 let clean = !self.conn(client).unsynced && self.conn(client).req.is_empty();
