@@ -6,10 +6,11 @@
 //! spares PostgreSQL a quarter to a third of its work per query, and the pooler a read
 //! (docs/performance/rounds-60-79.md, sixty-first round).
 //!
-//! So when the hand-over gives a server a request that is one simple Query of one
-//! `SELECT`, which cannot open a transaction block (the server is idle after it,
-//! errors included), the request of the next client in line is written right behind
-//! it if it is such a request too. Its place leaves the line and waits as
+//! So when the hand-over gives a server a request of one `SELECT` ([`one_select`]: a
+//! simple Query, or an extended-protocol run that parses it as the unnamed statement),
+//! which cannot open a transaction block (the server is idle after it, errors
+//! included), the request of the next client in line is written right behind it if it
+//! is such a request too. Its place leaves the line and waits as
 //! [`Answer::Behind`]; the server's answers are split at the first one's
 //! ReadyForQuery (by its delegate, or by its relay, which keeps the rest in
 //! `ServerState::ahead`), and its release goes on to the second client
@@ -37,7 +38,10 @@ use bytes::BytesMut;
 use super::line::{Answer, Request, Waiter};
 use super::{Grant, Pool, PoolState, ServerConn};
 use crate::clock::Tick;
-use crate::protocol::header::{TAG_ERROR_RESPONSE, TAG_QUERY};
+use crate::protocol::header::{
+    TAG_BIND, TAG_DESCRIBE, TAG_ERROR_RESPONSE, TAG_EXECUTE, TAG_FLUSH, TAG_PARSE, TAG_QUERY,
+    TAG_SYNC,
+};
 
 /// How quickly a client's last answer must have come (from its request written to the
 /// answer read) for another client's request to be written behind its next one.
@@ -84,20 +88,25 @@ pub(super) fn drain_for_behind(entry: &mut (u64, Answer, Option<Box<Request>>)) 
     true
 }
 
-/// Whether `req` is one whole simple Query holding one statement that starts with
+/// Whether `req` is one whole request of one `SELECT` alone, which cannot leave a
+/// transaction block open: a simple Query ([`simple_select`]), or an extended-protocol
+/// batch that parses it as the unnamed statement and runs it ([`extended_select`]).
+/// (A request is only ever left out, never taken wrongly.)
+pub(super) fn one_select(req: &[u8]) -> bool {
+    match req.first() {
+        Some(&TAG_QUERY) => simple_select(req),
+        Some(&TAG_PARSE) => extended_select(req),
+        _ => false,
+    }
+}
+
+/// Whether `text` (a query, without its NUL) holds one statement that starts with
 /// `SELECT` and does not name `set_config`, which would change the session's
 /// parameters under the request behind it (a function that does so is caught in
-/// [`Pool::advance`]). (A comment before it, or a `;` inside a literal, makes it not
-/// one: a request is only ever left out, never taken wrongly.)
-pub(super) fn one_select(req: &[u8]) -> bool {
-    let Some(&[TAG_QUERY, a, b, c, d]) = req.first_chunk::<5>() else {
-        return false;
-    };
-    let len = u32::from_be_bytes([a, b, c, d]) as usize;
-    if len < 5 || len + 1 != req.len() || req.last() != Some(&0) {
-        return false;
-    }
-    let text = req[5..req.len() - 1].trim_ascii_start();
+/// [`Pool::advance`]). A comment before it, or a `;` inside a literal, makes it not
+/// one.
+fn select_text(text: &[u8]) -> bool {
+    let text = text.trim_ascii_start();
     let Some(word) = text.get(..7) else {
         return false;
     };
@@ -115,6 +124,63 @@ pub(super) fn one_select(req: &[u8]) -> bool {
         && !text
             .windows(10)
             .any(|w| w.eq_ignore_ascii_case(b"set_config"))
+}
+
+/// Whether `req` is one whole simple Query of one `SELECT` ([`select_text`]).
+fn simple_select(req: &[u8]) -> bool {
+    let Some(&[TAG_QUERY, a, b, c, d]) = req.first_chunk::<5>() else {
+        return false;
+    };
+    let len = u32::from_be_bytes([a, b, c, d]) as usize;
+    if len < 5 || len + 1 != req.len() || req.last() != Some(&0) {
+        return false;
+    }
+    select_text(&req[5..req.len() - 1])
+}
+
+/// Whether `req` is whole messages making one extended-protocol run of one `SELECT`
+/// ([`select_text`]): a Parse of the unnamed statement, a Bind of it to the unnamed
+/// portal, an Execute of that portal, Describes and Flushes about them, and one Sync,
+/// last. Its own Parse makes it run what its client asked for, whatever the request
+/// before left as the unnamed statement; a request that binds a statement parsed
+/// before (named, or unnamed in an earlier request) is left out.
+fn extended_select(req: &[u8]) -> bool {
+    let (mut parse, mut bind, mut execute) = (0, 0, 0);
+    let mut at = 0;
+    while let Some(&[tag, a, b, c, d]) = req.get(at..).and_then(|r| r.first_chunk::<5>()) {
+        let end = at + 1 + u32::from_be_bytes([a, b, c, d]) as usize;
+        let Some(body) = req.get(at + 5..end) else {
+            return false;
+        };
+        let ok = match tag {
+            // Statement name "", the query text, then its parameter types.
+            TAG_PARSE => {
+                parse += 1;
+                let text = body.get(1..).unwrap_or_default();
+                let nul = text.iter().position(|&b| b == 0);
+                body.first() == Some(&0) && nul.is_some_and(|n| select_text(&text[..n]))
+            }
+            // Portal "", statement "".
+            TAG_BIND => {
+                bind += 1;
+                body.starts_with(&[0, 0])
+            }
+            // Of the unnamed statement or portal.
+            TAG_DESCRIBE => matches!(body, [b'S' | b'P', 0]),
+            TAG_EXECUTE => {
+                execute += 1;
+                bind == 1 && body.first() == Some(&0)
+            }
+            TAG_FLUSH => true,
+            TAG_SYNC => return end == req.len() && (parse, bind, execute) == (1, 1, 1),
+            _ => false,
+        };
+        if !ok {
+            return false;
+        }
+        at = end;
+    }
+    false
 }
 
 /// Whether another request may be written behind `r`, which the server was just
@@ -364,6 +430,121 @@ mod tests {
         assert!(!one_select(&bad));
         assert!(!one_select(&msg(b'P', b"\0SELECT 1\0\0\0")));
         assert!(!one_select(&msg(b'Q', b"SELECT 1\0; BEGIN\0")));
+    }
+
+    #[test]
+    fn only_an_extended_run_of_one_select_parsed_with_it_may_go_behind_another() {
+        let parse = |name: &str, text: &str| msg(b'P', format!("{name}\0{text}\0\0\0").as_bytes());
+        let bind = |portal: &str, stmt: &str| {
+            msg(b'B', format!("{portal}\0{stmt}\0\0\0\0\0\0\0").as_bytes())
+        };
+        let describe = msg(b'D', b"P\0");
+        let execute = |portal: &str| msg(b'E', format!("{portal}\0\0\0\0\0").as_bytes());
+        let (sync, flush) = (msg(b'S', b""), msg(b'H', b""));
+        let run = |p: &[Vec<u8>]| one_select(&p.concat());
+        let sel = parse("", "SELECT abalance FROM t WHERE aid = $1");
+        assert!(run(&[
+            sel.clone(),
+            bind("", ""),
+            describe.clone(),
+            execute(""),
+            sync.clone()
+        ]));
+        assert!(run(&[sel.clone(), bind("", ""), execute(""), sync.clone()]));
+        let described = msg(b'D', b"S\0");
+        assert!(run(&[
+            sel.clone(),
+            described,
+            flush.clone(),
+            bind("", ""),
+            execute(""),
+            sync.clone()
+        ]));
+        for (why, no) in [
+            (
+                "a named statement",
+                vec![
+                    parse("s1", "SELECT 1"),
+                    bind("", "s1"),
+                    execute(""),
+                    sync.clone(),
+                ],
+            ),
+            (
+                "a named portal",
+                vec![sel.clone(), bind("p", ""), execute("p"), sync.clone()],
+            ),
+            ("no Parse", vec![bind("", ""), execute(""), sync.clone()]),
+            ("no Sync", vec![sel.clone(), bind("", ""), execute("")]),
+            (
+                "two Executes",
+                vec![
+                    sel.clone(),
+                    bind("", ""),
+                    execute(""),
+                    execute(""),
+                    sync.clone(),
+                ],
+            ),
+            (
+                "two Parses",
+                vec![
+                    sel.clone(),
+                    sel.clone(),
+                    bind("", ""),
+                    execute(""),
+                    sync.clone(),
+                ],
+            ),
+            (
+                "Execute before Bind",
+                vec![sel.clone(), execute(""), bind("", ""), sync.clone()],
+            ),
+            (
+                "not a SELECT",
+                vec![parse("", "BEGIN"), bind("", ""), execute(""), sync.clone()],
+            ),
+            (
+                "set_config",
+                vec![
+                    parse("", "SELECT set_config('a.b', 'c', false)"),
+                    bind("", ""),
+                    execute(""),
+                    sync.clone(),
+                ],
+            ),
+            (
+                "a Close",
+                vec![
+                    sel.clone(),
+                    bind("", ""),
+                    execute(""),
+                    msg(b'C', b"S\0"),
+                    sync.clone(),
+                ],
+            ),
+            (
+                "more after the Sync",
+                vec![
+                    sel.clone(),
+                    bind("", ""),
+                    execute(""),
+                    sync.clone(),
+                    flush.clone(),
+                ],
+            ),
+        ] {
+            assert!(!run(&no), "{why}");
+        }
+        let whole = [sel.clone(), bind("", ""), execute(""), sync.clone()].concat();
+        assert!(!one_select(&whole[..whole.len() - 1]), "cut");
+        let mut bad = whole.clone();
+        bad[4] = bad[4].wrapping_add(1);
+        assert!(!one_select(&bad), "a bad length");
+        assert!(
+            !one_select(&msg(b'P', b"\0SELECT 1")),
+            "no NUL after the text"
+        );
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! and the server's answers are split between the two clients. Each client gets its
 //! own answers whatever the first one's answer is (big, a ParameterStatus, a
 //! transaction of several requests around), the second is not failed when the first
-//! client vanishes, nor canceled by a cancel aimed at the first.
+//! client vanishes, nor canceled by a cancel aimed at the first. Requests of the
+//! extended protocol go behind others too when they parse what they run.
 //!
 //! The cases that need a request written behind another count how many were
 //! (`sluice_pipelined_requests_total` on `/metrics`) and set the scene again until
@@ -16,7 +17,7 @@ use std::time::Duration;
 
 use super::common::*;
 use crate::support::probe::within;
-use crate::support::wire::{first_column, first_error, query_msg, send_cancel_tcp};
+use crate::support::wire::{first_column, first_error, frame, query_msg, send_cancel_tcp};
 use crate::support::{free_port, Sluice, MD5_PASSWORD, MD5_USER};
 use tokio_postgres::Client;
 
@@ -79,12 +80,23 @@ async fn quick_client(s: &Sluice, db: &str, holder: &Client) -> RawClient {
 /// `a` (quick) and then `b` wait in line for the one server, which `holder` holds;
 /// then `holder` lets it go: `b`'s request may be written behind `a`'s.
 async fn line_up(holder: &Client, a: &mut RawClient, a_sql: &str, b: &mut RawClient, b_sql: &str) {
+    line_up_bytes(holder, a, &query_msg(a_sql), b, &query_msg(b_sql)).await
+}
+
+/// As [`line_up`], with the requests' bytes.
+async fn line_up_bytes(
+    holder: &Client,
+    a: &mut RawClient,
+    a_req: &[u8],
+    b: &mut RawClient,
+    b_req: &[u8],
+) {
     within(STEP, "BEGIN", holder.batch_execute("BEGIN"))
         .await
         .expect("BEGIN");
-    a.send(&query_msg(a_sql)).await.expect("send a");
+    a.send(a_req).await.expect("send a");
     tokio::time::sleep(Duration::from_millis(30)).await;
-    b.send(&query_msg(b_sql)).await.expect("send b");
+    b.send(b_req).await.expect("send b");
     tokio::time::sleep(Duration::from_millis(30)).await;
     within(STEP, "COMMIT", holder.batch_execute("COMMIT"))
         .await
@@ -166,7 +178,13 @@ async fn every_client_gets_its_own_answers_from_a_shared_server() {
                     ),
                     _ => (format!("SELECT '{tag}'"), Some(tag.clone())),
                 };
-                c.send(&query_msg(&sql)).await.expect("send");
+                // Half the clients send the extended protocol's run instead.
+                let req = if k % 2 == 1 {
+                    ext(&sql)
+                } else {
+                    query_msg(&sql)
+                };
+                c.send(&req).await.expect("send");
                 let got = answer(&mut c).await;
                 match want {
                     Some(w) => assert_eq!(got, w, "client {k}, request {i}"),
@@ -375,6 +393,84 @@ async fn a_parameter_changed_under_the_request_behind_fails_it_rather_than_answe
         assert!(first_column(&got).is_empty(), "round {round}: {got:?}");
         assert!(first_error(&got).is_some(), "round {round}: {got:?}");
         return;
+    }
+    panic!("no request went behind another in 10 rounds");
+}
+
+/// An extended-protocol run of `sql`: Parse of the unnamed statement, Bind, Describe,
+/// Execute, Sync (what pgbench's `-M extended` and most drivers' parameter queries send).
+fn ext(sql: &str) -> Vec<u8> {
+    [extended(sql), sync_msg()].concat()
+}
+
+#[tokio::test]
+async fn extended_protocol_requests_go_behind_others_and_get_their_own_answers() {
+    let sc = Scene::new("txn_pipe_ext").await;
+    for round in 0..10 {
+        let before = sc.pipelined();
+        let mut a = quick_client(&sc.s, &sc.db, &sc.holder).await;
+        let mut b = raw(&sc.s, &sc.db, &[]).await;
+        // The first one fails: its error is its own, and the one behind still runs.
+        let (a_req, b_req) = (ext("SELECT 1/0, 'a'"), ext("SELECT 'b'"));
+        line_up_bytes(&sc.holder, &mut a, &a_req, &mut b, &b_req).await;
+        assert_eq!(answer(&mut a).await, "error 22012", "round {round}");
+        assert_eq!(answer(&mut b).await, "b", "round {round}");
+        // Both clients and the server go on as usual.
+        a.send(&ext("SELECT 'a2'")).await.expect("send");
+        assert_eq!(answer(&mut a).await, "a2", "round {round}");
+        assert_eq!(one(&sc.holder, "SELECT 'next'").await, "next");
+        if sc.pipelined() > before || !one_loop() {
+            return;
+        }
+    }
+    panic!("no request went behind another in 10 rounds");
+}
+
+#[tokio::test]
+async fn a_request_binding_a_statement_parsed_before_waits_in_line() {
+    if !one_loop() {
+        return;
+    }
+    let sc = Scene::new("txn_pipe_bind").await;
+    // Bind, Describe, Execute of the unnamed statement, parsed in an earlier request:
+    // behind another's request it would run the statement that one parsed.
+    let bind_only = [
+        frame(b'B', &[0u8; 8]),
+        frame(b'D', b"P\0"),
+        frame(b'E', &[0u8; 5]),
+        sync_msg(),
+    ]
+    .concat();
+    let parse_only = [frame(b'P', b"\0SELECT 'b'\0\0\0"), sync_msg()].concat();
+    for round in 0..10 {
+        let before = sc.pipelined();
+        let mut a = quick_client(&sc.s, &sc.db, &sc.holder).await;
+        let mut b = raw(&sc.s, &sc.db, &[]).await;
+        b.send(&parse_only).await.expect("send");
+        let parsed = b.until_ready(STEP).await;
+        assert!(first_error(&parsed).is_none(), "{parsed:?}");
+        line_up_bytes(&sc.holder, &mut a, &ext("SELECT 'a'"), &mut b, &bind_only).await;
+        assert_eq!(answer(&mut a).await, "a", "round {round}");
+        // (Which statement it runs is not the pooler's to know in transaction
+        // pooling: the server's unnamed one, whoever parsed it.)
+        b.until_ready(STEP).await;
+        assert_eq!(sc.pipelined(), before, "round {round}: went behind another");
+        // The same scene with a request that parses its own does go behind.
+        let mut a = quick_client(&sc.s, &sc.db, &sc.holder).await;
+        let mut b = raw(&sc.s, &sc.db, &[]).await;
+        line_up_bytes(
+            &sc.holder,
+            &mut a,
+            &ext("SELECT 'a'"),
+            &mut b,
+            &ext("SELECT 'b'"),
+        )
+        .await;
+        assert_eq!(answer(&mut a).await, "a", "round {round}");
+        assert_eq!(answer(&mut b).await, "b", "round {round}");
+        if sc.pipelined() > before {
+            return;
+        }
     }
     panic!("no request went behind another in 10 rounds");
 }
