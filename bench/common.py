@@ -75,6 +75,11 @@ SCENARIOS = [
 EXTRA_SCENARIOS = [
     Scenario("select1_64", "SELECT 1, 64 clients, TCP", 64, [], script=SELECT1),
     Scenario("select1_256", "SELECT 1, 256 clients, TCP", 256, [], script=SELECT1),
+    # Many clients on the extended protocol, as most drivers' queries with parameters
+    # send it: requests go behind others there too (docs/performance.md, sixty-second
+    # round).
+    Scenario("extended_256", "select-only -M extended, 256 clients", 256,
+             ["-S", "-M", "extended"]),
     # An application's pool: many clients, each sending every ~3 s (-R 150 over 500),
     # so idle past the 2 s after which Sluice first puts a client to sleep. Run it
     # with --seconds 60 or more: the sleep policy settles in the first ~30 s
