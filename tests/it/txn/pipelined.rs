@@ -22,12 +22,12 @@ use crate::support::{free_port, Sluice, MD5_PASSWORD, MD5_USER};
 use tokio_postgres::Client;
 
 /// Delegates run (one event loop): requests can go behind others.
-fn one_loop() -> bool {
+pub(super) fn one_loop() -> bool {
     std::env::var("SLUICE_WORKERS").map_or(true, |w| w == "0" || w == "1")
 }
 
 /// Requests written behind others so far, from `/metrics` on `port`.
-fn pipelined(port: u16) -> u64 {
+pub(super) fn pipelined(port: u16) -> u64 {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("metrics");
     s.set_read_timeout(Some(Duration::from_secs(10))).ok();
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -40,7 +40,7 @@ fn pipelined(port: u16) -> u64 {
         .sum()
 }
 
-fn sluice(db: &str, mport: u16) -> Sluice {
+pub(super) fn sluice(db: &str, mport: u16) -> Sluice {
     txn_sluice(db)
         .setting("default_pool_size", "1")
         .setting("metrics_listen", &format!("127.0.0.1:{mport}"))

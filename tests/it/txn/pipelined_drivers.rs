@@ -1,0 +1,96 @@
+//! Requests of two clients in flight on one server (`pool/pipeline.rs`), through real
+//! drivers: libpq's (pgbench, simple and extended protocol) and tokio-postgres's
+//! queries with parameters (`query_typed`: one extended-protocol run on the unnamed
+//! statement). Many clients share one server, so most requests go behind another's;
+//! every answer is checked to be its own client's.
+
+use std::time::Duration;
+
+use tokio_postgres::types::Type;
+
+use super::common::*;
+use super::pipelined::{one_loop, pipelined, sluice};
+use crate::support::probe::within;
+use crate::support::{free_port, pgbench, TempDir, MD5_PASSWORD, MD5_USER};
+
+/// A pgbench script whose answer names its client and a random number, and that
+/// divides by zero (failing the run) when the answer is not that: an answer that
+/// reached another client fails it.
+const OWN_ANSWER: &str = "\\set r random(1, 1000000)
+SELECT :client_id * 1000000 + :r AS v \\gset
+\\if :v != :client_id * 1000000 + :r
+SELECT 1/0;
+\\endif
+";
+
+#[test]
+fn pgbench_clients_each_get_their_own_answers_on_a_shared_server() {
+    let db = fresh_db("txn_pipe_pgbench");
+    let mport = free_port();
+    let s = sluice(&db, mport);
+    let dir = TempDir::new("sluice-pipe-pgbench");
+    let script = dir.write("own.sql", OWN_ANSWER);
+    let script = script.to_string_lossy().into_owned();
+    for mode in ["simple", "extended"] {
+        let before = pipelined(mport);
+        let args = [
+            "-n", "-M", mode, "-c", "16", "-j", "2", "-t", "300", "-f", &script,
+        ];
+        let run = pgbench(
+            "127.0.0.1",
+            s.port(),
+            MD5_USER,
+            &db,
+            Some(MD5_PASSWORD),
+            &args,
+            Duration::from_secs(120),
+        );
+        let report = format!(
+            "{mode}\n{}\n{}\n{}",
+            run.stdout,
+            run.stderr,
+            s.diagnostics()
+        );
+        assert!(run.success(), "pgbench failed: {report}");
+        assert!(
+            run.stdout
+                .contains("number of transactions actually processed: 4800/4800"),
+            "{report}"
+        );
+        if one_loop() {
+            assert!(pipelined(mport) > before, "{mode}: none behind another");
+        }
+    }
+}
+
+#[tokio::test]
+async fn tokio_postgres_queries_with_parameters_go_behind_others_and_get_their_own_rows() {
+    let db = fresh_db("txn_pipe_typed");
+    let mport = free_port();
+    let s = sluice(&db, mport);
+    let mut tasks = Vec::new();
+    for k in 0..12i32 {
+        let c = client(&s, &db).await;
+        tasks.push(tokio::spawn(async move {
+            for i in 0..150i32 {
+                let rows = c
+                    .query_typed(
+                        "SELECT $1::int4 * 1000 + $2::int4",
+                        &[(&k, Type::INT4), (&i, Type::INT4)],
+                    )
+                    .await
+                    .unwrap_or_else(|e| panic!("client {k}, query {i}: {e}"));
+                let v: i32 = rows[0].get(0);
+                assert_eq!(v, k * 1000 + i, "client {k}, query {i}");
+            }
+        }));
+    }
+    for t in tasks {
+        within(Duration::from_secs(120), "a client's queries", t)
+            .await
+            .expect("client task");
+    }
+    if one_loop() {
+        assert!(pipelined(mport) > 0, "no request went behind another");
+    }
+}
