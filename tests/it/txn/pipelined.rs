@@ -16,6 +16,7 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 use super::common::*;
+use crate::admin::{psql_ok, ADMIN, ADMIN_PW};
 use crate::support::probe::within;
 use crate::support::wire::{first_column, first_error, frame, query_msg, send_cancel_tcp};
 use crate::support::{free_port, Sluice, MD5_PASSWORD, MD5_USER};
@@ -42,6 +43,7 @@ pub(super) fn pipelined(port: u16) -> u64 {
 
 pub(super) fn sluice(db: &str, mport: u16) -> Sluice {
     txn_sluice(db)
+        .userlist(ADMIN, ADMIN_PW)
         .setting("default_pool_size", "1")
         .setting("metrics_listen", &format!("127.0.0.1:{mport}"))
         .start()
@@ -471,6 +473,49 @@ async fn a_request_binding_a_statement_parsed_before_waits_in_line() {
         if sc.pipelined() > before {
             return;
         }
+    }
+    panic!("no request went behind another in 10 rounds");
+}
+
+#[tokio::test]
+async fn killing_the_first_client_does_not_fail_the_request_behind() {
+    if !one_loop() {
+        return;
+    }
+    let sc = Scene::new("txn_pipe_kill").await;
+    for round in 0..10 {
+        let before = sc.pipelined();
+        let (mut a, mut b, _) = sc.pair("SELECT 'a', pg_sleep(0.3)", "SELECT 'b'").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if sc.pipelined() == before {
+            assert_eq!(answer(&mut a).await, "a", "round {round}");
+            assert_eq!(answer(&mut b).await, "b", "round {round}");
+            continue;
+        }
+        // KILL_CLIENT ends the first client's session while its query runs, and
+        // closes its server as for any linked client (PgBouncer's KILL_CLIENT): the
+        // request behind, none of whose answer came, runs on the next server.
+        let clients = psql_ok(&sc.s, "SHOW CLIENTS");
+        let col = |c: &str| clients.header.iter().position(|h| h == c);
+        let (Some(d), Some(l), Some(i)) = (col("database"), col("link"), col("id")) else {
+            panic!("SHOW CLIENTS columns: {:?}", clients.header);
+        };
+        // The first client is the one linked to the server (the second is linked
+        // when its turn comes, the holder between its transactions is not).
+        let linked: Vec<_> = clients
+            .rows
+            .iter()
+            .filter(|r| r[d] == sc.db && !r[l].is_empty())
+            .collect();
+        let [first] = linked[..] else {
+            panic!("round {round}: {clients:?}");
+        };
+        psql_ok(&sc.s, &format!("KILL_CLIENT {}", first[i]));
+        let told = a.until_closed(Duration::from_secs(10)).await;
+        assert!(first_error(&told).is_some(), "round {round}: {told:?}");
+        assert_eq!(answer(&mut b).await, "b", "round {round}");
+        assert_eq!(one(&sc.holder, "SELECT 'next'").await, "next");
+        return;
     }
     panic!("no request went behind another in 10 rounds");
 }
