@@ -413,11 +413,10 @@ impl Pool {
                     r.send_on(&mut conn);
                 }
                 let asleep = w.wake_on_answer(&conn, now);
-                if asleep
-                    && w.request.as_deref().is_some_and(pipeline::may_lead)
-                    && pipeline::send_behind(&mut st, &mut conn, now)
-                {
-                    self.stats.count_pipelined();
+                if asleep && w.request.as_deref().is_some_and(pipeline::may_lead) {
+                    while pipeline::send_behind(&mut st, &mut conn, now) {
+                        self.stats.count_pipelined();
+                    }
                 }
                 let waker = w.answer(&mut st, line::Answer::Granted(Grant::Server(conn)));
                 drop(st);

@@ -76,6 +76,8 @@ pub struct ServerState {
     /// The place in line whose request was written behind the one the server works
     /// on (pipeline.rs), and what of its answer a relay read with the one before.
     pub(crate) behind: Option<u64>,
+    /// A third request's place, written behind `behind`'s.
+    pub(crate) behind_next: Option<u64>,
     pub(crate) ahead: bytes::BytesMut,
 }
 
@@ -88,6 +90,12 @@ impl Drop for ServerState {
         if let Some(id) = self.behind.take() {
             if let Some(pool) = self.lent.pool() {
                 let answered = !self.ahead.is_empty() || self.stream.has_unread();
+                // The third first, so that the second ends up at the head of the line;
+                // whether any of its answer came is not known once some came (a bound
+                // kept: it may have run).
+                if let Some(next) = self.behind_next.take() {
+                    pool.lose_behind(next, answered);
+                }
                 pool.lose_behind(id, answered);
             }
         }
@@ -404,6 +412,7 @@ pub(crate) async fn connect(
         limit_tokens: None,
         prepared: Default::default(),
         behind: None,
+        behind_next: None,
         ahead: Default::default(),
     }));
     if let Some(q) = &cfg.connect_query {
@@ -431,6 +440,7 @@ pub(crate) fn conn_for_tests(stream: Stream, slot: SlotToken, generation: u64) -
         limit_tokens: None,
         prepared: Default::default(),
         behind: None,
+        behind_next: None,
         ahead: Default::default(),
     }))
 }

@@ -519,3 +519,71 @@ async fn killing_the_first_client_does_not_fail_the_request_behind() {
     }
     panic!("no request went behind another in 10 rounds");
 }
+
+/// Three quick clients in line for the one server, `holder` holding it; then let go:
+/// `b`'s request may go behind `a`'s, and `c`'s behind `b`'s. The count before.
+async fn three(sc: &Scene, sql: [&str; 3]) -> ([RawClient; 3], u64) {
+    let before = sc.pipelined();
+    let mut a = quick_client(&sc.s, &sc.db, &sc.holder).await;
+    let mut b = quick_client(&sc.s, &sc.db, &sc.holder).await;
+    let mut c = quick_client(&sc.s, &sc.db, &sc.holder).await;
+    within(STEP, "BEGIN", sc.holder.batch_execute("BEGIN"))
+        .await
+        .expect("BEGIN");
+    for (x, q) in [(&mut a, sql[0]), (&mut b, sql[1]), (&mut c, sql[2])] {
+        x.send(&query_msg(q)).await.expect("send");
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    within(STEP, "COMMIT", sc.holder.batch_execute("COMMIT"))
+        .await
+        .expect("COMMIT");
+    ([a, b, c], before)
+}
+
+#[tokio::test]
+async fn three_clients_requests_in_flight_on_one_server_each_get_their_own() {
+    let sc = Scene::new("txn_pipe_three").await;
+    for round in 0..10 {
+        let sql = ["SELECT 'a', pg_sleep(0.2)", "SELECT 'b'", "SELECT 'c'"];
+        let ([mut a, mut b, mut c], before) = three(&sc, sql).await;
+        // Both written behind the first while it runs.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let behind = sc.pipelined() - before;
+        assert_eq!(answer(&mut a).await, "a", "round {round}");
+        assert_eq!(answer(&mut b).await, "b", "round {round}");
+        assert_eq!(answer(&mut c).await, "c", "round {round}");
+        if !one_loop() || behind >= 2 {
+            return;
+        }
+    }
+    panic!("never two requests behind another in 10 rounds");
+}
+
+#[tokio::test]
+async fn the_middle_client_vanishing_fails_nobody_and_keeps_the_server() {
+    if !one_loop() {
+        return;
+    }
+    let sc = Scene::new("txn_pipe_middle").await;
+    let pid = one(&sc.holder, "SELECT pg_backend_pid()::text").await;
+    for round in 0..10 {
+        let sql = [
+            "SELECT 'a', pg_sleep(0.3)",
+            "SELECT 'b'",
+            "SELECT pg_backend_pid()::text",
+        ];
+        let ([mut a, b, mut c], before) = three(&sc, sql).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let behind = sc.pipelined() - before;
+        // The second client leaves while its request waits behind the first's: its
+        // answer is read and dropped, and the server goes on to the third's.
+        drop(b);
+        assert_eq!(answer(&mut a).await, "a", "round {round}");
+        assert_eq!(answer(&mut c).await, pid, "round {round}: {behind} behind");
+        assert_eq!(one(&sc.holder, "SELECT pg_backend_pid()::text").await, pid);
+        if behind >= 2 {
+            return;
+        }
+    }
+    panic!("never two requests behind another in 10 rounds");
+}

@@ -1,0 +1,179 @@
+//! Unit tests of pipeline.rs: which requests may go behind another, and a canceled
+//! answer told by its SQLSTATE.
+
+use super::{canceled, one_select};
+use crate::hostile::msg;
+
+#[test]
+fn only_one_select_alone_may_go_behind_another() {
+    let q = |t: &str| msg(b'Q', format!("{t}\0").as_bytes());
+    for ok in [
+        "SELECT 1",
+        "select abalance from t where aid = 3;",
+        "  \n\tSelect\n1 ;  ",
+        "SELECT(1)",
+    ] {
+        assert!(one_select(&q(ok)), "{ok:?}");
+    }
+    for no in [
+        "BEGIN; SELECT 1",
+        "SELECT 1; BEGIN",
+        "SELECT 1; SELECT 2",
+        "select_x()",
+        "SELECTED",
+        "/* c */ SELECT 1",
+        "WITH x AS (SELECT 1) SELECT * FROM x",
+        "START TRANSACTION",
+        "SELECT 'a;b'",
+        "SELECT set_config('TimeZone', 'UTC', false)",
+        "select pg_catalog.SET_CONFIG('a.b', 'c', false)",
+        "",
+        "SELEC",
+    ] {
+        assert!(!one_select(&q(no)), "{no:?}");
+    }
+    // Two messages, a cut one, a bad length, another message type, a NUL inside.
+    assert!(!one_select(&[q("SELECT 1"), q("SELECT 1")].concat()));
+    let one = q("SELECT 1");
+    assert!(!one_select(&one[..one.len() - 1]));
+    let mut bad = one.clone();
+    bad[4] = bad[4].wrapping_add(1);
+    assert!(!one_select(&bad));
+    assert!(!one_select(&msg(b'P', b"\0SELECT 1\0\0\0")));
+    assert!(!one_select(&msg(b'Q', b"SELECT 1\0; BEGIN\0")));
+}
+
+#[test]
+fn only_an_extended_run_of_one_select_parsed_with_it_may_go_behind_another() {
+    let parse = |name: &str, text: &str| msg(b'P', format!("{name}\0{text}\0\0\0").as_bytes());
+    let bind =
+        |portal: &str, stmt: &str| msg(b'B', format!("{portal}\0{stmt}\0\0\0\0\0\0\0").as_bytes());
+    let describe = msg(b'D', b"P\0");
+    let execute = |portal: &str| msg(b'E', format!("{portal}\0\0\0\0\0").as_bytes());
+    let (sync, flush) = (msg(b'S', b""), msg(b'H', b""));
+    let run = |p: &[Vec<u8>]| one_select(&p.concat());
+    let sel = parse("", "SELECT abalance FROM t WHERE aid = $1");
+    assert!(run(&[
+        sel.clone(),
+        bind("", ""),
+        describe.clone(),
+        execute(""),
+        sync.clone()
+    ]));
+    assert!(run(&[sel.clone(), bind("", ""), execute(""), sync.clone()]));
+    let described = msg(b'D', b"S\0");
+    assert!(run(&[
+        sel.clone(),
+        described,
+        flush.clone(),
+        bind("", ""),
+        execute(""),
+        sync.clone()
+    ]));
+    for (why, no) in [
+        (
+            "a named statement",
+            vec![
+                parse("s1", "SELECT 1"),
+                bind("", "s1"),
+                execute(""),
+                sync.clone(),
+            ],
+        ),
+        (
+            "a named portal",
+            vec![sel.clone(), bind("p", ""), execute("p"), sync.clone()],
+        ),
+        ("no Parse", vec![bind("", ""), execute(""), sync.clone()]),
+        ("no Sync", vec![sel.clone(), bind("", ""), execute("")]),
+        (
+            "two Executes",
+            vec![
+                sel.clone(),
+                bind("", ""),
+                execute(""),
+                execute(""),
+                sync.clone(),
+            ],
+        ),
+        (
+            "two Parses",
+            vec![
+                sel.clone(),
+                sel.clone(),
+                bind("", ""),
+                execute(""),
+                sync.clone(),
+            ],
+        ),
+        (
+            "Execute before Bind",
+            vec![sel.clone(), execute(""), bind("", ""), sync.clone()],
+        ),
+        (
+            "not a SELECT",
+            vec![parse("", "BEGIN"), bind("", ""), execute(""), sync.clone()],
+        ),
+        (
+            "set_config",
+            vec![
+                parse("", "SELECT set_config('a.b', 'c', false)"),
+                bind("", ""),
+                execute(""),
+                sync.clone(),
+            ],
+        ),
+        (
+            "a Close",
+            vec![
+                sel.clone(),
+                bind("", ""),
+                execute(""),
+                msg(b'C', b"S\0"),
+                sync.clone(),
+            ],
+        ),
+        (
+            "more after the Sync",
+            vec![
+                sel.clone(),
+                bind("", ""),
+                execute(""),
+                sync.clone(),
+                flush.clone(),
+            ],
+        ),
+    ] {
+        assert!(!run(&no), "{why}");
+    }
+    let whole = [sel.clone(), bind("", ""), execute(""), sync.clone()].concat();
+    assert!(!one_select(&whole[..whole.len() - 1]), "cut");
+    let mut bad = whole.clone();
+    bad[4] = bad[4].wrapping_add(1);
+    assert!(!one_select(&bad), "a bad length");
+    assert!(
+        !one_select(&msg(b'P', b"\0SELECT 1")),
+        "no NUL after the text"
+    );
+}
+
+#[test]
+fn a_canceled_answer_is_told_by_its_sqlstate() {
+    let err = |code: &str| {
+        msg(
+            b'E',
+            format!("SERROR\0C{code}\0Mcanceling statement due to user request\0\0").as_bytes(),
+        )
+    };
+    let ready = msg(b'Z', b"I");
+    let row = msg(b'T', b"\0\0");
+    assert!(canceled(&[err("57014"), ready.clone()].concat()));
+    assert!(canceled(
+        &[row.clone(), err("57014"), ready.clone()].concat()
+    ));
+    assert!(!canceled(&[err("22012"), ready.clone()].concat()));
+    assert!(!canceled(&[row, ready.clone()].concat()));
+    // Only as the code field, not in the message text.
+    let text = msg(b'E', b"SERROR\0C22012\0Mwhy C57014\0\0");
+    assert!(!canceled(&[text, ready].concat()));
+}
