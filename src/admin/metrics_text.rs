@@ -86,23 +86,36 @@ pub fn render(app: &App) -> String {
     t.0
 }
 
+/// One of a pool's counters.
+type Count = fn(&crate::stats::PoolStats) -> u64;
+
 /// Sluice's own: requests written to a server behind another client's request
-/// (pool/pipeline.rs), per database and user.
+/// (pool/pipeline.rs), and those written again after a cancel aimed at the one before
+/// canceled them, per database and user.
 fn pipelined(app: &App, t: &mut Text) {
-    let name = "sluice_pipelined_requests_total";
-    t.family(
-        name,
-        "counter",
-        "Requests written to a server behind another client's",
-    );
     let mut pools = app.pools.all();
     pools.sort_by(|a, b| (&a.key.database, &a.key.user).cmp(&(&b.key.database, &b.key.user)));
-    for p in &pools {
-        let labels = [
-            ("database", p.key.database.as_str()),
-            ("user", p.key.user.as_str()),
-        ];
-        t.sample(name, &labels, p.stats.pipelined());
+    let families: [(&str, &str, Count); 2] = [
+        (
+            "sluice_pipelined_requests_total",
+            "Requests written to a server behind another client's",
+            |s| s.pipelined(),
+        ),
+        (
+            "sluice_pipelined_resent_total",
+            "Requests written behind another and written again after a cancel aimed at that one canceled them",
+            |s| s.resent(),
+        ),
+    ];
+    for (name, help, value) in families {
+        t.family(name, "counter", help);
+        for p in &pools {
+            let labels = [
+                ("database", p.key.database.as_str()),
+                ("user", p.key.user.as_str()),
+            ];
+            t.sample(name, &labels, value(&p.stats));
+        }
     }
 }
 

@@ -328,6 +328,7 @@ impl Pool {
         if let Some(r) = request.as_mut() {
             // Canceled by a cancel aimed at the request before it: written again.
             if r.write_again(&mut conn, answer) {
+                self.stats.count_resent();
                 return self.await_again(d, st, wid, conn, request);
             }
             r.behind.quick = r

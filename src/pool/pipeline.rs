@@ -67,7 +67,8 @@ pub struct Behind {
     /// Written behind another: a copy, to write again if a cancel aimed at the one
     /// before canceled it.
     resend: BytesMut,
-    /// The server's count of cancels aimed at it when this one was written behind.
+    /// The server's count of cancels aimed at it when this one was written behind,
+    /// and again when its turn came (from then on, any is its own client's).
     aimed: u32,
     /// A cancel was aimed at the server while this request waited behind: its answer
     /// is checked for a cancel that was not its own.
@@ -296,8 +297,16 @@ impl Request {
     /// A request sent behind another whose answer was canceled by a cancel aimed at
     /// the one before: written again on `conn` (idle after that answer), once. False
     /// if it is not that case or the write did not all go.
+    ///
+    /// Not if its own client aimed a cancel at it since its turn came: that one may
+    /// be what canceled it. (One cancel may cancel two requests in a row: PostgreSQL
+    /// signals the backend's pid and then its process group. The server is held off
+    /// until the cancel's connection closes, after both, so they land on requests
+    /// written behind before the cancel came, each exposed, never on one written
+    /// again.)
     pub(super) fn write_again(&mut self, conn: &mut ServerConn, answer: &[u8]) -> bool {
-        if !std::mem::take(&mut self.behind.exposed) || !canceled(answer) {
+        let own = conn.ident.aimed.load(Ordering::SeqCst) != self.behind.aimed;
+        if !std::mem::take(&mut self.behind.exposed) || own || !canceled(answer) {
             return false;
         }
         let resend = std::mem::take(&mut self.behind.resend);
@@ -354,6 +363,7 @@ impl Pool {
                 return Err(conn);
             }
             r.behind.exposed = aimed != r.behind.aimed;
+            r.behind.aimed = aimed;
             r.granted = Some(now);
             // (A client gone meanwhile is not linked: its delegate drops the answer.)
             if !r.behind.gone {

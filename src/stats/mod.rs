@@ -45,6 +45,8 @@ pub struct PoolStats {
     logins: AtomicU64,
     /// Requests written behind another client's on a server (pool/pipeline.rs).
     pipelined: AtomicU64,
+    /// Of those, written again after a cancel aimed at the one before canceled them.
+    resent: AtomicU64,
     pub query_hist: Histogram,
     pub xact_hist: Histogram,
     pub wait_hist: Histogram,
@@ -117,6 +119,17 @@ impl PoolStats {
     /// Requests written behind another client's since start (`/metrics`).
     pub fn pipelined(&self) -> u64 {
         self.pipelined.load(Relaxed)
+    }
+
+    /// Counts a request written again after a cancel aimed at the one before it
+    /// canceled it (pool/pipeline.rs).
+    pub fn count_resent(&self) {
+        self.resent.fetch_add(1, Relaxed);
+    }
+
+    /// Requests written again so, since start (`/metrics`).
+    pub fn resent(&self) -> u64 {
+        self.resent.load(Relaxed)
     }
 
     /// Folds a client's delta in and clears it.

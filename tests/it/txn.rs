@@ -24,6 +24,7 @@ mod mixed;
 mod pairs;
 mod params;
 mod pipelined;
+mod pipelined_cancel;
 mod pipelined_drivers;
 mod portals;
 mod prepared_load;

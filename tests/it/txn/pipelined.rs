@@ -3,8 +3,8 @@
 //! and the server's answers are split between the two clients. Each client gets its
 //! own answers whatever the first one's answer is (big, a ParameterStatus, a
 //! transaction of several requests around), the second is not failed when the first
-//! client vanishes, nor canceled by a cancel aimed at the first. Requests of the
-//! extended protocol go behind others too when they parse what they run.
+//! client vanishes (cancels: `pipelined_cancel.rs`). Requests of the extended
+//! protocol go behind others too when they parse what they run.
 //!
 //! The cases that need a request written behind another count how many were
 //! (`sluice_pipelined_requests_total` on `/metrics`) and set the scene again until
@@ -18,7 +18,7 @@ use std::time::Duration;
 use super::common::*;
 use crate::admin::{psql_ok, ADMIN, ADMIN_PW};
 use crate::support::probe::within;
-use crate::support::wire::{first_column, first_error, frame, query_msg, send_cancel_tcp};
+use crate::support::wire::{first_column, first_error, frame, query_msg};
 use crate::support::{free_port, Sluice, MD5_PASSWORD, MD5_USER};
 use tokio_postgres::Client;
 
@@ -29,6 +29,11 @@ pub(super) fn one_loop() -> bool {
 
 /// Requests written behind others so far, from `/metrics` on `port`.
 pub(super) fn pipelined(port: u16) -> u64 {
+    counter(port, "sluice_pipelined_requests_total")
+}
+
+/// The sum of counter `name` over its labels, from `/metrics` on `port`.
+pub(super) fn counter(port: u16, name: &str) -> u64 {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("metrics");
     s.set_read_timeout(Some(Duration::from_secs(10))).ok();
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -36,7 +41,7 @@ pub(super) fn pipelined(port: u16) -> u64 {
     let mut out = String::new();
     s.read_to_string(&mut out).ok();
     out.lines()
-        .filter(|l| l.starts_with("sluice_pipelined_requests_total{"))
+        .filter(|l| l.strip_prefix(name).is_some_and(|l| l.starts_with('{')))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
 }
@@ -51,7 +56,7 @@ pub(super) fn sluice(db: &str, mport: u16) -> Sluice {
 
 /// The first column of the first row up to the next ReadyForQuery, or the error's
 /// SQLSTATE as `error CODE`.
-async fn answer(c: &mut RawClient) -> String {
+pub(super) async fn answer(c: &mut RawClient) -> String {
     let msgs = c.until_ready(Duration::from_secs(20)).await;
     if let Some(e) = first_error(&msgs) {
         return format!("error {}", e.field(b'C').unwrap_or_default());
@@ -107,15 +112,15 @@ async fn line_up_bytes(
 
 /// A Sluice with one server, its `/metrics` port, and a client of its own
 /// (`holder`) that holds the server in a transaction while others line up.
-struct Scene {
-    db: String,
-    mport: u16,
-    s: Sluice,
-    holder: Client,
+pub(super) struct Scene {
+    pub(super) db: String,
+    pub(super) mport: u16,
+    pub(super) s: Sluice,
+    pub(super) holder: Client,
 }
 
 impl Scene {
-    async fn new(prefix: &str) -> Scene {
+    pub(super) async fn new(prefix: &str) -> Scene {
         let db = fresh_db(prefix);
         let mport = free_port();
         let s = sluice(&db, mport);
@@ -128,13 +133,13 @@ impl Scene {
         }
     }
 
-    fn pipelined(&self) -> u64 {
+    pub(super) fn pipelined(&self) -> u64 {
         pipelined(self.mport)
     }
 
     /// A quick client and another in line behind it, with these requests, the one
     /// server let go; and the count of requests written behind others before.
-    async fn pair(&self, a_sql: &str, b_sql: &str) -> (RawClient, RawClient, u64) {
+    pub(super) async fn pair(&self, a_sql: &str, b_sql: &str) -> (RawClient, RawClient, u64) {
         let before = self.pipelined();
         let mut a = quick_client(&self.s, &self.db, &self.holder).await;
         let mut b = raw(&self.s, &self.db, &[]).await;
@@ -223,39 +228,6 @@ async fn the_request_behind_survives_the_first_client_vanishing() {
         if !one_loop() || sc.pipelined() > before {
             return;
         }
-    }
-    panic!("no request went behind another in 10 rounds");
-}
-
-#[tokio::test]
-async fn a_cancel_aimed_at_the_first_request_does_not_fail_the_one_behind() {
-    let sc = Scene::new("txn_pipe_cancel").await;
-    let server_pid = backend_pid(&sc.holder).await;
-    for round in 0..10 {
-        let (mut a, mut b, before) = sc
-            .pair("SELECT pg_sleep(0.3), 'a'", "SELECT 'b', pg_sleep(0.3)")
-            .await;
-        // The first client cancels its query: it is canceled, and the second one runs.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let behind = sc.pipelined() > before;
-        send_cancel_tcp(sc.s.port(), a.pid, a.key).await;
-        assert_eq!(answer(&mut a).await, "error 57014", "round {round}");
-        if !behind {
-            // In line instead, it runs after; nothing to see here this round.
-            assert_eq!(answer(&mut b).await, "b", "round {round}");
-            if !one_loop() {
-                return;
-            }
-            continue;
-        }
-        // A cancel that came late would land on the second request instead: made
-        // here by canceling the backend directly while it runs the second request.
-        // Its answer is not the second client's error to see: the request is written
-        // again, and answered.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        direct(&sc.db, &format!("SELECT pg_cancel_backend({server_pid})"));
-        assert_eq!(answer(&mut b).await, "b", "round {round}");
-        return;
     }
     panic!("no request went behind another in 10 rounds");
 }

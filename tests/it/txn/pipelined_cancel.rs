@@ -1,0 +1,81 @@
+//! Cancels around requests of two clients in flight on one server
+//! (`pool/pipeline.rs`): a cancel aimed at the first client's query does not fail
+//! the request written behind it, and a cancel the second client sends itself is its
+//! own, not taken for one of those.
+
+use std::time::Duration;
+
+use super::common::*;
+use super::pipelined::{answer, counter, one_loop, Scene};
+use crate::support::wire::send_cancel_tcp;
+
+impl Scene {
+    /// Requests written again after a cancel aimed at the one before canceled them.
+    fn resent(&self) -> u64 {
+        counter(self.mport, "sluice_pipelined_resent_total")
+    }
+}
+
+#[tokio::test]
+async fn a_cancel_aimed_at_the_first_request_does_not_fail_the_one_behind() {
+    let sc = Scene::new("txn_pipe_cancel").await;
+    let server_pid = backend_pid(&sc.holder).await;
+    for round in 0..10 {
+        let (mut a, mut b, before) = sc
+            .pair("SELECT pg_sleep(0.3), 'a'", "SELECT 'b', pg_sleep(1)")
+            .await;
+        // The first client cancels its query: it is canceled, and the second one runs.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let behind = sc.pipelined() > before;
+        send_cancel_tcp(sc.s.port(), a.pid, a.key).await;
+        assert_eq!(answer(&mut a).await, "error 57014", "round {round}");
+        if !behind {
+            // In line instead, it runs after; nothing to see here this round.
+            assert_eq!(answer(&mut b).await, "b", "round {round}");
+            if !one_loop() {
+                return;
+            }
+            continue;
+        }
+        // A cancel that comes late lands on the second request instead. PostgreSQL
+        // signals a backend twice per cancel (its pid, then its process group), so
+        // the first client's may have done so already: the second request was then
+        // written again. If not, a late one is made here by canceling the backend
+        // directly while it runs the second request. Either way its answer is not
+        // the second client's error to see: the request is written again, and
+        // answered.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if sc.resent() == 0 {
+            direct(&sc.db, &format!("SELECT pg_cancel_backend({server_pid})"));
+        }
+        assert_eq!(answer(&mut b).await, "b", "round {round}");
+        assert_eq!(sc.resent(), 1, "round {round}");
+        return;
+    }
+    panic!("no request went behind another in 10 rounds");
+}
+
+#[tokio::test]
+async fn the_second_clients_own_cancel_cancels_its_request_behind() {
+    let sc = Scene::new("txn_pipe_own_cancel").await;
+    for round in 0..10 {
+        let (mut a, mut b, before) = sc
+            .pair("SELECT pg_sleep(0.3), 'a'", "SELECT 'b', pg_sleep(5)")
+            .await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let behind = sc.pipelined() > before;
+        send_cancel_tcp(sc.s.port(), a.pid, a.key).await;
+        assert_eq!(answer(&mut a).await, "error 57014", "round {round}");
+        // Its request runs now, exposed to the first client's cancel: the second
+        // client cancels it itself, and its cancel is what it gets, not taken for
+        // the first client's and answered by writing the request again.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        send_cancel_tcp(sc.s.port(), b.pid, b.key).await;
+        assert_eq!(answer(&mut b).await, "error 57014", "round {round}");
+        assert_eq!(one(&sc.holder, "SELECT 'next'").await, "next");
+        if !one_loop() || behind {
+            return;
+        }
+    }
+    panic!("no request went behind another in 10 rounds");
+}
