@@ -305,8 +305,11 @@ impl Request {
     /// written behind before the cancel came, each exposed, never on one written
     /// again.)
     pub(super) fn write_again(&mut self, conn: &mut ServerConn, answer: &[u8]) -> bool {
+        if !std::mem::take(&mut self.behind.exposed) {
+            return false;
+        }
         let own = conn.ident.aimed.load(Ordering::SeqCst) != self.behind.aimed;
-        if !std::mem::take(&mut self.behind.exposed) || own || !canceled(answer) {
+        if own || !canceled(answer) {
             return false;
         }
         let resend = std::mem::take(&mut self.behind.resend);
