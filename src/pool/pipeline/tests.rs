@@ -1,8 +1,18 @@
-//! Unit tests of pipeline.rs: which requests may go behind another, and a canceled
-//! answer told by its SQLSTATE.
+//! Unit tests of pipeline.rs: which requests may go behind another, a canceled
+//! answer told by its SQLSTATE, and which canceled answers are written again.
+
+use std::io::Read;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::BytesMut;
 
 use super::{canceled, one_select};
 use crate::hostile::msg;
+use crate::pool::line::Request;
+use crate::pool::testing::lent;
+use crate::pool::Pool;
+use crate::stats::conns::{test_meta, ClientInfo};
 
 #[test]
 fn only_one_select_alone_may_go_behind_another() {
@@ -157,14 +167,15 @@ fn only_an_extended_run_of_one_select_parsed_with_it_may_go_behind_another() {
     );
 }
 
+fn err(code: &str) -> Vec<u8> {
+    msg(
+        b'E',
+        format!("SERROR\0C{code}\0Mcanceling statement due to user request\0\0").as_bytes(),
+    )
+}
+
 #[test]
 fn a_canceled_answer_is_told_by_its_sqlstate() {
-    let err = |code: &str| {
-        msg(
-            b'E',
-            format!("SERROR\0C{code}\0Mcanceling statement due to user request\0\0").as_bytes(),
-        )
-    };
     let ready = msg(b'Z', b"I");
     let row = msg(b'T', b"\0\0");
     assert!(canceled(&[err("57014"), ready.clone()].concat()));
@@ -176,4 +187,53 @@ fn a_canceled_answer_is_told_by_its_sqlstate() {
     // Only as the code field, not in the message text.
     let text = msg(b'E', b"SERROR\0C22012\0Mwhy C57014\0\0");
     assert!(!canceled(&[text, ready].concat()));
+}
+
+#[tokio::test]
+async fn only_a_request_exposed_to_anothers_cancel_is_written_again() {
+    let p = Pool::one_slot_for_tests();
+    let (mut conn, mut theirs) = lent(&p);
+    theirs.set_nonblocking(true).expect("nonblocking");
+    let query = msg(b'Q', b"SELECT 'b'\0");
+    let canceled_answer = [err("57014"), msg(b'Z', b"I")].concat();
+    // As `Pool::advance` leaves it: exposed or not, the server's count of cancels
+    // aimed at it when its turn came.
+    let ident = conn.ident.clone();
+    let behind = |exposed: bool| {
+        let meta = test_meta(1);
+        let mut r = Request::new(
+            BytesMut::new(),
+            Arc::default(),
+            Arc::new(ClientInfo::new(meta)),
+        );
+        r.behind.resend = BytesMut::from(&query[..]);
+        r.behind.exposed = exposed;
+        r.behind.aimed = ident.aimed.load(Ordering::SeqCst);
+        r
+    };
+    let mut written = || {
+        let mut buf = [0u8; 64];
+        theirs
+            .read(&mut buf)
+            .map_or(Vec::new(), |n| buf[..n].to_vec())
+    };
+
+    // Exposed, and canceled: written again, once.
+    let mut r = behind(true);
+    assert!(r.write_again(&mut conn, &canceled_answer));
+    assert_eq!(written(), query);
+    assert!(!r.write_again(&mut conn, &canceled_answer), "only once");
+    assert!(written().is_empty());
+
+    // Not exposed, or not canceled: its answer is its own.
+    assert!(!behind(false).write_again(&mut conn, &canceled_answer));
+    let other = [err("22012"), msg(b'Z', b"I")].concat();
+    assert!(!behind(true).write_again(&mut conn, &other));
+
+    // Its own client aimed a cancel at it since its turn came: that may be what
+    // canceled it, and the client is to see it.
+    let mut r = behind(true);
+    ident.aimed.fetch_add(1, Ordering::SeqCst);
+    assert!(!r.write_again(&mut conn, &canceled_answer));
+    assert!(written().is_empty());
 }
