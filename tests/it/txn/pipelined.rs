@@ -297,8 +297,10 @@ async fn the_request_behind_goes_to_another_server_when_its_server_dies() {
     for round in 0..10 {
         let server_pid = backend_pid(&sc.holder).await;
         let (mut a, mut b, before) = sc
-            .pair("SELECT pg_sleep(0.3), 'a'", "SELECT 'b', pg_backend_pid()")
+            .pair("SELECT pg_sleep(1), 'a'", "SELECT 'b', pg_backend_pid()")
             .await;
+        // (A second for the kill to land while the first query runs: psql may take
+        // a few hundred ms to start on a loaded machine.)
         tokio::time::sleep(Duration::from_millis(100)).await;
         let behind = sc.pipelined() > before;
         direct(
@@ -457,7 +459,9 @@ async fn killing_the_first_client_does_not_fail_the_request_behind() {
     let sc = Scene::new("txn_pipe_kill").await;
     for round in 0..10 {
         let before = sc.pipelined();
-        let (mut a, mut b, _) = sc.pair("SELECT 'a', pg_sleep(0.3)", "SELECT 'b'").await;
+        // (A second for two psql runs to find and kill the first client while its
+        // query runs.)
+        let (mut a, mut b, _) = sc.pair("SELECT 'a', pg_sleep(1)", "SELECT 'b'").await;
         tokio::time::sleep(Duration::from_millis(100)).await;
         if sc.pipelined() == before {
             assert_eq!(answer(&mut a).await, "a", "round {round}");
