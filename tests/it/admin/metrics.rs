@@ -136,6 +136,16 @@ async fn metrics_endpoint_exports_counters_after_load() {
         )
     )
     .is_some_and(|v| v >= 25.0));
+    // Requests written behind others, and those written again after a cancel aimed
+    // at the one before: counters per pool (none written again here).
+    assert!(text.contains("# TYPE sluice_pipelined_requests_total counter"));
+    assert_eq!(
+        sample(
+            &text,
+            &format!("sluice_pipelined_resent_total{{database=\"{TEST_DB}\",user=\"sluice_md5\"}}")
+        ),
+        Some(0.0)
+    );
 
     // Only GET /metrics is served; oversized requests are cut off.
     assert!(get(mport, "/nope").unwrap().0.contains("404"));
