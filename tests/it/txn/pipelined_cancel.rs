@@ -14,6 +14,18 @@ impl Scene {
     fn resent(&self) -> u64 {
         counter(self.mport, "sluice_pipelined_resent_total")
     }
+
+    /// A quick client's 0.3 s query and then `b_sql` line up for the one server;
+    /// 100 ms after it is let go, the first client cancels its query, and is told so.
+    /// The second client, and whether its request went behind the first's.
+    async fn first_canceled(&self, b_sql: &str, round: u32) -> (RawClient, bool) {
+        let (mut a, b, before) = self.pair("SELECT pg_sleep(0.3), 'a'", b_sql).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let behind = self.pipelined() > before;
+        send_cancel_tcp(self.s.port(), a.pid, a.key).await;
+        assert_eq!(answer(&mut a).await, "error 57014", "round {round}");
+        (b, behind)
+    }
 }
 
 #[tokio::test]
@@ -21,14 +33,8 @@ async fn a_cancel_aimed_at_the_first_request_does_not_fail_the_one_behind() {
     let sc = Scene::new("txn_pipe_cancel").await;
     let server_pid = backend_pid(&sc.holder).await;
     for round in 0..10 {
-        let (mut a, mut b, before) = sc
-            .pair("SELECT pg_sleep(0.3), 'a'", "SELECT 'b', pg_sleep(1)")
-            .await;
         // The first client cancels its query: it is canceled, and the second one runs.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let behind = sc.pipelined() > before;
-        send_cancel_tcp(sc.s.port(), a.pid, a.key).await;
-        assert_eq!(answer(&mut a).await, "error 57014", "round {round}");
+        let (mut b, behind) = sc.first_canceled("SELECT 'b', pg_sleep(1)", round).await;
         if !behind {
             // In line instead, it runs after; nothing to see here this round.
             assert_eq!(answer(&mut b).await, "b", "round {round}");
@@ -59,13 +65,7 @@ async fn a_cancel_aimed_at_the_first_request_does_not_fail_the_one_behind() {
 async fn the_second_clients_own_cancel_cancels_its_request_behind() {
     let sc = Scene::new("txn_pipe_own_cancel").await;
     for round in 0..10 {
-        let (mut a, mut b, before) = sc
-            .pair("SELECT pg_sleep(0.3), 'a'", "SELECT 'b', pg_sleep(5)")
-            .await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let behind = sc.pipelined() > before;
-        send_cancel_tcp(sc.s.port(), a.pid, a.key).await;
-        assert_eq!(answer(&mut a).await, "error 57014", "round {round}");
+        let (mut b, behind) = sc.first_canceled("SELECT 'b', pg_sleep(5)", round).await;
         // Its request runs now, exposed to the first client's cancel: the second
         // client cancels it itself, and its cancel is what it gets, not taken for
         // the first client's and answered by writing the request again.
