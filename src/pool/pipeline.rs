@@ -19,7 +19,9 @@
 //! came within [`QUICK`] of its request, so that a slow query holds nobody up; not
 //! while a cancel is on its way to the server; and only where a delegate relays both
 //! answers (transaction pooling, one event loop, plaintext, no timeout that needs the
-//! relay's clock), with no prepared statements on the server.
+//! relay's clock), and from clients whose relays do not follow answers with the
+//! prepared-statement tracker. Prepared statements other clients left on the server
+//! do not matter: neither request can name them or drop them.
 //!
 //! What could reach the second client that is not its own:
 //! - a cancel aimed at the first client's query that lands after it ended: a backend
@@ -215,7 +217,7 @@ pub(super) fn may_lead(r: &Request) -> bool {
 /// Writes the request of the first in line behind the one `conn` was just handed
 /// with (see [`may_lead`]), if it is one that may go there; true if it was.
 pub(super) fn send_behind(st: &mut PoolState, conn: &mut ServerConn, now: Tick) -> bool {
-    if conn.behind_next.is_some() || !conn.prepared.is_empty() || conn.ident.cancels_pending() {
+    if conn.behind_next.is_some() || conn.ident.cancels_pending() {
         return false;
     }
     // A third goes only behind a second whose client's last answer was quick too.
@@ -370,7 +372,7 @@ impl Pool {
             r.granted = Some(now);
             // (A client gone meanwhile is not linked: its delegate drops the answer.)
             if !r.behind.gone {
-                r.client.link(&conn.ident, 0);
+                r.client.link(&conn.ident, conn.prepared.len() as u32);
             }
             if !ahead.is_empty() {
                 super::delegate::start_gathering(r, &ahead);

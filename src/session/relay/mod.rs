@@ -522,7 +522,11 @@ impl Relay {
             }
             Event::Complete { .. } => Body::Skip,
         };
-        let server_holds = !server.prepared.is_empty();
+        // The tracker watches a plain request's answer for a DEALLOCATE ALL or DISCARD
+        // ALL that empties the server's statements. With a request behind this one,
+        // this one is a single `SELECT` (pool/pipeline.rs), whose answer holds neither,
+        // and what follows its ReadyForQuery is another client's: not for this tracker.
+        let server_holds = !server.prepared.is_empty() && !behind;
         let tracked = self.prepared.as_mut().filter(|p| p.watches(server_holds));
         match tracked {
             None => self

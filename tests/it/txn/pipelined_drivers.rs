@@ -11,36 +11,56 @@ use tokio_postgres::types::Type;
 use super::common::*;
 use super::pipelined::{one_loop, pipelined, sluice};
 use crate::support::probe::within;
-use crate::support::{free_port, pgbench, TempDir, MD5_PASSWORD, MD5_USER};
+use crate::support::{free_port, pgbench, Sluice, TempDir, MD5_PASSWORD, MD5_USER};
 
 /// A pgbench script whose answer names its client and a random number, and that
 /// divides by zero (failing the run) when the answer is not that: an answer that
 /// reached another client fails it.
-const OWN_ANSWER: &str = "\\set r random(1, 1000000)
+pub(super) const OWN_ANSWER: &str = "\\set r random(1, 1000000)
 SELECT :client_id * 1000000 + :r AS v \\gset
 \\if :v != :client_id * 1000000 + :r
 SELECT 1/0;
 \\endif
 ";
 
-#[test]
-fn pgbench_clients_each_get_their_own_answers_on_a_shared_server() {
-    let db = fresh_db("txn_pipe_pgbench");
-    let mport = free_port();
-    let s = sluice(&db, mport);
-    let dir = TempDir::new("sluice-pipe-pgbench");
-    let script = dir.write("own.sql", OWN_ANSWER);
-    let script = script.to_string_lossy().into_owned();
-    for mode in ["simple", "extended"] {
-        let before = pipelined(mport);
-        let args = [
-            "-n", "-M", mode, "-c", "16", "-j", "2", "-t", "300", "-f", &script,
-        ];
+/// A Sluice with one server and pgbench scripts whose answers are checked.
+pub(super) struct Bench {
+    db: String,
+    pub(super) mport: u16,
+    pub(super) s: Sluice,
+    dir: TempDir,
+}
+
+impl Bench {
+    pub(super) fn new(prefix: &str) -> Bench {
+        let db = fresh_db(prefix);
+        let mport = free_port();
+        let s = sluice(&db, mport);
+        let dir = TempDir::new(&format!("sluice-{prefix}"));
+        Bench { db, mport, s, dir }
+    }
+
+    /// `script` (named `name`) run by `clients` clients of `mode` protocol, `count`
+    /// times each, all of them answered as their own; and how many requests went
+    /// behind others meanwhile.
+    pub(super) fn run(
+        &self,
+        name: &str,
+        script: &str,
+        mode: &str,
+        clients: u32,
+        count: u32,
+    ) -> u64 {
+        let file = self.dir.write(name, script);
+        let file = file.to_string_lossy();
+        let (c, t) = (clients.to_string(), count.to_string());
+        let args = ["-n", "-M", mode, "-c", &c, "-j", "2", "-t", &t, "-f", &file];
+        let before = pipelined(self.mport);
         let run = pgbench(
             "127.0.0.1",
-            s.port(),
+            self.s.port(),
             MD5_USER,
-            &db,
+            &self.db,
             Some(MD5_PASSWORD),
             &args,
             Duration::from_secs(120),
@@ -49,16 +69,26 @@ fn pgbench_clients_each_get_their_own_answers_on_a_shared_server() {
             "{mode}\n{}\n{}\n{}",
             run.stdout,
             run.stderr,
-            s.diagnostics()
+            self.s.diagnostics()
         );
         assert!(run.success(), "pgbench failed: {report}");
+        let all = clients * count;
         assert!(
             run.stdout
-                .contains("number of transactions actually processed: 4800/4800"),
+                .contains(&format!("actually processed: {all}/{all}")),
             "{report}"
         );
+        pipelined(self.mport) - before
+    }
+}
+
+#[test]
+fn pgbench_clients_each_get_their_own_answers_on_a_shared_server() {
+    let b = Bench::new("txn_pipe_pgbench");
+    for mode in ["simple", "extended"] {
+        let behind = b.run("own.sql", OWN_ANSWER, mode, 16, 300);
         if one_loop() {
-            assert!(pipelined(mport) > before, "{mode}: none behind another");
+            assert!(behind > 0, "{mode}: none behind another");
         }
     }
 }
