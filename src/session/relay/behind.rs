@@ -2,7 +2,8 @@
 //! (pool/pipeline.rs): the relay passes this client's answer to its first
 //! ReadyForQuery and no further, keeps what follows with the server for that client,
 //! and writes nothing more of this client's to the server meanwhile (it goes to the
-//! next server this client gets, as a new request).
+//! next server this client gets, as a new request, and only then through the
+//! prepared-statement rewriter, whose rewrite depends on the server's statements).
 
 use super::{Framer, Relay, ServerRead};
 use crate::pool::ServerConn;

@@ -241,7 +241,11 @@ impl Relay {
             let want = Want {
                 server_read: self.s2c.is_empty(),
                 client_write: !self.s2c.is_empty(),
-                client_read: self.c2s.is_empty() && !self.terminated,
+                // (Bytes the client sent while another's request is behind its own
+                // wait for its next server; no more is read until then.)
+                client_read: self.c2s.is_empty()
+                    && !self.terminated
+                    && (server.behind.is_none() || !self.has_request()),
                 server_write: !self.c2s.is_empty() && server.behind.is_none(),
                 client_first: self.pending == 0,
             };
@@ -311,12 +315,7 @@ impl Relay {
                     }
                     let pending_before = self.pending;
                     match self.read_client(client, false) {
-                        Ok(true) => {
-                            self.note_client_activity(pending_before, Tick::now());
-                            if let Err(e) = self.rewrite_pending(server) {
-                                return e;
-                            }
-                        }
+                        Ok(true) => self.note_client_activity(pending_before, Tick::now()),
                         Ok(false) => return Outcome::ClientClosed,
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                         Err(e) if e.kind() == io::ErrorKind::InvalidData => {
@@ -324,8 +323,14 @@ impl Relay {
                         }
                         Err(e) => return Outcome::ClientFailed(e),
                     }
+                    // With another client's request behind this one, the request goes
+                    // to this client's next server, so it is rewritten for that one's
+                    // prepared statements, not for this one's (behind.rs).
                     if server.behind.is_some() {
                         continue;
+                    }
+                    if let Err(e) = self.rewrite_pending(server) {
+                        return e;
                     }
                     if let Err(e) = flush(&server.stream, &mut self.c2s) {
                         return Outcome::ServerClosed(e);

@@ -4,10 +4,15 @@
 //! the statements stay usable and counted.
 
 use super::common::*;
-use super::pipelined::{answer, one_loop, Scene};
+use std::time::Duration;
+
+use super::pipelined::{answer, one_loop, pipelined, Scene};
 use super::pipelined_drivers::{Bench, OWN_ANSWER};
 use crate::admin::psql_ok;
+use crate::support::free_port;
 use crate::support::probe::within;
+use crate::support::wire::{frame, query_msg};
+use tokio_postgres::Client;
 
 #[tokio::test]
 async fn a_request_goes_behind_another_on_a_server_holding_a_prepared_statement() {
@@ -67,4 +72,104 @@ fn requests_go_behind_others_on_a_server_holding_prepared_statements() {
         b.run("own.sql", OWN_ANSWER, "extended", 12, 200);
         prepared.join().expect("prepared run");
     });
+}
+
+/// Both holders take the pool's two servers in a transaction.
+async fn hold_both(h: &[Client; 2]) {
+    for c in h {
+        within(STEP, "BEGIN", c.batch_execute("BEGIN"))
+            .await
+            .expect("BEGIN");
+    }
+}
+
+async fn commit(c: &Client) {
+    within(STEP, "COMMIT", c.batch_execute("COMMIT"))
+        .await
+        .expect("COMMIT");
+}
+
+/// A named statement's Parse, Bind, Execute and Sync.
+fn named(name: &str, sql: &str) -> Vec<u8> {
+    let mut parse = format!("{name}\0{sql}\0").into_bytes();
+    parse.extend_from_slice(&[0, 0]);
+    let mut bind = format!("\0{name}\0").into_bytes();
+    bind.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+    let mut out = frame(b'P', &parse);
+    out.extend(frame(b'B', &bind));
+    out.extend(frame(b'E', &[0, 0, 0, 0, 0]));
+    out.extend(sync_msg());
+    out
+}
+
+/// The first client's request that names a prepared statement, sent while another
+/// client's request waits behind its first, goes to the next server it gets as it
+/// would have without the other: rewritten for that server, not for the one it was
+/// read on. (Rewritten for the first server, it made that one's statements list one
+/// it never got, and the other server got one it did not list, so later clients'
+/// statements failed on both.)
+#[tokio::test]
+async fn a_named_statement_sent_while_another_waits_behind_is_rewritten_for_its_own_server() {
+    if !one_loop() {
+        return;
+    }
+    let db = fresh_db("txn_pipe_named");
+    let mport = free_port();
+    let s = txn_sluice(&db)
+        .setting("default_pool_size", "2")
+        .setting("metrics_listen", &format!("127.0.0.1:{mport}"))
+        .start();
+    let h = [client(&s, &db).await, client(&s, &db).await];
+    for round in 0..10 {
+        // A client whose last answer, handed over in line, was quick.
+        let mut a = raw(&s, &db, &[]).await;
+        for _ in 0..3 {
+            hold_both(&h).await;
+            a.send(&query_msg("SELECT 'warm'")).await.expect("send");
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            commit(&h[0]).await;
+            assert_eq!(answer(&mut a).await, "warm");
+            commit(&h[1]).await;
+        }
+        // `b` goes behind `a` on the first server let go; it runs long, so `a`'s next
+        // request gets the other server.
+        let before = pipelined(mport);
+        let mut b = raw(&s, &db, &[]).await;
+        hold_both(&h).await;
+        a.send(&query_msg("SELECT 'a', pg_sleep(0.3)"))
+            .await
+            .expect("send a");
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        b.send(&query_msg("SELECT 'b', pg_sleep(1)"))
+            .await
+            .expect("send b");
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        commit(&h[0]).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let behind = pipelined(mport) > before;
+        a.send(&named("q", "SELECT 'q'")).await.expect("send named");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        commit(&h[1]).await;
+        assert_eq!(answer(&mut a).await, "a", "round {round}");
+        assert_eq!(answer(&mut a).await, "q", "round {round}");
+        assert_eq!(answer(&mut b).await, "b", "round {round}");
+        if !behind {
+            continue;
+        }
+        // The statement, prepared by other clients on each server at once.
+        hold_both(&h).await;
+        for c in &h {
+            let st = within(STEP, "prepare", c.prepare("SELECT 'q'"))
+                .await
+                .unwrap_or_else(|e| panic!("prepare: {e:?}"));
+            let rows = within(STEP, "query", c.query(&st, &[]))
+                .await
+                .unwrap_or_else(|e| panic!("query: {e}"));
+            assert_eq!(rows[0].get::<_, &str>(0), "q");
+        }
+        commit(&h[0]).await;
+        commit(&h[1]).await;
+        return;
+    }
+    panic!("no request went behind another in 10 rounds");
 }
