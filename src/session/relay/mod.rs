@@ -324,9 +324,11 @@ impl Relay {
                         Err(e) => return Outcome::ClientFailed(e),
                     }
                     // With another client's request behind this one, the request goes
-                    // to this client's next server, so it is rewritten for that one's
-                    // prepared statements, not for this one's (behind.rs).
+                    // to this client's next server, and is rewritten for that one's
+                    // prepared statements then (behind.rs); a Terminate needs none.
                     if server.behind.is_some() {
+                        let p = self.prepared.as_ref();
+                        self.terminated |= p.is_some_and(|p| p.starts_with_terminate());
                         continue;
                     }
                     if let Err(e) = self.rewrite_pending(server) {
@@ -528,9 +530,8 @@ impl Relay {
             Event::Complete { .. } => Body::Skip,
         };
         // The tracker watches a plain request's answer for a DEALLOCATE ALL or DISCARD
-        // ALL that empties the server's statements. With a request behind this one,
-        // this one is a single `SELECT` (pool/pipeline.rs), whose answer holds neither,
-        // and what follows its ReadyForQuery is another client's: not for this tracker.
+        // ALL. With a request behind, this one is a `SELECT` (pool/pipeline.rs), and
+        // what follows its ReadyForQuery is another client's: not for this tracker.
         let server_holds = !server.prepared.is_empty() && !behind;
         let tracked = self.prepared.as_mut().filter(|p| p.watches(server_holds));
         match tracked {

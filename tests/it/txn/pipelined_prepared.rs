@@ -173,3 +173,29 @@ async fn a_named_statement_sent_while_another_waits_behind_is_rewritten_for_its_
     }
     panic!("no request went behind another in 10 rounds");
 }
+
+/// A Terminate the first client sends while another's request waits behind its own
+/// closes it at once, its answer drained, as with no request behind (it does not wait
+/// for a server to be rewritten for); the request behind is answered.
+#[tokio::test]
+async fn a_terminate_sent_while_another_waits_behind_closes_the_client_at_once() {
+    let sc = Scene::new("txn_pipe_term").await;
+    for round in 0..10 {
+        let (mut a, mut b, before) = sc.pair("SELECT 'a', pg_sleep(0.5)", "SELECT 'b'").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let behind = sc.pipelined() > before;
+        a.send(&frame(b'X', &[])).await.expect("send Terminate");
+        let got = a.until_closed(Duration::from_secs(10)).await;
+        assert_eq!(answer(&mut b).await, "b", "round {round}");
+        if behind {
+            assert!(
+                got.iter().all(|m| m.tag != b'D'),
+                "round {round}: answered after its Terminate: {got:?}"
+            );
+        }
+        if behind || !one_loop() {
+            return;
+        }
+    }
+    panic!("no request went behind another in 10 rounds");
+}
