@@ -93,6 +93,8 @@ pub(super) async fn run_client(
 
 /// [`CLIENTS`]-many [`run_client`]s at work until [`Load::finish`].
 pub(super) struct Load {
+    /// For its log, should a client fail.
+    sluice: Arc<Sluice>,
     stop: Arc<AtomicBool>,
     clients: Vec<tokio::task::JoinHandle<(u64, Vec<String>, Client)>>,
     started: tokio::time::Instant,
@@ -106,6 +108,7 @@ impl Load {
             .collect();
         let started = tokio::time::Instant::now();
         Load {
+            sluice: s.clone(),
             stop,
             clients,
             started,
@@ -118,7 +121,10 @@ impl Load {
         let mut ended = Vec::new();
         for (id, c) in self.clients.into_iter().enumerate() {
             let r = within(Duration::from_secs(60), "a client at work", c).await;
-            ended.push(r.unwrap_or_else(|e| panic!("client {id}: {e}")));
+            match r {
+                Ok(r) => ended.push(r),
+                Err(e) => panic!("client {id}: {e}\n{}", self.sluice.diagnostics()),
+            }
         }
         ended
     }
