@@ -3,16 +3,18 @@
 //! on the server for them): requests go behind others there as on any server, and
 //! the statements stay usable and counted.
 
-use super::common::*;
 use std::time::Duration;
 
+use tokio_postgres::Client;
+
+use super::common::*;
 use super::pipelined::{answer, one_loop, pipelined, Scene};
 use super::pipelined_drivers::{Bench, OWN_ANSWER};
+use super::prepared_load::parse;
 use crate::admin::psql_ok;
 use crate::support::free_port;
 use crate::support::probe::within;
 use crate::support::wire::{frame, query_msg};
-use tokio_postgres::Client;
 
 #[tokio::test]
 async fn a_request_goes_behind_another_on_a_server_holding_a_prepared_statement() {
@@ -91,11 +93,9 @@ async fn commit(c: &Client) {
 
 /// A named statement's Parse, Bind, Execute and Sync.
 fn named(name: &str, sql: &str) -> Vec<u8> {
-    let mut parse = format!("{name}\0{sql}\0").into_bytes();
-    parse.extend_from_slice(&[0, 0]);
     let mut bind = format!("\0{name}\0").into_bytes();
     bind.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
-    let mut out = frame(b'P', &parse);
+    let mut out = parse(name, sql);
     out.extend(frame(b'B', &bind));
     out.extend(frame(b'E', &[0, 0, 0, 0, 0]));
     out.extend(sync_msg());

@@ -42,7 +42,8 @@ fn expected(id: u64, name: &str, gen: u64, tag: &str, size: usize) -> (String, S
     (format!("{tag}{suffix}"), fill.repeat(size))
 }
 
-fn parse(name: &str, sql: &str) -> Vec<u8> {
+/// A Parse of statement `name` (no parameter types).
+pub(super) fn parse(name: &str, sql: &str) -> Vec<u8> {
     let mut body = Vec::new();
     for part in [name, sql] {
         body.extend_from_slice(part.as_bytes());
