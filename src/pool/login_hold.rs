@@ -140,4 +140,33 @@ mod tests {
         assert_eq!(p.counts().total, 2);
         drop(slot);
     }
+    #[tokio::test]
+    async fn a_waiter_left_in_line_beside_an_idle_server_gets_it() {
+        let p = Pool::one_slot_for_tests();
+        let mut cfg = (*p.config()).clone();
+        cfg.pool_size = 2;
+        p.reconfigure(cfg);
+        // One server idle...
+        let (mut idle, _theirs) = crate::pool::testing::lent(&p);
+        assert!(idle.lent.disarm());
+        let mut st = p.lock_state();
+        st.idle.push(idle);
+        // ...one closing (its mark already counted down), logins held off, and a
+        // client in line: as a request written behind another's on the closing
+        // server goes back to the head of the line (pipeline.rs).
+        (st.total, st.active) = (2, 0);
+        drop(st);
+        failed_login(&p, Duration::ZERO);
+        assert!(p.lock_state().logins_held_off());
+        let mut t = line::join(&p, &mut p.lock_state(), Tick::now(), Waker::noop());
+        drop(SlotToken::counted(p.clone()));
+        // The freed slot is not the waiter's, but the idle server is.
+        let Poll::Ready(Answer::Granted(Grant::Check(conn))) = t.poll_answer(&mut || {}) else {
+            panic!("the waiter was left in line beside an idle server");
+        };
+        let c = p.counts();
+        assert_eq!((c.total, c.active, c.idle), (1, 1, 0));
+        drop(conn);
+        assert_eq!(p.counts().total, 0);
+    }
 }

@@ -7,7 +7,12 @@
 
 use std::sync::Arc;
 
-use super::{Grant, Pool};
+use std::sync::MutexGuard;
+
+use super::idle::pop_idle;
+use super::line::Answer;
+use super::{Grant, LentMark, Pool, PoolState};
+use crate::clock::Tick;
 
 /// Ownership of one counted slot in a pool.
 #[derive(Debug)]
@@ -52,10 +57,49 @@ fn free(pool: Arc<Pool>) {
     match next {
         Some(w) => {
             let slot = Grant::Slot(SlotToken::counted(pool.clone()));
-            let waker = w.answer(&mut st, super::line::Answer::Granted(slot));
+            let waker = w.answer(&mut st, Answer::Granted(slot));
             drop(st);
             waker.wake();
         }
-        None => st.total = st.total.saturating_sub(1),
+        None => {
+            st.total = st.total.saturating_sub(1);
+            if !st.waiters.is_empty() && !st.idle.is_empty() {
+                lend_idle(&pool, st);
+            }
+        }
+    }
+}
+
+/// A client can be left in line beside an idle server: one whose request, written
+/// behind another's, went back to the head of the line as that server closed
+/// (pipeline.rs), while the slot it freed could not be its (logins held off, a pool
+/// over its size). Nobody else would lend it the idle server: acquires take idle
+/// servers without looking at the line, and a released server goes idle only when
+/// nobody waits. So the oldest waiter gets it now, checked as any idle server is.
+#[cold]
+fn lend_idle(pool: &Arc<Pool>, mut st: MutexGuard<'_, PoolState>) {
+    let mut doomed = Vec::new();
+    let waker = match (
+        st.waiters.pop_front(),
+        pop_idle(&mut st, Tick::now(), &mut doomed),
+    ) {
+        (Some(w), Some(mut conn)) => {
+            st.active += 1;
+            conn.lent = LentMark::lent_by(pool.clone());
+            Some(w.answer(&mut st, Answer::Granted(Grant::Check(conn))))
+        }
+        (w, conn) => {
+            if let Some(w) = w {
+                st.waiters.push_front(w);
+            }
+            st.idle.extend(conn);
+            None
+        }
+    };
+    drop(st);
+    // (Stale idle servers close after the lock: their slots come back here.)
+    pool.bury(doomed);
+    if let Some(w) = waker {
+        w.wake();
     }
 }
