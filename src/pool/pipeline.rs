@@ -134,14 +134,22 @@ fn select_text(text: &[u8]) -> bool {
     {
         return false;
     }
-    let alone = match text.iter().position(|&b| b == b';' || b == 0) {
+    let alone = match memchr::memchr2(b';', 0, text) {
         None => true,
         Some(i) => text[i] == b';' && text[i + 1..].iter().all(u8::is_ascii_whitespace),
     };
-    alone
-        && !text
-            .windows(10)
-            .any(|w| w.eq_ignore_ascii_case(b"set_config"))
+    alone && !names_set_config(text)
+}
+
+/// Whether `text` holds `set_config`, in any case. (Looked for at its underscores:
+/// a byte-by-byte look at every place was a tenth of the pooler's instructions per
+/// `SELECT` transaction at 8 clients.)
+fn names_set_config(text: &[u8]) -> bool {
+    memchr::memchr_iter(b'_', text).any(|i| {
+        i.checked_sub(3)
+            .and_then(|at| text.get(at..at + 10))
+            .is_some_and(|w| w.eq_ignore_ascii_case(b"set_config"))
+    })
 }
 
 /// Whether `req` is one whole simple Query of one `SELECT` ([`select_text`]).
@@ -175,7 +183,7 @@ fn extended_select(req: &[u8]) -> bool {
             TAG_PARSE => {
                 parse += 1;
                 let text = body.get(1..).unwrap_or_default();
-                let nul = text.iter().position(|&b| b == 0);
+                let nul = memchr::memchr(0, text);
                 body.first() == Some(&0) && nul.is_some_and(|n| select_text(&text[..n]))
             }
             // Portal "", statement "".

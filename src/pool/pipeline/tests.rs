@@ -22,6 +22,8 @@ fn only_one_select_alone_may_go_behind_another() {
         "select abalance from t where aid = 3;",
         "  \n\tSelect\n1 ;  ",
         "SELECT(1)",
+        "SELECT a_b, c_d FROM e_f WHERE g_ = _h",
+        "select _config, set_confi, et_config",
     ] {
         assert!(one_select(&q(ok)), "{ok:?}");
     }
@@ -37,6 +39,9 @@ fn only_one_select_alone_may_go_behind_another() {
         "SELECT 'a;b'",
         "SELECT set_config('TimeZone', 'UTC', false)",
         "select pg_catalog.SET_CONFIG('a.b', 'c', false)",
+        "SELECT SeT_CoNfIg('a.b', 'c', true) ;",
+        "SELECT a_b, set_config",
+        "SELECT x_set_config_y()",
         "",
         "SELEC",
     ] {
