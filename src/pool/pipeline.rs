@@ -145,11 +145,13 @@ fn select_text(text: &[u8]) -> bool {
 /// a byte-by-byte look at every place was a tenth of the pooler's instructions per
 /// `SELECT` transaction at 8 clients.)
 fn names_set_config(text: &[u8]) -> bool {
-    memchr::memchr_iter(b'_', text).any(|i| {
-        i.checked_sub(3)
-            .and_then(|at| text.get(at..at + 10))
-            .is_some_and(|w| w.eq_ignore_ascii_case(b"set_config"))
-    })
+    // (A text too short to hold it, as `SELECT 1`, is not handed to memchr at all.)
+    text.len() >= 10
+        && memchr::memchr_iter(b'_', text).any(|i| {
+            i.checked_sub(3)
+                .and_then(|at| text.get(at..at + 10))
+                .is_some_and(|w| w.eq_ignore_ascii_case(b"set_config"))
+        })
 }
 
 /// Whether `req` is one whole simple Query of one `SELECT` ([`select_text`]).
