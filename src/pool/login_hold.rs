@@ -140,6 +140,7 @@ mod tests {
         assert_eq!(p.counts().total, 2);
         drop(slot);
     }
+
     #[tokio::test]
     async fn a_waiter_left_in_line_beside_an_idle_server_gets_it() {
         let p = Pool::one_slot_for_tests();

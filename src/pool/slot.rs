@@ -5,9 +5,7 @@
 //! the oldest waiter, so the pool's count can never leak, whatever path drops a
 //! connection (error, client vanishing mid-connect, shutdown).
 
-use std::sync::Arc;
-
-use std::sync::MutexGuard;
+use std::sync::{Arc, MutexGuard};
 
 use super::idle::pop_idle;
 use super::line::Answer;
