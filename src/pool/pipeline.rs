@@ -10,8 +10,11 @@
 //! simple Query, or an extended-protocol run that parses it as the unnamed statement),
 //! which cannot open a transaction block (the server is idle after it, errors
 //! included), the request of the next client in line is written right behind it if it
-//! is such a request too, and the one after that behind the second (at most two wait
-//! behind the one a server works on). Its place leaves the line and waits as
+//! is such a request too or a plain `BEGIN`, and the one after that behind the second
+//! if the second is a `SELECT` (at most two wait behind the one a server works on).
+//! The same goes behind a client's own request that ends the transaction it holds the
+//! server in ([`ends_transaction`], written by its relay: `Pool::send_behind_end`),
+//! so that a line of transactions finds each `BEGIN` behind the last `COMMIT`. Its place leaves the line and waits as
 //! [`Answer::Behind`]; the server's answers are split at the first one's
 //! ReadyForQuery (by its delegate, or by its relay, which keeps the rest in
 //! `ServerState::ahead`), and its release goes on to the second client
@@ -166,6 +169,56 @@ fn simple_select(req: &[u8]) -> bool {
     select_text(&req[5..req.len() - 1])
 }
 
+/// Whether `req` is one whole simple Query of `text` alone, bar case, spaces around
+/// it and one `;` (none inside).
+fn simple_alone(req: &[u8], words: &[&[u8]]) -> bool {
+    let Some(&[TAG_QUERY, a, b, c, d]) = req.first_chunk::<5>() else {
+        return false;
+    };
+    let len = u32::from_be_bytes([a, b, c, d]) as usize;
+    if len < 5 || len + 1 != req.len() || req.last() != Some(&0) {
+        return false;
+    }
+    let text = req[5..req.len() - 1].trim_ascii();
+    let text = text.strip_suffix(b";").unwrap_or(text).trim_ascii_end();
+    words.iter().any(|w| text.eq_ignore_ascii_case(w))
+}
+
+/// Whether `req` is one simple Query of a plain `BEGIN`: it opens a transaction
+/// whatever the request before it did, so it may go behind another.
+fn simple_begin(req: &[u8]) -> bool {
+    simple_alone(
+        req,
+        &[
+            b"begin",
+            b"begin transaction",
+            b"begin work",
+            b"start transaction",
+        ],
+    )
+}
+
+/// Whether `req` is one simple Query that ends the transaction its client is in,
+/// leaving the server idle whatever its outcome (a failed commit rolls back): a
+/// request of another client may be written behind it (`Pool::send_behind_end`).
+pub fn ends_transaction(req: &[u8]) -> bool {
+    simple_alone(
+        req,
+        &[
+            b"commit",
+            b"commit transaction",
+            b"commit work",
+            b"end",
+            b"end transaction",
+            b"end work",
+            b"rollback",
+            b"rollback transaction",
+            b"rollback work",
+            b"abort",
+        ],
+    )
+}
+
 /// Whether `req` is whole messages making one extended-protocol run of one `SELECT`
 /// ([`select_text`]): a Parse of the unnamed statement, a Bind of it to the unnamed
 /// portal, an Execute of that portal, Describes and Flushes about them, and one Sync,
@@ -235,7 +288,8 @@ pub(super) fn send_behind(st: &mut PoolState, conn: &mut ServerConn, now: Tick) 
         let quick = st.answers.iter().any(|(i, a, r)| {
             *i == id
                 && matches!(a, Answer::Behind)
-                && r.as_ref().is_some_and(|r| r.behind.quick && !r.behind.gone)
+                && r.as_ref()
+                    .is_some_and(|r| r.behind.quick && r.behind.select && !r.behind.gone)
         });
         if !quick {
             return false;
@@ -249,7 +303,7 @@ pub(super) fn send_behind(st: &mut PoolState, conn: &mut ServerConn, now: Tick) 
             && !r.timed
             && r.bytes.len() <= MAX_BEHIND
             && !r.behind.tracked
-            && one_select(&r.bytes)
+            && (one_select(&r.bytes) || simple_begin(&r.bytes))
             && crate::session::params::matches(&r.params, conn)
     };
     if !st
@@ -270,7 +324,8 @@ pub(super) fn send_behind(st: &mut PoolState, conn: &mut ServerConn, now: Tick) 
     r.behind.resend.clear();
     r.behind.resend.extend_from_slice(&r.bytes);
     r.behind.aimed = conn.ident.aimed.load(Ordering::SeqCst);
-    r.behind.select = true;
+    // (A `BEGIN` leaves the server in its transaction: nothing goes behind it.)
+    r.behind.select = one_select(&r.bytes);
     // Written without linking the client: it is linked when its turn comes, and a
     // cancel it sends meanwhile is dropped, as for a client waiting in line.
     r.write_behind(conn);
@@ -338,6 +393,31 @@ impl Request {
 }
 
 impl Pool {
+    /// The client holding `conn` in a transaction has just written all of a request
+    /// that ends it ([`ends_transaction`]): the request of the first in line is
+    /// written behind it if it may go there, as behind a `SELECT` handed over.
+    pub fn send_behind_end(&self, conn: &mut ServerConn) {
+        // (Not where a reset follows each transaction: it would go behind too.)
+        if conn.behind.is_some() || self.config().server_reset_query_always {
+            return;
+        }
+        let mut st = self.lock_state();
+        // (Nor where every reuse is checked first, `server_check_delay = 0`: the
+        // next client's request would go before the check.)
+        if st.reuse.check && st.reuse.check_delay.is_zero() {
+            return;
+        }
+        let now = Tick::now();
+        // (Nor onto a server that will close once idle: from before a reload, past
+        // its lifetime.)
+        if super::closing::release_close_reason(conn, true, &st, now).is_some() {
+            return;
+        }
+        while send_behind(&mut st, conn, now) {
+            self.stats.count_pipelined();
+        }
+    }
+
     /// `conn`'s answer to the request before is done, and the request written behind
     /// it is next: its place gets the server, with what came of its answer already
     /// (`ahead`). The waker to wake once the lock is released: its delegate's, or its

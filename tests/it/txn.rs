@@ -26,6 +26,7 @@ mod params;
 mod pipelined;
 mod pipelined_cancel;
 mod pipelined_drivers;
+mod pipelined_end;
 mod pipelined_prepared;
 mod portals;
 mod prepared_load;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 
-use super::{canceled, one_select};
+use super::{canceled, ends_transaction, one_select, simple_begin};
 use crate::hostile::msg;
 use crate::pool::line::Request;
 use crate::pool::testing::lent;
@@ -56,6 +56,49 @@ fn only_one_select_alone_may_go_behind_another() {
     assert!(!one_select(&bad));
     assert!(!one_select(&msg(b'P', b"\0SELECT 1\0\0\0")));
     assert!(!one_select(&msg(b'Q', b"SELECT 1\0; BEGIN\0")));
+}
+
+#[test]
+fn only_a_plain_begin_or_end_of_a_transaction_is_taken() {
+    let q = |t: &str| msg(b'Q', format!("{t}\0").as_bytes());
+    for ok in ["BEGIN", "begin;", "  Begin Work ; ", "START TRANSACTION"] {
+        assert!(simple_begin(&q(ok)), "{ok:?}");
+    }
+    for no in [
+        "BEGIN ISOLATION LEVEL SERIALIZABLE",
+        "BEGIN; SELECT 1",
+        "BEGIN;;",
+        "/* c */ BEGIN",
+        "COMMIT",
+    ] {
+        assert!(!simple_begin(&q(no)), "{no:?}");
+    }
+    for ok in [
+        "COMMIT",
+        "end;",
+        " Rollback Work ",
+        "ABORT",
+        "commit transaction",
+    ] {
+        assert!(ends_transaction(&q(ok)), "{ok:?}");
+    }
+    for no in [
+        "COMMIT AND CHAIN",
+        "ROLLBACK AND CHAIN",
+        "COMMIT; BEGIN",
+        "ROLLBACK TO SAVEPOINT a",
+        "COMMIT PREPARED 'x'",
+        "PREPARE TRANSACTION 'x'",
+        "END /* c */",
+        "BEGIN",
+    ] {
+        assert!(!ends_transaction(&q(no)), "{no:?}");
+    }
+    // Two messages, a cut one, another message type.
+    assert!(!ends_transaction(&[q("COMMIT"), q("BEGIN")].concat()));
+    let one = q("COMMIT");
+    assert!(!ends_transaction(&one[..one.len() - 1]));
+    assert!(!ends_transaction(&msg(b'P', b"\0COMMIT\0\0\0")));
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //! next server this client gets, as a new request, and only then through the
 //! prepared-statement rewriter, whose rewrite depends on the server's statements).
 
-use super::{Framer, Relay, ServerRead};
+use super::{flush, Framer, Relay, ReleaseAt, ServerRead};
 use crate::pool::ServerConn;
 use crate::session::params::ClientParams;
 
@@ -39,5 +39,35 @@ impl Relay {
                 return true;
             }
         }
+    }
+
+    /// Writes the client's bytes to the server. If they are one whole request that
+    /// ends the transaction the client holds the server in, and nothing else is owed,
+    /// the request of the first client in line may go behind it (pool/pipeline.rs):
+    /// the server is idle after it, whatever its outcome.
+    pub(super) fn write_request(
+        &mut self,
+        server: &mut ServerConn,
+        release: ReleaseAt,
+    ) -> std::io::Result<()> {
+        let ends = release == ReleaseAt::TransactionEnd
+            && self.status != b'I'
+            && self.pending == 1
+            && self.unsynced == 0
+            && !self.await_ready
+            && !self.desync
+            && !self.terminated
+            && !self.copy.in_copy()
+            && self.delegable()
+            // (The tracker must not follow the other client's answer: behind.rs.)
+            && self.prepared.as_ref().is_none_or(|p| !p.watches(false))
+            && crate::pool::ends_transaction(&self.c2s);
+        flush(&server.stream, &mut self.c2s)?;
+        if ends && self.c2s.is_empty() {
+            if let Some(pool) = server.lent.pool() {
+                pool.send_behind_end(server);
+            }
+        }
+        Ok(())
     }
 }

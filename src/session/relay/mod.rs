@@ -334,7 +334,7 @@ impl Relay {
                     if let Err(e) = self.rewrite_pending(server) {
                         return e;
                     }
-                    if let Err(e) = flush(&server.stream, &mut self.c2s) {
+                    if let Err(e) = self.write_request(server, release) {
                         return Outcome::ServerClosed(e);
                     }
                 }
