@@ -14,8 +14,8 @@
 //! if the second is a `SELECT` (at most two wait behind the one a server works on).
 //! The same goes behind a client's own request that ends the transaction it holds the
 //! server in ([`ends_transaction`], written by its relay: `Pool::send_behind_end`),
-//! so that a line of transactions finds each `BEGIN` behind the last `COMMIT`. Its place leaves the line and waits as
-//! [`Answer::Behind`]; the server's answers are split at the first one's
+//! so that a line of transactions finds each `BEGIN` behind the last `COMMIT`. Its
+//! place leaves the line and waits as [`Answer::Behind`]; the server's answers are split at the first one's
 //! ReadyForQuery (by its delegate, or by its relay, which keeps the rest in
 //! `ServerState::ahead`), and its release goes on to the second client
 //! ([`Pool::advance`]) instead of the line. Only behind a client whose last answer
@@ -397,8 +397,14 @@ impl Pool {
     /// that ends it ([`ends_transaction`]): the request of the first in line is
     /// written behind it if it may go there, as behind a `SELECT` handed over.
     pub fn send_behind_end(&self, conn: &mut ServerConn) {
-        // (Not where a reset follows each transaction: it would go behind too.)
-        if conn.behind.is_some() || self.config().server_reset_query_always {
+        // (Not where a reset follows each transaction: it would go behind too. Nor
+        // after a reported parameter changed since the client was linked, which
+        // forgets the match: a `SET LOCAL` the commit undoes would change it under
+        // the request behind, which `advance` then fails.)
+        if conn.behind.is_some()
+            || conn.params.matched.is_none()
+            || self.config().server_reset_query_always
+        {
             return;
         }
         let mut st = self.lock_state();

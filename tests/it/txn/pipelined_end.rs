@@ -51,6 +51,17 @@ struct Ended {
 
 impl Ended {
     async fn new(prefix: &str, inside: &[&str], end: &str, b_sql: &str) -> Ended {
+        Ended::with(prefix, inside, end, b_sql, &[]).await
+    }
+
+    /// As [`Ended::new`], `b` logging in with these startup parameters.
+    async fn with(
+        prefix: &str,
+        inside: &[&str],
+        end: &str,
+        b_sql: &str,
+        b_params: &[(&str, &str)],
+    ) -> Ended {
         let db = fresh_db(prefix);
         let mport = free_port();
         let s = sluice(&db, mport);
@@ -71,7 +82,7 @@ impl Ended {
             a.send(&query_msg(sql)).await.expect("send");
             outcome(&mut a).await;
         }
-        let mut b = raw(&s, &db, &[]).await;
+        let mut b = raw(&s, &db, b_params).await;
         b.send(&query_msg(b_sql)).await.expect("send b");
         // (`b` is in line with its request by now: the one server is `a`'s.)
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -185,6 +196,28 @@ async fn nothing_goes_behind_a_commit_that_opens_another_transaction() {
     let b_out = outcome(&mut e.b).await;
     assert_eq!(b_out, ('I', None, Some("b waited".into())));
     drop(e.s);
+}
+
+#[tokio::test]
+async fn nothing_goes_behind_a_commit_that_undoes_a_reported_parameter() {
+    // The server reports `inside` for the waiter's wish until the COMMIT undoes it:
+    // behind it, the waiter's query would run with the value from before.
+    let inside = ["SET LOCAL application_name = 'inside'"];
+    let b_sql = "SELECT current_setting('application_name')";
+    let app = [("application_name", "inside")];
+    let mut e = Ended::with("txn_pipe_end_local", &inside, "COMMIT", b_sql, &app).await;
+    assert_eq!(e.a_out, ('I', None, None), "the COMMIT");
+    let b_out = outcome(&mut e.b).await;
+    assert_eq!(
+        b_out,
+        ('I', None, Some("inside".into())),
+        "the waiter's own value"
+    );
+    assert_eq!(
+        e.behind(),
+        0,
+        "a request went behind a COMMIT that undid a SET LOCAL"
+    );
 }
 
 /// A pgbench transaction whose answer names its client and a random number, and that
