@@ -157,29 +157,29 @@ fn names_set_config(text: &[u8]) -> bool {
         })
 }
 
-/// Whether `req` is one whole simple Query of one `SELECT` ([`select_text`]).
-fn simple_select(req: &[u8]) -> bool {
-    let Some(&[TAG_QUERY, a, b, c, d]) = req.first_chunk::<5>() else {
-        return false;
+/// The text of `req` if it is one whole simple Query (without its NUL).
+fn simple_text(req: &[u8]) -> Option<&[u8]> {
+    let &[TAG_QUERY, a, b, c, d] = req.first_chunk::<5>()? else {
+        return None;
     };
     let len = u32::from_be_bytes([a, b, c, d]) as usize;
     if len < 5 || len + 1 != req.len() || req.last() != Some(&0) {
-        return false;
+        return None;
     }
-    select_text(&req[5..req.len() - 1])
+    Some(&req[5..req.len() - 1])
+}
+
+/// Whether `req` is one whole simple Query of one `SELECT` ([`select_text`]).
+fn simple_select(req: &[u8]) -> bool {
+    simple_text(req).is_some_and(select_text)
 }
 
 /// Whether `req` is one whole simple Query of `text` alone, bar case, spaces around
 /// it and one `;` (none inside).
 fn simple_alone(req: &[u8], words: &[&[u8]]) -> bool {
-    let Some(&[TAG_QUERY, a, b, c, d]) = req.first_chunk::<5>() else {
+    let Some(text) = simple_text(req).map(<[u8]>::trim_ascii) else {
         return false;
     };
-    let len = u32::from_be_bytes([a, b, c, d]) as usize;
-    if len < 5 || len + 1 != req.len() || req.last() != Some(&0) {
-        return false;
-    }
-    let text = req[5..req.len() - 1].trim_ascii();
     let text = text.strip_suffix(b";").unwrap_or(text).trim_ascii_end();
     words.iter().any(|w| text.eq_ignore_ascii_case(w))
 }
