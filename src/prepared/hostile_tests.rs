@@ -53,6 +53,7 @@ fn requests() {
             max_prepared: 2,
             server_parses: &mut parses,
             aborted: false,
+            deferred: None,
         };
         let mut rest = BytesMut::from(input);
         let mut out = BytesMut::new();

@@ -2,6 +2,8 @@
 //! answers it queues for them: Parses a server lacks, Closes of statements evicted
 //! from its cache, and the requests bound to fail that stand in for a refusal.
 
+use std::sync::Arc;
+
 use bytes::{BufMut, BytesMut};
 
 use super::responses::{Expect, Kind, Undo};
@@ -142,11 +144,18 @@ fn refuse(code: &str, message: &str, extended: bool, out: &mut BytesMut, ctx: &m
 /// an extended-protocol batch, run as a throwaway statement and portal, since a
 /// simple Query there would end the batch's implicit transaction and its portals.
 pub(super) fn ensure_prepared(
-    stmt: &super::Statement,
+    stmt: &Arc<super::Statement>,
     in_batch: bool,
     out: &mut BytesMut,
     ctx: &mut Ctx<'_>,
 ) {
+    if let Some(needs) = ctx.deferred.as_deref_mut() {
+        // No server yet: whoever hands the request one looks for the statement there.
+        if !needs.iter().any(|s| s.id == stmt.id) {
+            needs.push(stmt.clone());
+        }
+        return;
+    }
     if ctx.server.touch(stmt) {
         return;
     }

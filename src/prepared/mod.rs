@@ -15,6 +15,7 @@
 //! each in its place in the stream.
 
 mod copy;
+pub mod deferred;
 mod inject;
 mod names;
 pub mod responses;
@@ -354,6 +355,7 @@ impl TestState {
             max_prepared: 2,
             server_parses: &mut self.parses,
             aborted: self.aborted,
+            deferred: None,
         }
     }
 }

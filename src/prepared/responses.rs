@@ -207,6 +207,20 @@ impl ResponseTracker {
         self.queue.push_back(e);
     }
 
+    /// Takes the queue out, for entries to go ahead of it ([`Self::queue_after`]).
+    pub fn take_queue(&mut self) -> VecDeque<Expect> {
+        std::mem::take(&mut self.queue)
+    }
+
+    /// Puts `owed` (from [`Self::take_queue`]) back behind what was queued since.
+    pub fn queue_after(&mut self, mut owed: VecDeque<Expect>) {
+        if self.queue.is_empty() {
+            self.queue = owed;
+        } else {
+            self.queue.append(&mut owed);
+        }
+    }
+
     /// Synthesized answers that can go out right now (nothing owed before them).
     /// `at_boundary`: the server stream is between messages.
     pub fn take_ready_synthesized(&mut self, at_boundary: bool, out: &mut Vec<u8>) {

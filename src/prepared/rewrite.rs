@@ -6,6 +6,8 @@
 //! Parse, Bind, Describe and Close are handled whole (they are small; a Bind with huge
 //! parameters is buffered up to `max_packet_size`); everything else streams through.
 
+use std::sync::Arc;
+
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use super::inject::{
@@ -16,7 +18,7 @@ use super::names::{
     name_of, split_cstr, statement_name, statement_name_bytes, take_cstr, NOT_UTF8,
 };
 use super::responses::{Expect, Kind, ResponseTracker, Undo, PARSE_COMPLETE};
-use super::{is_sluice_name, ClientStatements, Registry, ServerStatements};
+use super::{is_sluice_name, ClientStatements, Registry, ServerStatements, Statement};
 use crate::protocol::header::*;
 use crate::protocol::ProtocolError;
 
@@ -32,6 +34,10 @@ pub struct Ctx<'a> {
     pub server_parses: &'a mut u64,
     /// The server's transaction had failed at its last ReadyForQuery.
     pub aborted: bool,
+    /// Set while a request is rewritten before its server is known
+    /// ([`super::deferred::deferrable_request`]): the statements it binds are gathered here for the
+    /// pool to look for on the server it hands the request to, instead of prepared.
+    pub deferred: Option<&'a mut Vec<Arc<Statement>>>,
 }
 
 /// Why rewriting stopped.
@@ -225,13 +231,7 @@ pub fn plain_request(input: &[u8], max_len: u32, client_holds: bool) -> bool {
     // skipped if one of them fails, which only the response tracker follows.
     let mut unsynced = false;
     while !rest.is_empty() {
-        let Some((tag, len)) = parse(rest) else {
-            return false;
-        };
-        let Ok(len) = check_len(tag, len, max_len) else {
-            return false;
-        };
-        let Some(msg) = rest.get(..=len) else {
+        let Some((tag, len, msg)) = whole_message(rest, max_len) else {
             return false;
         };
         unsynced = match tag {
@@ -261,6 +261,14 @@ pub fn plain_request(input: &[u8], max_len: u32, client_holds: bool) -> bool {
         rest = &rest[len + 1..];
     }
     matches!(last, TAG_QUERY | TAG_SYNC)
+}
+
+/// The whole message at the front of `rest` within `max_len`: its tag, body length
+/// and bytes; `None` if it is cut short or too long.
+pub(super) fn whole_message(rest: &[u8], max_len: u32) -> Option<(u8, usize, &[u8])> {
+    let (tag, len) = parse(rest)?;
+    let len = check_len(tag, len, max_len).ok()?;
+    Some((tag, len, rest.get(..=len)?))
 }
 
 /// Moves the first `n` bytes of `input` to the end of `out`. A request that is one

@@ -164,6 +164,7 @@ fn streams_big_messages_and_waits_for_whole_parses() {
         max_prepared: 2,
         server_parses: &mut w.parses,
         aborted: false,
+        deferred: None,
     };
     rw.process(&mut input, &mut out, 1 << 20, &mut ctx, |_| {})
         .unwrap();

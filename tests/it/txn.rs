@@ -29,6 +29,7 @@ mod pipelined_drivers;
 mod pipelined_end;
 mod pipelined_prepared;
 mod portals;
+mod prepared_line;
 mod prepared_load;
 mod protocol;
 mod reload_load;

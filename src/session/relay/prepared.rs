@@ -7,9 +7,10 @@ use bytes::BytesMut;
 
 use super::{count_client_tag, Counted, Outcome, Relay};
 use crate::pool::{Request, ServerConn};
+use crate::prepared::deferred::{deferrable_request, prepare_deferred};
 use crate::prepared::responses::{process_chunk, Expect, Kind, ResponseTracker};
 use crate::prepared::rewrite::{pass, plain_request, Ctx, RewriteError, Rewriter};
-use crate::prepared::{ClientStatements, Registry, ServerStatements};
+use crate::prepared::{ClientStatements, Registry, ServerStatements, Statement};
 use crate::protocol::header::{TAG_READY_FOR_QUERY, TAG_TERMINATE};
 use crate::protocol::ProtocolError;
 use crate::session::framer::{Body, Event, Framer};
@@ -54,6 +55,11 @@ pub(super) struct PreparedState {
     pub(super) kept: Box<ClientPrepared>,
     /// Client bytes not yet rewritten.
     pub(super) input: BytesMut,
+    /// The statements a request rewritten while its client waited in line binds
+    /// ([`Relay::take_request`]), until the request goes to a server: a pool's line
+    /// writes it only to a server that has them, and the relay prepares those its
+    /// server lacks ahead of it ([`Relay::prepare_deferred`]).
+    needs: Vec<Arc<Statement>>,
     tracker: ResponseTracker,
     rewriter: Rewriter,
 }
@@ -133,6 +139,7 @@ impl PreparedState {
             input,
             mode: Mode::Fresh,
             watched: false,
+            needs: Vec::new(),
         }
     }
 
@@ -155,6 +162,7 @@ impl PreparedState {
         }
         if self.mode == Mode::Tracked {
             self.rewriter = Rewriter::default();
+            self.needs.clear();
         }
         self.mode = Mode::Fresh;
         self.watched = false;
@@ -188,6 +196,22 @@ impl PreparedState {
         std::mem::take(&mut self.tracker.skipped_ready)
     }
 
+    /// The rewriter's view of the client's statements and `server`'s.
+    fn ctx<'a>(
+        &'a mut self,
+        server: &'a mut ServerStatements,
+        server_parses: &'a mut u64,
+        aborted: bool,
+    ) -> Ctx<'a> {
+        server_ctx(
+            &mut self.kept,
+            &mut self.tracker,
+            server,
+            server_parses,
+            aborted,
+        )
+    }
+
     /// Runs one chunk of server bytes through the response tracker.
     pub(super) fn tracker_mut(&mut self) -> &mut ResponseTracker {
         self.watched = true;
@@ -215,6 +239,26 @@ impl PreparedState {
     }
 }
 
+/// The rewriter's view of a client's statements and `server`'s.
+fn server_ctx<'a>(
+    kept: &'a mut ClientPrepared,
+    tracker: &'a mut ResponseTracker,
+    server: &'a mut ServerStatements,
+    server_parses: &'a mut u64,
+    aborted: bool,
+) -> Ctx<'a> {
+    Ctx {
+        registry: &kept.registry,
+        client: &mut kept.client,
+        server,
+        tracker,
+        max_prepared: kept.max,
+        server_parses,
+        aborted,
+        deferred: None,
+    }
+}
+
 impl Relay {
     /// Prepared statements the client holds, if this request may have changed their
     /// number (it used the tracker): otherwise the console's count stands, and a
@@ -238,16 +282,8 @@ impl Relay {
         let Some(mut bytes) = p.tracker.take_retry() else {
             return Ok(());
         };
-        let kept = &mut *p.kept;
-        let mut ctx = Ctx {
-            registry: &kept.registry,
-            client: &mut kept.client,
-            server: &mut server.prepared,
-            tracker: &mut p.tracker,
-            max_prepared: kept.max,
-            server_parses: &mut self.stats.counts.server_parses,
-            aborted: self.status == b'E',
-        };
+        let parses = &mut self.stats.counts.server_parses;
+        let mut ctx = p.ctx(&mut server.prepared, parses, self.status == b'E');
         Rewriter::for_replay()
             .process(&mut bytes, &mut self.c2s, self.max_packet, &mut ctx, |_| {})
             .map_err(|_| Outcome::ClientProtocol(ProtocolError::Malformed("replayed batch")))
@@ -282,7 +318,10 @@ impl Relay {
     /// for bytes that come while the client waits; [`Relay::restore_request`] puts
     /// back what was not written, in front of them.
     pub fn take_request(&mut self) -> Result<Option<BytesMut>, Outcome> {
-        if self.prepared.as_ref().is_some_and(|p| !p.input.is_empty()) && !self.pass_plain()? {
+        if self.prepared.as_ref().is_some_and(|p| !p.input.is_empty())
+            && !self.pass_plain()?
+            && !self.rewrite_deferred()?
+        {
             return Ok(None);
         }
         if self.c2s.is_empty() || self.terminated || self.desync {
@@ -323,12 +362,21 @@ impl Relay {
         // The timeouts a delegate could not keep are those the task must stay awake for.
         r.timed = !self.delegable();
         r.set_tracked(self.prepared.as_ref().is_some_and(|p| p.watches(false)));
+        if let Some(p) = self.prepared.as_mut() {
+            std::mem::swap(&mut r.needs, &mut p.needs);
+        }
         r
     }
 
     /// Takes back a request that was left in line: puts back what was not written
     /// ([`Relay::restore_request`]) and keeps the box for the next one.
     pub fn restore_line_request(&mut self, mut r: Box<Request>) {
+        // Sent: the line found its statements on the server (`Request::send_on`).
+        match self.prepared.as_mut() {
+            Some(p) if !r.sent => std::mem::swap(&mut r.needs, &mut p.needs),
+            _ => {}
+        }
+        r.needs.clear();
         let bytes = std::mem::take(&mut r.bytes);
         self.line_request = Some(r);
         self.restore_request(bytes);
@@ -340,12 +388,68 @@ impl Relay {
         let Some(p) = self.prepared.as_mut() else {
             return Ok(());
         };
+        if !p.needs.is_empty() {
+            self.prepare_deferred(server);
+        }
+        let Some(p) = self.prepared.as_mut() else {
+            return Ok(());
+        };
         if p.input.is_empty() {
             return Ok(());
         }
         if self.pass_plain()? {
             return Ok(());
         }
+        self.rewrite_input(&mut server.prepared, false)
+    }
+
+    /// Rewrites a request while its client waits in line, if it needs nothing of a
+    /// server but statements the client holds ([`deferrable_request`]): the line can
+    /// then write it to a server that has them, as it writes a plain request.
+    fn rewrite_deferred(&mut self) -> Result<bool, Outcome> {
+        let Some(p) = self.prepared.as_mut() else {
+            return Ok(false);
+        };
+        let deferrable = p.mode == Mode::Fresh
+            && p.needs.is_empty()
+            && !p.tracker_used()
+            && deferrable_request(&p.input, self.max_packet, &mut p.kept.client);
+        if !deferrable {
+            return Ok(false);
+        }
+        // (Nothing looks at the server's statements while they are deferred.)
+        self.rewrite_input(&mut ServerStatements::default(), true)?;
+        Ok(true)
+    }
+
+    /// Prepares, ahead of a request rewritten in line, the statements it binds that
+    /// `server` lacks (the line did not write it), their answers queued first.
+    fn prepare_deferred(&mut self, server: &mut ServerConn) {
+        let Some(p) = self.prepared.as_mut() else {
+            return;
+        };
+        let needs = std::mem::take(&mut p.needs);
+        let owed = p.tracker.take_queue();
+        let mut ahead = BytesMut::new();
+        let parses = &mut self.stats.counts.server_parses;
+        let mut ctx = p.ctx(&mut server.prepared, parses, self.status == b'E');
+        prepare_deferred(&needs, &mut ahead, &mut ctx);
+        p.tracker.queue_after(owed);
+        if !ahead.is_empty() {
+            ahead.extend_from_slice(&self.c2s);
+            crate::net::bufpool::give(std::mem::replace(&mut self.c2s, ahead));
+        }
+        p.needs = needs;
+        p.needs.clear();
+    }
+
+    /// Rewrites the buffered client bytes into `c2s` for `server`'s statements, or
+    /// (`deferred`) for a server not yet known, gathering the statements it needs.
+    fn rewrite_input(
+        &mut self,
+        server: &mut ServerStatements,
+        deferred: bool,
+    ) -> Result<(), Outcome> {
         if self.c2s.capacity() == 0 {
             // A pooled buffer rather than one grown (and freed) per request.
             self.c2s = crate::net::bufpool::take();
@@ -371,16 +475,9 @@ impl Relay {
                 p.mode = Mode::Tracked;
             }
         }
-        let kept = &mut *p.kept;
-        let mut ctx = Ctx {
-            registry: &kept.registry,
-            client: &mut kept.client,
-            server: &mut server.prepared,
-            tracker: &mut p.tracker,
-            max_prepared: kept.max,
-            server_parses: &mut self.stats.counts.server_parses,
-            aborted: self.status == b'E',
-        };
+        let (aborted, server_parses) = (self.status == b'E', &mut self.stats.counts.server_parses);
+        let mut ctx = server_ctx(&mut p.kept, &mut p.tracker, server, server_parses, aborted);
+        ctx.deferred = deferred.then_some(&mut p.needs);
         let (pending, unsynced, terminated) =
             (&mut self.pending, &mut self.unsynced, &mut self.terminated);
         let (parses, binds, copy) = (
@@ -438,96 +535,5 @@ impl Relay {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::clock::Tick;
-
-    fn plain_state() -> PreparedState {
-        let kept = Box::new(ClientPrepared::new(Arc::new(Registry::default()), 10));
-        let mut p = PreparedState::new(kept, BytesMut::new());
-        p.mode = Mode::Plain;
-        p
-    }
-
-    #[test]
-    fn a_tracker_that_saw_server_bytes_is_looked_at_and_reset() {
-        let mut p = plain_state();
-        // Plain, with no statements on either side: nothing to watch.
-        assert!(!p.watches(false) && p.is_idle());
-        // The server holds statements, so the answer goes through the tracker, and
-        // this chunk ends inside a ReadyForQuery's header.
-        assert!(p.watches(true));
-        let mut chunk = BytesMut::from(&b"C\0\0\0\x0dSELECT 1\0Z\0\0"[..]);
-        let mut server = ServerStatements::default();
-        let mut framer = Framer::default();
-        p.process_server_chunk(&mut framer, &mut chunk, &mut server, |_| Body::Skip)
-            .expect("a well-formed chunk");
-        // Held back: the tracker must keep watching, and the request is not over.
-        assert!(p.tracker.mid_message(), "the split header is held");
-        assert!(p.watches(false), "a held header keeps the tracker watching");
-        assert!(!p.is_idle());
-        p.tracker.can_retry = true;
-        p.restart();
-        assert!(!p.watched && p.mode == Mode::Fresh);
-        assert!(
-            !p.tracker.can_retry,
-            "a watched tracker starts the next request blank"
-        );
-        assert!(!p.tracker.mid_message() && p.is_idle());
-        p.mode = Mode::Plain;
-        assert!(!p.watches(false), "nothing held over into the next request");
-    }
-
-    #[test]
-    fn a_plain_request_left_in_line_takes_its_input_buffer_and_no_other() {
-        let mut r = Relay::default();
-        r.max_packet = 1 << 20;
-        r.prepared = Some(plain_state());
-        let query = b"Q\0\0\0\x0dSELECT 1\0";
-        let p = r.prepared.as_mut().expect("prepared mode");
-        p.mode = Mode::Fresh;
-        p.input = crate::net::bufpool::take();
-        p.input.extend_from_slice(query);
-        let at = p.input.as_ptr();
-        let request = r.take_request().expect("a whole Query").expect("a request");
-        assert_eq!(&request[..], query);
-        assert_eq!(request.as_ptr(), at, "moved, not copied");
-        let p = r.prepared.as_ref().expect("prepared mode");
-        assert_eq!(p.mode, Mode::Plain);
-        assert_eq!(p.input.capacity(), 0, "a waiting client holds one buffer");
-        assert_eq!(r.c2s.capacity(), 0);
-    }
-
-    #[test]
-    fn a_request_left_in_line_keeps_its_box_for_the_clients_next_one() {
-        let client = |id| Arc::new(ClientInfo::new(crate::stats::conns::test_meta(id)));
-        let (info, stranger) = (client(1), client(2));
-        let (params, other) = (Arc::new(ParamSet::default()), Arc::new(ParamSet::default()));
-        let mut r = Relay::default();
-        let mut first = r.line_request(BytesMut::from("Q1"), &params, &info);
-        // The line wrote part of it, and the client sent more meanwhile.
-        bytes::Buf::advance(&mut first.bytes, 1);
-        (first.sent, first.more, first.granted) = (true, true, Some(Tick::now()));
-        r.c2s.extend_from_slice(b"Q3");
-        r.restore_line_request(first);
-        assert_eq!(&r.c2s[..], b"1Q3", "what was not written goes first");
-        // (A relay is its client's, so a kept box is never another client's.)
-        let next = r.line_request(BytesMut::from("Q2"), &other, &stranger);
-        assert!(
-            Arc::ptr_eq(&next.client, &info),
-            "the same box, not a new one"
-        );
-        assert_eq!(&next.bytes[..], b"Q2");
-        assert!(!next.sent && !next.more && next.granted.is_none());
-        assert!(
-            Arc::ptr_eq(&next.params, &other),
-            "this request's parameters"
-        );
-        r.restore_line_request(next);
-        // A relay put away drops it (it names its client).
-        super::super::spare::put(Box::new(r));
-        let spare = super::super::spare::take().expect("the spare relay");
-        assert!(spare.line_request.is_none());
-        assert_eq!(Arc::strong_count(&info), 1);
-    }
-}
+#[path = "prepared_tests.rs"]
+mod tests;
