@@ -103,20 +103,22 @@ enum Answered {
     Partial,
     /// Something the relay must see (a ParameterStatus, COPY, a DEALLOCATE ALL or
     /// DISCARD ALL, which the prepared-statement tracking must see on both sides, a
-    /// transaction left open, bytes after the ReadyForQuery, a bad length), or an
-    /// unfinished answer with a notice in it, which the relay passes on at once.
+    /// transaction left open, bytes after the ReadyForQuery, a bad length, an error
+    /// of a request that binds prepared statements), or an unfinished answer with a
+    /// notice in it, which the relay passes on at once.
     Other,
 }
 
 #[cfg(test)]
 fn answered(b: &[u8]) -> Answered {
-    answered_at(b, false).0
+    answered_at(b, false, false).0
 }
 
 /// As [`answered`], with where the answer ends: with `behind` (another request was
 /// written behind this one, pipeline.rs), bytes after the ReadyForQuery `I` are the
-/// next answer's, and the answer is whole up to there.
-fn answered_at(b: &[u8], behind: bool) -> (Answered, usize) {
+/// next answer's, and the answer is whole up to there. With `errors_to_relay` (a
+/// request that binds prepared statements), an error is for the relay too.
+fn answered_at(b: &[u8], behind: bool, errors_to_relay: bool) -> (Answered, usize) {
     let mut at = 0;
     // A notice (or notification) in an answer not yet whole: PostgreSQL sent it at
     // once (a long function's progress, say), so it is not held back for the rest.
@@ -135,6 +137,9 @@ fn answered_at(b: &[u8], behind: bool) -> (Answered, usize) {
             return (Answered::Other, 0);
         }
         noticed |= matches!(tag, b'N' | b'A');
+        if errors_to_relay && tag == b'E' {
+            return (Answered::Other, 0);
+        }
         let end = at + 1 + len;
         let Some(body) = b.get(at + 5..end) else {
             // Part of a message: its body is looked at when it is whole.
@@ -218,13 +223,16 @@ impl Pool {
             return;
         };
         let behind = conn.behind.is_some();
+        // A request that binds prepared statements: an error may say the server
+        // lacks one or its plan went stale, which the relay's tracker mends.
+        let strict = request.as_deref().is_some_and(|r| !r.needs.is_empty());
         // What came of this answer with the one before it (pipeline.rs) may be whole,
         // or already something for the relay.
         let mut end = 0;
         match request
             .as_deref()
             .filter(|r| !r.answer.is_empty())
-            .map(|r| answered_at(&r.answer, behind))
+            .map(|r| answered_at(&r.answer, behind, strict))
         {
             Some((Answered::Whole, e)) => end = e,
             Some((Answered::Other, _)) => return hand_back(st, wid, conn, request),
@@ -241,10 +249,10 @@ impl Pool {
                         let (state, e) = match request.as_mut().filter(|r| !r.answer.is_empty()) {
                             Some(r) => {
                                 r.answer.extend_from_slice(&buf[..n]);
-                                answered_at(&r.answer, behind)
+                                answered_at(&r.answer, behind, strict)
                             }
                             None => {
-                                let (state, e) = answered_at(&buf[..n], behind);
+                                let (state, e) = answered_at(&buf[..n], behind, strict);
                                 if state != Answered::Whole {
                                     if let Some(r) = request.as_mut() {
                                         start_gathering(r, &buf[..n]);
@@ -502,6 +510,13 @@ mod tests {
         assert_eq!(answered(&with_notice), Answered::Whole);
         assert_eq!(answered(&with_notice[..20]), Answered::Other);
         assert_eq!(answered(&notice[..7]), Answered::Other);
+        // An error: the delegate relays it, but not for a request that binds
+        // prepared statements (the relay's tracker may mend it).
+        let error = [b'E', 0, 0, 0, 11, b'C', b'2', b'6', b'0', b'0', b'0', 0];
+        let failed = [&error[..], &ok[ok.len() - 6..]].concat();
+        assert_eq!(answered(&failed), Answered::Whole);
+        assert_eq!(super::answered_at(&failed, false, true).0, Answered::Other);
+        assert_eq!(super::answered_at(&ok, false, true).0, Answered::Whole);
         // Bytes after the ReadyForQuery, or a transaction left open.
         assert_eq!(answered(&[&ok[..], b"Z"].concat()), Answered::Other);
         let n = ok.len();

@@ -212,6 +212,16 @@ impl ResponseTracker {
         std::mem::take(&mut self.queue)
     }
 
+    /// Every answer queued came whole and passed through as it was, with no error:
+    /// a delegate relayed them (`pool::delegate`, which hands an error to the relay).
+    pub fn answered_by_delegate(&mut self) {
+        debug_assert!(self
+            .queue
+            .iter()
+            .all(|e| matches!(e, Expect::Forward { .. })));
+        self.queue.clear();
+    }
+
     /// Puts `owed` (from [`Self::take_queue`]) back behind what was queued since.
     pub fn queue_after(&mut self, mut owed: VecDeque<Expect>) {
         if self.queue.is_empty() {

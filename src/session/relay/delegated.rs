@@ -15,6 +15,9 @@ impl Relay {
         self.saw_ready = true;
         self.readies = 1;
         self.xacts_done = 1;
+        if let Some(p) = self.prepared.as_mut() {
+            p.answered_by_delegate();
+        }
         self.stats.counts.bytes_sent += u64::from(n);
         self.note_server_activity_at(stats, at);
     }

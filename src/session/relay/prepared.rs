@@ -187,6 +187,13 @@ impl PreparedState {
             || (self.tracker_used() && self.tracker.mid_message())
     }
 
+    /// A delegate relayed the request's whole answer, with no error in it.
+    pub(super) fn answered_by_delegate(&mut self) {
+        if self.tracker_used() {
+            self.tracker.answered_by_delegate();
+        }
+    }
+
     /// ReadyForQuery messages the relay counted that will not come: the client's
     /// simple Queries the server skipped after an extended-protocol error.
     pub(super) fn take_skipped_ready(&mut self) -> u32 {

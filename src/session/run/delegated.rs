@@ -21,10 +21,7 @@ static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
 /// session `may` (transaction pooling, no reset after each transaction, no timeout
 /// that needs the relay's timer) on a plaintext socket.
 pub(super) fn offer(request: &mut Request, may: bool, pool: &Arc<Pool>, stream: &Stream) {
-    // (Not a request that binds prepared statements: its answer goes through the
-    // relay's tracker, which mends a statement the server turns out to lack.)
     request.delegate_ok = may
-        && request.needs.is_empty()
         && one_request(&request.bytes)
         && *ENABLED.get_or_init(|| std::env::var_os("SLUICE_DELEGATE").is_none_or(|v| v != "0"));
     if request.delegate_ok && request.delegate.is_none() {

@@ -15,13 +15,19 @@ use crate::support::wire::{first_error, frame};
 /// Bind of statement `name` with one text parameter, Describe of the portal,
 /// Execute and Sync: what libpq's `PQexecPrepared` sends.
 fn bind_run(name: &str, param: &str) -> Vec<u8> {
+    bind_run_of(name, &[param])
+}
+
+fn bind_run_of(name: &str, params: &[&str]) -> Vec<u8> {
     let mut bind = vec![0u8];
     bind.extend_from_slice(name.as_bytes());
     bind.push(0);
     bind.extend_from_slice(&0u16.to_be_bytes());
-    bind.extend_from_slice(&1u16.to_be_bytes());
-    bind.extend_from_slice(&(param.len() as u32).to_be_bytes());
-    bind.extend_from_slice(param.as_bytes());
+    bind.extend_from_slice(&(params.len() as u16).to_be_bytes());
+    for p in params {
+        bind.extend_from_slice(&(p.len() as u32).to_be_bytes());
+        bind.extend_from_slice(p.as_bytes());
+    }
     bind.extend_from_slice(&0u16.to_be_bytes());
     let mut out = frame(b'B', &bind);
     out.extend(frame(b'D', b"P\0"));
@@ -91,6 +97,52 @@ async fn a_waiting_clients_statement_runs_whether_its_server_holds_it_or_not() {
             "a:again",
             "round {round}"
         );
+    }
+}
+
+/// A waiting client's statement whose plan went stale while it waited: the error
+/// comes to the client (PostgreSQL's answer to this request) and reaches the
+/// relay's tracker too, which gives the statement a new plan for the next request.
+/// On one event loop the answer is relayed by a delegate, which must leave such an
+/// error to the relay.
+#[tokio::test]
+async fn a_stale_plan_found_by_a_request_written_at_the_hand_over_is_mended() {
+    let db = fresh_db("txn_prep_line_stale");
+    direct(
+        &db,
+        "CREATE TABLE shape (a int); INSERT INTO shape VALUES (1); ALTER TABLE shape OWNER TO sluice_md5;",
+    );
+    let s = txn_sluice(&db).setting("default_pool_size", "1").start();
+    let holder = client(&s, &db).await;
+    let mut a = raw(&s, &db, &[]).await;
+    prepare(&mut a, "S_shape", "SELECT * FROM shape").await;
+    a.send(&bind_run_of("S_shape", &[])).await.expect("send");
+    assert_eq!(one_answer(&mut a, "before").await, "1");
+    within(STEP, "BEGIN", holder.batch_execute("BEGIN"))
+        .await
+        .expect("BEGIN");
+    within(
+        STEP,
+        "ALTER",
+        holder.batch_execute("ALTER TABLE shape ADD b int DEFAULT 2"),
+    )
+    .await
+    .expect("ALTER");
+    a.send(&bind_run_of("S_shape", &[])).await.expect("send");
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    within(STEP, "COMMIT", holder.batch_execute("COMMIT"))
+        .await
+        .expect("COMMIT");
+    let msgs = a.until_ready(Duration::from_secs(20)).await;
+    let e = first_error(&msgs).unwrap_or_else(|| panic!("no error: {msgs:?}"));
+    assert_eq!(e.field(b'C').as_deref(), Some("0A000"), "{msgs:?}");
+    for round in 0..3 {
+        a.send(&bind_run_of("S_shape", &[])).await.expect("send");
+        let msgs = a.until_ready(Duration::from_secs(20)).await;
+        assert!(first_error(&msgs).is_none(), "round {round}: {msgs:?}");
+        let row = msgs.iter().find(|m| m.tag == b'D').expect("a row");
+        let cols: Vec<_> = row.columns().into_iter().flatten().collect();
+        assert_eq!(cols, ["1", "2"], "round {round}: the new shape");
     }
 }
 
