@@ -71,3 +71,33 @@ impl Relay {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+    use crate::net::{StdStream, Stream};
+    use crate::session::params::ClientParams;
+
+    #[tokio::test]
+    async fn a_header_cut_short_after_the_first_answer_goes_with_the_server() {
+        let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+        ours.set_nonblocking(true).expect("nonblocking");
+        let stream = Stream::from_std(StdStream::Unix(ours)).expect("stream");
+        let mut server = crate::pool::Pool::lent_for_tests(stream);
+        server.behind = Some(7);
+        let mut relay = Relay::default();
+        relay.pending = 1;
+        // The first client's answer, and the first three bytes of the second's.
+        let first = b"C\0\0\0\x0dSELECT 1\0Z\0\0\0\x05I";
+        theirs.write_all(first).expect("write");
+        theirs.write_all(b"T\0\0").expect("write");
+        server.stream.readable().await.expect("readable");
+        let mut params = ClientParams::new(&[]);
+        assert!(relay.read_server(&mut server, &mut params).is_ok());
+        assert!(relay.lead_ended);
+        assert_eq!(&relay.s2c[..], &first[..], "only the first answer");
+        assert_eq!(&server.ahead[..], b"T\0\0", "the rest goes with the server");
+    }
+}

@@ -148,3 +148,15 @@ impl Relay {
         r
     }
 }
+
+/// The protocol error a client read failed with (`read_client` carries the scan's
+/// error in an `InvalidData` I/O error).
+pub(super) fn client_protocol(e: std::io::Error) -> super::Outcome {
+    let scanned = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<ProtocolError>())
+        .cloned();
+    super::Outcome::ClientProtocol(
+        scanned.unwrap_or(ProtocolError::Malformed("invalid message length")),
+    )
+}

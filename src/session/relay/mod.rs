@@ -37,7 +37,7 @@ use crate::protocol::header::*;
 use crate::protocol::ProtocolError;
 use crate::stats::{PoolStats, StatsDelta};
 use copy::CopyWatch;
-use count::{count_client_tag, Counted};
+use count::{client_protocol, count_client_tag, Counted};
 use midbatch::MidBatch;
 use wake::{next_wake, Wake, Want};
 
@@ -553,7 +553,9 @@ impl Relay {
             }
         }
         .map_err(ServerRead::Protocol)?;
-        if let Some(at) = cut {
+        // (A header cut short after the lead's ReadyForQuery started no message: cut too.)
+        let partial = self.server_framer.partial_header_len();
+        if let Some(at) = cut.or((lead_end && partial > 0).then(|| self.s2c.len() - partial)) {
             self.cut_behind(server, at);
         }
         self.lead_ended = lead_end;
@@ -572,16 +574,6 @@ impl Relay {
 enum ServerRead {
     Io(io::Error),
     Protocol(ProtocolError),
-}
-
-/// The protocol error a client read failed with (`read_client` carries the scan's
-/// error in an `InvalidData` I/O error).
-fn client_protocol(e: io::Error) -> Outcome {
-    let scanned = e
-        .get_ref()
-        .and_then(|inner| inner.downcast_ref::<ProtocolError>())
-        .cloned();
-    Outcome::ClientProtocol(scanned.unwrap_or(ProtocolError::Malformed("invalid message length")))
 }
 
 /// Writes as much of `buf` as the socket takes now.

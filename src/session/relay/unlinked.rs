@@ -57,7 +57,7 @@ impl Relay {
             Ok(false) => return Some(Ok(false)),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
             Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-                return Some(Err(super::client_protocol(e)));
+                return Some(Err(super::count::client_protocol(e)));
             }
             Err(e) => return Some(Err(Outcome::ClientFailed(e))),
         }
