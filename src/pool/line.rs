@@ -139,8 +139,8 @@ impl Request {
         }
         if !self.sent {
             self.behind.select = self.delegate_ok
-                && !self.behind.tracked
-                && super::pipeline::one_select(&self.bytes);
+                && ((!self.behind.tracked && super::pipeline::one_select(&self.bytes))
+                    || super::pipeline::prepared_select(self));
         }
         while !self.bytes.is_empty() {
             match conn.stream.try_write(&self.bytes) {

@@ -302,9 +302,9 @@ pub(super) fn send_behind(st: &mut PoolState, conn: &mut ServerConn, now: Tick) 
             && !r.more
             && !r.timed
             && r.bytes.len() <= MAX_BEHIND
-            && !r.behind.tracked
-            && (one_select(&r.bytes) || simple_begin(&r.bytes))
             && crate::session::params::matches(&r.params, conn)
+            && ((!r.behind.tracked && (one_select(&r.bytes) || simple_begin(&r.bytes)))
+                || (prepared_select(r) && r.needs.iter().all(|s| conn.prepared.touch(s))))
     };
     if !st
         .waiters
@@ -325,7 +325,7 @@ pub(super) fn send_behind(st: &mut PoolState, conn: &mut ServerConn, now: Tick) 
     r.behind.resend.extend_from_slice(&r.bytes);
     r.behind.aimed = conn.ident.aimed.load(Ordering::SeqCst);
     // (A `BEGIN` leaves the server in its transaction: nothing goes behind it.)
-    r.behind.select = one_select(&r.bytes);
+    r.behind.select = one_select(&r.bytes) || prepared_select(r);
     // Written without linking the client: it is linked when its turn comes, and a
     // cancel it sends meanwhile is dropped, as for a client waiting in line.
     r.write_behind(conn);
@@ -542,6 +542,9 @@ impl Pool {
         }
     }
 }
+
+mod prepared;
+pub(super) use prepared::prepared_select;
 
 #[cfg(test)]
 mod tests;

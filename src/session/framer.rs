@@ -64,6 +64,40 @@ impl Framer {
         self.header_len
     }
 
+    /// Where the first `want` message to end in `data` ends (the offset after it),
+    /// `data` following on from what this framer has seen; the framer is unchanged.
+    pub fn end_of_first(&self, data: &[u8], want: u8) -> Option<usize> {
+        let (mut header, mut have) = (self.header, self.header_len);
+        let (mut remaining, mut tag, mut pos) = (self.remaining, self.tag, 0);
+        loop {
+            if remaining > 0 {
+                let take = remaining.min(data.len() - pos);
+                remaining -= take;
+                pos += take;
+                if remaining > 0 {
+                    return None;
+                }
+                if tag == want {
+                    return Some(pos);
+                }
+            }
+            let take = (HEADER_LEN - have).min(data.len() - pos);
+            header[have..have + take].copy_from_slice(&data[pos..pos + take]);
+            have += take;
+            pos += take;
+            if have < HEADER_LEN {
+                return None;
+            }
+            have = 0;
+            tag = header[0];
+            let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+            remaining = len.checked_sub(4)?;
+            if remaining == 0 && tag == want {
+                return Some(pos);
+            }
+        }
+    }
+
     /// Feeds one chunk. `on` is called for each event and returns the body treatment
     /// for `Start` events (ignored for others). `max_len` bounds the length field.
     pub fn feed<F>(&mut self, data: &[u8], max_len: u32, mut on: F) -> Result<(), ProtocolError>
@@ -157,6 +191,33 @@ mod tests {
     use super::*;
 
     use crate::hostile::msg;
+
+    #[test]
+    fn finds_where_the_first_ready_for_query_ends_wherever_the_stream_was_cut() {
+        let mut stream = msg(b'D', b"\0\x01\0\0\0\x01Z");
+        stream.extend(msg(b'Z', b"I"));
+        let end = stream.len();
+        stream.extend(msg(b'T', b"\0\0"));
+        stream.extend(msg(b'Z', b"T"));
+        for cut in 0..stream.len() {
+            let mut f = Framer::default();
+            f.feed(&stream[..cut], 1 << 20, |_| Body::Skip).unwrap();
+            let found = f.end_of_first(&stream[cut..], b'Z');
+            // (Past the first, the second is the first to end in what is left.)
+            let want = Some(if cut < end {
+                end - cut
+            } else {
+                stream.len() - cut
+            });
+            assert_eq!(found, want, "cut at {cut}");
+            // Nothing changed: the same answer again.
+            assert_eq!(f.end_of_first(&stream[cut..], b'Z'), want);
+        }
+        assert_eq!(
+            Framer::default().end_of_first(&stream[..end - 1], b'Z'),
+            None
+        );
+    }
 
     #[test]
     fn knows_when_it_is_inside_a_body_whose_header_it_reported() {

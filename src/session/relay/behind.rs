@@ -7,15 +7,32 @@
 
 use super::{flush, Framer, Relay, ReleaseAt, ServerRead};
 use crate::pool::ServerConn;
+use crate::protocol::header::TAG_READY_FOR_QUERY;
 use crate::session::params::ClientParams;
 
 impl Relay {
     /// The other client's answer starts at `at` in `s2c`: it goes with the server.
     pub(super) fn cut_behind(&mut self, server: &mut crate::pool::server::ServerState, at: usize) {
+        self.move_behind(server, at);
+        self.server_framer = Framer::default();
+    }
+
+    fn move_behind(&mut self, server: &mut crate::pool::server::ServerState, at: usize) {
         server.ahead.extend_from_slice(&self.s2c[at..]);
         self.stats.counts.bytes_sent -= (self.s2c.len() - at) as u64;
         self.s2c.truncate(at);
-        self.server_framer = Framer::default();
+    }
+
+    /// Cuts a read that holds the other client's answer after this one's
+    /// ReadyForQuery before the prepared-statement tracker sees it: the tracker would
+    /// take it for this client's, and its edits would move where `read_server` cuts.
+    pub(super) fn cut_before_tracker(&mut self, server: &mut crate::pool::server::ServerState) {
+        let end = self
+            .server_framer
+            .end_of_first(&self.s2c, TAG_READY_FOR_QUERY);
+        if let Some(end) = end.filter(|&e| e < self.s2c.len()) {
+            self.move_behind(server, end);
+        }
     }
 
     /// The client is gone before its answer ended: reads the answer to its end and
@@ -80,15 +97,22 @@ mod tests {
     use crate::net::{StdStream, Stream};
     use crate::session::params::ClientParams;
 
-    #[tokio::test]
-    async fn a_header_cut_short_after_the_first_answer_goes_with_the_server() {
-        let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+    /// A server with a request behind the one `relay`'s client is owed an answer
+    /// for, and its other end.
+    fn lead_with_one_behind() -> (ServerConn, std::os::unix::net::UnixStream, Relay) {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socket pair");
         ours.set_nonblocking(true).expect("nonblocking");
         let stream = Stream::from_std(StdStream::Unix(ours)).expect("stream");
         let mut server = crate::pool::Pool::lent_for_tests(stream);
         server.behind = Some(7);
         let mut relay = Relay::default();
         relay.pending = 1;
+        (server, theirs, relay)
+    }
+
+    #[tokio::test]
+    async fn a_header_cut_short_after_the_first_answer_goes_with_the_server() {
+        let (mut server, mut theirs, mut relay) = lead_with_one_behind();
         // The first client's answer, and the first three bytes of the second's.
         let first = b"C\0\0\0\x0dSELECT 1\0Z\0\0\0\x05I";
         theirs.write_all(first).expect("write");
@@ -99,5 +123,32 @@ mod tests {
         assert!(relay.lead_ended);
         assert_eq!(&relay.s2c[..], &first[..], "only the first answer");
         assert_eq!(&server.ahead[..], b"T\0\0", "the rest goes with the server");
+    }
+
+    #[tokio::test]
+    async fn a_tracked_answer_with_another_behind_is_cut_before_the_tracker_sees_the_rest() {
+        use crate::prepared::responses::{Expect, Kind};
+        let (mut server, mut theirs, mut relay) = lead_with_one_behind();
+        // A request that binds a prepared statement, its answers queued.
+        let registry = std::sync::Arc::new(crate::prepared::Registry::default());
+        let kept = Box::new(super::super::ClientPrepared::new(registry, 10));
+        let mut p = super::super::prepared::PreparedState::new(kept, bytes::BytesMut::new());
+        p.mode = super::super::prepared::Mode::Tracked;
+        for kind in [Kind::Bind, Kind::Execute, Kind::Sync] {
+            p.tracker_mut().push(Expect::Forward { kind, undo: None });
+        }
+        relay.prepared = Some(p);
+        let first = b"2\0\0\0\x04C\0\0\0\x0dSELECT 1\0Z\0\0\0\x05I";
+        theirs.write_all(first).expect("write");
+        // The other client's answer, its last header cut short (which the tracker
+        // would hold back as this client's).
+        theirs.write_all(b"2\0\0\0\x04C\0").expect("write");
+        server.stream.readable().await.expect("readable");
+        let mut params = ClientParams::new(&[]);
+        assert!(relay.read_server(&mut server, &mut params).is_ok());
+        assert!(relay.lead_ended);
+        assert_eq!(&relay.s2c[..], &first[..], "only the first answer");
+        assert_eq!(&server.ahead[..], b"2\0\0\0\x04C\0");
+        assert!(relay.prepared.as_ref().is_some_and(|p| p.is_idle()));
     }
 }

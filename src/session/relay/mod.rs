@@ -425,6 +425,9 @@ impl Relay {
             return Err(ServerRead::Io(io::ErrorKind::UnexpectedEof.into()));
         }
         self.stats.counts.bytes_sent += n as u64;
+        if server.behind.is_some() && self.prepared.as_ref().is_some_and(|p| p.watches(false)) {
+            self.cut_before_tracker(server);
+        }
         let (pending, status, saw_ready) =
             (&mut self.pending, &mut self.status, &mut self.saw_ready);
         let (readies, xacts_done) = (&mut self.readies, &mut self.xacts_done);

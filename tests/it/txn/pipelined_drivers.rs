@@ -85,7 +85,7 @@ impl Bench {
 #[test]
 fn pgbench_clients_each_get_their_own_answers_on_a_shared_server() {
     let b = Bench::new("txn_pipe_pgbench");
-    for mode in ["simple", "extended"] {
+    for mode in ["simple", "extended", "prepared"] {
         let behind = b.run("own.sql", OWN_ANSWER, mode, 16, 300);
         if one_loop() {
             assert!(behind > 0, "{mode}: none behind another");
@@ -115,6 +115,11 @@ async fn tokio_postgres_queries_with_parameters_go_behind_others_and_get_their_o
             }
         }));
     }
+    all_done_some_behind(tasks, mport).await;
+}
+
+/// Waits for the clients' tasks; on one event loop, some request went behind another.
+pub(super) async fn all_done_some_behind(tasks: Vec<tokio::task::JoinHandle<()>>, mport: u16) {
     for t in tasks {
         within(Duration::from_secs(120), "a client's queries", t)
             .await

@@ -7,8 +7,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio_postgres::types::Type;
+
 use super::common::*;
 use super::prepared_load::parse;
+use crate::support::free_port;
 use crate::support::probe::within;
 use crate::support::wire::{first_error, frame};
 
@@ -186,4 +189,41 @@ async fn driver_clients_in_line_run_their_own_prepared_statements() {
     for t in tasks {
         t.await.expect("a client failed");
     }
+}
+
+/// Prepared `SELECT`s of tokio-postgres clients on one server go behind each other
+/// (`pool/pipeline/prepared.rs`): each client's rows are its own, and an error in one
+/// client's answer (a division by zero, every fifth query) stays its own, the request
+/// behind it answered as usual.
+#[tokio::test]
+async fn prepared_selects_go_behind_others_and_errors_stay_with_their_client() {
+    let db = fresh_db("txn_prep_behind");
+    let mport = free_port();
+    let s = super::pipelined::sluice(&db, mport);
+    let mut tasks = Vec::new();
+    for k in 0..12i32 {
+        let c = client(&s, &db).await;
+        tasks.push(tokio::spawn(async move {
+            let sql = "SELECT $1::int4 * 1000 + 100 / ($2::int4 % 5)";
+            let stmt = within(
+                STEP,
+                "prepare",
+                c.prepare_typed(sql, &[Type::INT4, Type::INT4]),
+            )
+            .await
+            .expect("prepare");
+            for i in 0..150i32 {
+                let r = within(STEP, "query", c.query(&stmt, &[&k, &i])).await;
+                let ctx = format!("client {k}, query {i}");
+                if i % 5 == 0 {
+                    let e = r.expect_err(&ctx);
+                    assert_eq!(e.code().map(|c| c.code()), Some("22012"), "{ctx}: {e}");
+                    continue;
+                }
+                let rows = r.unwrap_or_else(|e| panic!("{ctx}: {e}"));
+                assert_eq!(rows[0].get::<_, i32>(0), k * 1000 + 100 / (i % 5), "{ctx}");
+            }
+        }));
+    }
+    super::pipelined_drivers::all_done_some_behind(tasks, mport).await;
 }
