@@ -23,8 +23,12 @@
 //! while a cancel is on its way to the server; and only where a delegate relays both
 //! answers (transaction pooling, one event loop, plaintext, no timeout that needs the
 //! relay's clock), and from clients whose relays do not follow answers with the
-//! prepared-statement tracker. Prepared statements other clients left on the server
-//! do not matter: neither request can name them or drop them.
+//! prepared-statement tracker, but for one `SELECT` of a prepared statement the
+//! server holds, rewritten while its client waited ([`prepared_select`]: its
+//! statement's server name is its own whatever ran before it, and the relay cuts
+//! its answer before the tracker sees the next one's). Prepared statements other
+//! clients left on the server do not matter: no request that goes behind or leads
+//! can drop them.
 //!
 //! What could reach the second client that is not its own:
 //! - a cancel aimed at the first client's query that lands after it ended: a backend
