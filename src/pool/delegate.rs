@@ -103,8 +103,8 @@ enum Answered {
     Partial,
     /// Something the relay must see (a ParameterStatus, COPY, a DEALLOCATE ALL or
     /// DISCARD ALL, which the prepared-statement tracking must see on both sides, a
-    /// transaction left open, bytes after the ReadyForQuery, a bad length, an error
-    /// of a request that binds prepared statements), or an unfinished answer with a
+    /// transaction left open, bytes after the ReadyForQuery, a bad length, a stale
+    /// plan or lost statement of a request that binds prepared statements), or an unfinished answer with a
     /// notice in it, which the relay passes on at once.
     Other,
 }
@@ -114,10 +114,20 @@ fn answered(b: &[u8]) -> Answered {
     answered_at(b, false, false).0
 }
 
+/// Whether an ErrorResponse's `body` is one the prepared-statement tracker mends: a
+/// stale plan (0A000) or a statement the server lost (26000). Any other error of a
+/// request that binds prepared statements changes nothing the tracker keeps (and a
+/// canceled one may be another client's cancel, which the delegate sees to).
+fn mendable(body: &[u8]) -> bool {
+    body.split(|&b| b == 0)
+        .any(|field| field == b"C0A000" || field == b"C26000")
+}
+
 /// As [`answered`], with where the answer ends: with `behind` (another request was
 /// written behind this one, pipeline.rs), bytes after the ReadyForQuery `I` are the
 /// next answer's, and the answer is whole up to there. With `errors_to_relay` (a
-/// request that binds prepared statements), an error is for the relay too.
+/// request that binds prepared statements), an error the tracker mends is for the
+/// relay too ([`mendable`]).
 fn answered_at(b: &[u8], behind: bool, errors_to_relay: bool) -> (Answered, usize) {
     let mut at = 0;
     // A notice (or notification) in an answer not yet whole: PostgreSQL sent it at
@@ -137,14 +147,14 @@ fn answered_at(b: &[u8], behind: bool, errors_to_relay: bool) -> (Answered, usiz
             return (Answered::Other, 0);
         }
         noticed |= matches!(tag, b'N' | b'A');
-        if errors_to_relay && tag == b'E' {
-            return (Answered::Other, 0);
-        }
         let end = at + 1 + len;
         let Some(body) = b.get(at + 5..end) else {
             // Part of a message: its body is looked at when it is whole.
             return partial(noticed);
         };
+        if errors_to_relay && tag == b'E' && mendable(body) {
+            return (Answered::Other, 0);
+        }
         // ("DISCARD ALL\0" and "DEALLOCATE ALL\0": the length tells most apart.)
         if tag == b'C' && matches!(len, 16 | 19) && clears_all(body) {
             return (Answered::Other, 0);
@@ -510,12 +520,20 @@ mod tests {
         assert_eq!(answered(&with_notice), Answered::Whole);
         assert_eq!(answered(&with_notice[..20]), Answered::Other);
         assert_eq!(answered(&notice[..7]), Answered::Other);
-        // An error: the delegate relays it, but not for a request that binds
-        // prepared statements (the relay's tracker may mend it).
-        let error = [b'E', 0, 0, 0, 11, b'C', b'2', b'6', b'0', b'0', b'0', 0];
-        let failed = [&error[..], &ok[ok.len() - 6..]].concat();
-        assert_eq!(answered(&failed), Answered::Whole);
-        assert_eq!(super::answered_at(&failed, false, true).0, Answered::Other);
+        // An error: the delegate relays it, but not one of a request that binds
+        // prepared statements that the relay's tracker mends.
+        let error = |code: &[u8]| [&[b'E', 0, 0, 0, 11, b'C'][..], code, &[0]].concat();
+        let failed = |code| [&error(code)[..], &ok[ok.len() - 6..]].concat();
+        assert_eq!(answered(&failed(b"26000")), Answered::Whole);
+        for (code, want) in [
+            (b"26000", Answered::Other),
+            (b"0A000", Answered::Other),
+            (b"22012", Answered::Whole),
+            (b"57014", Answered::Whole),
+        ] {
+            let got = super::answered_at(&failed(code), false, true).0;
+            assert_eq!(got, want, "{}", String::from_utf8_lossy(code));
+        }
         assert_eq!(super::answered_at(&ok, false, true).0, Answered::Whole);
         // Bytes after the ReadyForQuery, or a transaction left open.
         assert_eq!(answered(&[&ok[..], b"Z"].concat()), Answered::Other);

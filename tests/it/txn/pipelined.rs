@@ -72,7 +72,7 @@ pub(super) async fn answer(c: &mut RawClient) -> String {
 /// A client whose requests wait in line and are answered quickly: its next request
 /// may have another written behind it. `holder` holds the one server in a
 /// transaction meanwhile.
-async fn quick_client(s: &Sluice, db: &str, holder: &Client) -> RawClient {
+pub(super) async fn quick_client(s: &Sluice, db: &str, holder: &Client) -> RawClient {
     let mut a = raw(s, db, &[]).await;
     for _ in 0..3 {
         within(STEP, "BEGIN", holder.batch_execute("BEGIN"))
@@ -95,7 +95,7 @@ async fn line_up(holder: &Client, a: &mut RawClient, a_sql: &str, b: &mut RawCli
 }
 
 /// As [`line_up`], with the requests' bytes.
-async fn line_up_bytes(
+pub(super) async fn line_up_bytes(
     holder: &Client,
     a: &mut RawClient,
     a_req: &[u8],

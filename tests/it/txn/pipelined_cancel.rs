@@ -6,8 +6,9 @@
 use std::time::Duration;
 
 use super::common::*;
-use super::pipelined::{answer, counter, one_loop, Scene};
-use crate::support::wire::send_cancel_tcp;
+use super::pipelined::{answer, counter, line_up_bytes, one_loop, quick_client, Scene};
+use super::prepared_line::{bind_run_of, prepare};
+use crate::support::wire::{query_msg, send_cancel_tcp};
 
 impl Scene {
     /// Requests written again after a cancel aimed at the one before canceled them.
@@ -26,6 +27,29 @@ impl Scene {
         assert_eq!(answer(&mut a).await, "error 57014", "round {round}");
         (b, behind)
     }
+
+    /// After the first client's cancel, the second client's answer is its own
+    /// whether its request went `behind` the first's or waited in line. True if it
+    /// went behind: then a late cancel landed on it instead, or is made to here.
+    /// PostgreSQL signals a backend twice per cancel (its pid, then its process
+    /// group), so the first client's may have done so already: the second request
+    /// was then written again. If not, a late one is made by canceling the backend
+    /// directly while it runs the second request. Either way its answer is not the
+    /// second client's error to see: the request is written again, and answered.
+    async fn second_answered(&self, b: &mut RawClient, behind: bool, pid: i32, round: u32) -> bool {
+        if behind {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if self.resent() == 0 {
+                direct(&self.db, &format!("SELECT pg_cancel_backend({pid})"));
+            }
+        }
+        // (In line instead, it runs after; nothing more to see this round.)
+        assert_eq!(answer(b).await, "b", "round {round}");
+        if behind {
+            assert_eq!(self.resent(), 1, "round {round}");
+        }
+        behind
+    }
 }
 
 #[tokio::test]
@@ -35,28 +59,9 @@ async fn a_cancel_aimed_at_the_first_request_does_not_fail_the_one_behind() {
     for round in 0..10 {
         // The first client cancels its query: it is canceled, and the second one runs.
         let (mut b, behind) = sc.first_canceled("SELECT 'b', pg_sleep(1)", round).await;
-        if !behind {
-            // In line instead, it runs after; nothing to see here this round.
-            assert_eq!(answer(&mut b).await, "b", "round {round}");
-            if !one_loop() {
-                return;
-            }
-            continue;
+        if sc.second_answered(&mut b, behind, server_pid, round).await || !one_loop() {
+            return;
         }
-        // A cancel that comes late lands on the second request instead. PostgreSQL
-        // signals a backend twice per cancel (its pid, then its process group), so
-        // the first client's may have done so already: the second request was then
-        // written again. If not, a late one is made here by canceling the backend
-        // directly while it runs the second request. Either way its answer is not
-        // the second client's error to see: the request is written again, and
-        // answered.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        if sc.resent() == 0 {
-            direct(&sc.db, &format!("SELECT pg_cancel_backend({server_pid})"));
-        }
-        assert_eq!(answer(&mut b).await, "b", "round {round}");
-        assert_eq!(sc.resent(), 1, "round {round}");
-        return;
     }
     panic!("no request went behind another in 10 rounds");
 }
@@ -74,6 +79,33 @@ async fn the_second_clients_own_cancel_cancels_its_request_behind() {
         assert_eq!(answer(&mut b).await, "error 57014", "round {round}");
         assert_eq!(one(&sc.holder, "SELECT 'next'").await, "next");
         if !one_loop() || behind {
+            return;
+        }
+    }
+    panic!("no request went behind another in 10 rounds");
+}
+
+/// As [`a_cancel_aimed_at_the_first_request_does_not_fail_the_one_behind`], the
+/// request behind binding a prepared statement (rewritten in line,
+/// `pool/pipeline/prepared.rs`): its delegate sees the cancel was not its client's
+/// and writes it again, rather than leaving the error to its relay.
+#[tokio::test]
+async fn a_cancel_aimed_at_the_first_request_does_not_fail_a_prepared_one_behind() {
+    let sc = Scene::new("txn_pipe_cancel_prep").await;
+    let server_pid = backend_pid(&sc.holder).await;
+    let mut b = raw(&sc.s, &sc.db, &[]).await;
+    prepare(&mut b, "S_b", "SELECT 'b', pg_sleep(1)").await;
+    for round in 0..10 {
+        let before = sc.pipelined();
+        let mut a = quick_client(&sc.s, &sc.db, &sc.holder).await;
+        let a_req = query_msg("SELECT pg_sleep(0.3), 'a'");
+        let b_req = bind_run_of("S_b", &[]);
+        line_up_bytes(&sc.holder, &mut a, &a_req, &mut b, &b_req).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let behind = sc.pipelined() > before;
+        send_cancel_tcp(sc.s.port(), a.pid, a.key).await;
+        assert_eq!(answer(&mut a).await, "error 57014", "round {round}");
+        if sc.second_answered(&mut b, behind, server_pid, round).await || !one_loop() {
             return;
         }
     }

@@ -21,7 +21,7 @@ fn bind_run(name: &str, param: &str) -> Vec<u8> {
     bind_run_of(name, &[param])
 }
 
-fn bind_run_of(name: &str, params: &[&str]) -> Vec<u8> {
+pub(super) fn bind_run_of(name: &str, params: &[&str]) -> Vec<u8> {
     let mut bind = vec![0u8];
     bind.extend_from_slice(name.as_bytes());
     bind.push(0);
@@ -47,7 +47,7 @@ async fn one_answer(c: &mut RawClient, ctx: &str) -> String {
     col(&msgs).join(",")
 }
 
-async fn prepare(c: &mut RawClient, name: &str, sql: &str) {
+pub(super) async fn prepare(c: &mut RawClient, name: &str, sql: &str) {
     let mut req = parse(name, sql);
     req.extend(sync_msg());
     c.send(&req).await.expect("send");
