@@ -212,8 +212,10 @@ impl ResponseTracker {
         std::mem::take(&mut self.queue)
     }
 
-    /// Every answer queued came whole and passed through as it was, with no error:
-    /// a delegate relayed them (`pool::delegate`, which hands an error to the relay).
+    /// Every answer queued came whole and passed through as it was: a delegate relayed
+    /// them (`pool::delegate`, which hands a stale plan or a lost statement to the
+    /// relay; after any other error the skipped entries' undoing changes nothing,
+    /// their entries being forwards of Binds, Describes, Executes and a Sync).
     pub fn answered_by_delegate(&mut self) {
         debug_assert!(self
             .queue

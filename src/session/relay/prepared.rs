@@ -187,7 +187,8 @@ impl PreparedState {
             || (self.tracker_used() && self.tracker.mid_message())
     }
 
-    /// A delegate relayed the request's whole answer, with no error in it.
+    /// A delegate relayed the request's whole answer, with no error in it that the
+    /// tracker mends (any other changes nothing it keeps: `pool::delegate`).
     pub(super) fn answered_by_delegate(&mut self) {
         if self.tracker_used() {
             self.tracker.answered_by_delegate();
