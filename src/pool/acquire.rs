@@ -198,6 +198,14 @@ impl Pool {
         }
     }
 
+    /// Whether a client asking for a server now would wait for one: others wait
+    /// already, or every connection the pool may open is in use.
+    pub fn would_wait(&self) -> bool {
+        let st = self.lock_state();
+        !st.waiters.is_empty()
+            || (st.idle.is_empty() && st.reuse.pool_size != 0 && st.total >= st.reuse.pool_size)
+    }
+
     /// The common cases of [`Pool::acquire`], without a future. `now` is when the
     /// client's request arrived. An idle connection that needs no check, taken at
     /// once when nobody is waiting ahead (FIFO); or, when every connection is in use

@@ -43,7 +43,7 @@ pub use canceled::CancelAim;
 pub use delegate::Delegate;
 pub use error::PoolError;
 pub use line::Request;
-pub use pipeline::ends_transaction;
+pub use pipeline::{begin_tag, ends_transaction};
 pub use registry::{PoolKey, Pools};
 pub use server::{ScramKeys, ServerConn, ServerIdent};
 pub use server_tls::negotiate as negotiate_tls;

@@ -178,28 +178,37 @@ fn simple_select(req: &[u8]) -> bool {
     simple_text(req).is_some_and(select_text)
 }
 
+/// The text of `req` if it is one whole simple Query, bar spaces around it and one
+/// `;` after it.
+fn alone_text(req: &[u8]) -> Option<&[u8]> {
+    let text = simple_text(req)?.trim_ascii();
+    Some(text.strip_suffix(b";").unwrap_or(text).trim_ascii_end())
+}
+
 /// Whether `req` is one whole simple Query of `text` alone, bar case, spaces around
 /// it and one `;` (none inside).
 fn simple_alone(req: &[u8], words: &[&[u8]]) -> bool {
-    let Some(text) = simple_text(req).map(<[u8]>::trim_ascii) else {
-        return false;
-    };
-    let text = text.strip_suffix(b";").unwrap_or(text).trim_ascii_end();
-    words.iter().any(|w| text.eq_ignore_ascii_case(w))
+    alone_text(req).is_some_and(|text| words.iter().any(|w| text.eq_ignore_ascii_case(w)))
 }
 
 /// Whether `req` is one simple Query of a plain `BEGIN`: it opens a transaction
 /// whatever the request before it did, so it may go behind another.
 fn simple_begin(req: &[u8]) -> bool {
-    simple_alone(
-        req,
-        &[
-            b"begin",
-            b"begin transaction",
-            b"begin work",
-            b"start transaction",
-        ],
-    )
+    begin_tag(req).is_some()
+}
+
+/// If `req` is one simple Query of a plain `BEGIN` (no options), the command tag
+/// PostgreSQL answers it with.
+pub fn begin_tag(req: &[u8]) -> Option<&'static [u8]> {
+    let text = alone_text(req)?;
+    let begin = [&b"begin"[..], b"begin transaction", b"begin work"];
+    if begin.iter().any(|w| text.eq_ignore_ascii_case(w)) {
+        Some(b"BEGIN")
+    } else if text.eq_ignore_ascii_case(b"start transaction") {
+        Some(b"START TRANSACTION")
+    } else {
+        None
+    }
 }
 
 /// Whether `req` is one simple Query that ends the transaction its client is in,

@@ -14,8 +14,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Poll, Waker};
 
-use bytes::BytesMut;
-
 use super::assign::{acquire_linked, finish_server, link_server};
 use super::cancel::CancelKey;
 use super::params::ClientParams;
@@ -26,10 +24,11 @@ use crate::clock::Tick;
 use crate::config::PoolMode;
 use crate::net::Stream;
 use crate::pool::{Checkout, Pool, PoolError, ServerConn, Ticket};
-use crate::protocol::backend;
 use crate::protocol::sqlstate::*;
 use crate::stats::conns::ClientInfo;
 
+mod after;
+mod begin;
 mod delegated;
 mod fast_close;
 mod gate;
@@ -95,6 +94,9 @@ pub(crate) struct Session {
     log_pooler_errors: bool,
     /// Just logged in, no request yet (see [`super::relay::Parked::wait_idle`]).
     fresh: bool,
+    /// The client's `BEGIN` was answered by the pooler: one goes to the server ahead
+    /// of its next request (relay/begin.rs).
+    begun: bool,
     cancel_key: CancelKey,
     // The client counts out of max_client_conn once all else is gone but the relay's
     // memory (its server went back with `server`, above).
@@ -227,6 +229,14 @@ pub(super) fn serve<'a>(
                     Err(_) => break "client unexpected eof".into(),
                 }
             }
+            if s.took_begin() {
+                // (Boxed: rare, and it would add to every client's task.)
+                if let Err(reason) = Box::pin(s.answer_begin(stream)).await {
+                    break reason;
+                }
+                continue;
+            }
+            s.carry_begin();
             match s.step(stream).await {
                 Step::Next => {}
                 Step::End(reason) => break reason,
@@ -349,9 +359,11 @@ impl Session {
                         let relay = self.relay.get();
                         let mut request =
                             relay.line_request(bytes, self.params.wanted(), &self.info);
+                        // (The answer to a BEGIN written ahead is not the client's.)
                         let may = self.mode == PoolMode::Transaction
                             && !self.reset_always
-                            && relay.delegable();
+                            && relay.delegable()
+                            && !relay.begin_ahead();
                         delegated::offer(&mut request, may, &self.pool, stream);
                         match ticket.leave_request(request) {
                             Ok(()) => left = true,
@@ -466,89 +478,6 @@ impl Session {
         match e {
             None => Step::End("client unexpected eof".into()),
             Some(e) => Step::Done(fail_client(stream, self.tag(), &e).await.into()),
-        }
-    }
-
-    /// Acts on how the relay stopped.
-    async fn after(&mut self, stream: &Stream, outcome: Outcome) -> Step {
-        match outcome {
-            Outcome::ReleasePoint if self.mode == PoolMode::Session => {
-                Box::pin(self.between_transactions(stream)).await
-            }
-            Outcome::ReleasePoint => {
-                let relay = self.relay.get();
-                if let Some(n) = relay.changed_prepared_count() {
-                    self.info.set_prepared(n);
-                }
-                let last_activity = relay.last_activity();
-                // Before the server goes back: a cancel request that found it linked
-                // is then counted in time to hold it (pool/canceled.rs).
-                self.info.unlink();
-                if self.reset_always {
-                    // The reset is a round trip: the client's answer goes first.
-                    if let Err(e) = self.pay_client(stream, false).await {
-                        self.drop_server("client disconnect while server was not ready");
-                        return Step::End(format!("client I/O error: {e}").into());
-                    }
-                    if let Some(s) = self.server.take() {
-                        // Resets and returns it (or closes it if the reset fails).
-                        Box::pin(finish_server(&self.pool, s, true, PoolMode::Session)).await;
-                    }
-                }
-                let handed_on = match self.server.take() {
-                    Some(s) => self.pool.release_at(s, true, last_activity),
-                    None => false,
-                };
-                if self.relay.get().owes_client() {
-                    if let Err(e) = self.pay_client(stream, handed_on).await {
-                        return Step::End(format!("client I/O error: {e}").into());
-                    }
-                }
-                // The client may now stay idle for long: its counts go in now.
-                self.pool.stats.flush(&mut self.relay.get().stats);
-                // Kept for the client's next request, until it goes to sleep.
-                self.relay.rest();
-                Step::Next
-            }
-            Outcome::ClientClosed => Step::End(
-                if self.relay.get().terminated() {
-                    "client close request"
-                } else {
-                    "client unexpected eof"
-                }
-                .into(),
-            ),
-            Outcome::ClientFailed(e) => Step::End(format!("client I/O error: {e}").into()),
-            Outcome::ClientProtocol(e) => {
-                self.drop_server("client disconnect while server was not ready");
-                Step::Done(
-                    Box::pin(protocol_failure(
-                        stream,
-                        self.relay.get(),
-                        ClientTag::new(&self.info, self.log_pooler_errors),
-                        &e,
-                    ))
-                    .await
-                    .into(),
-                )
-            }
-            // 08P01, as every error PgBouncer itself ends a client with.
-            Outcome::Timeout(why) => {
-                Step::Done(self.fail(stream, PROTOCOL_VIOLATION, why).await.into())
-            }
-            Outcome::LongTransaction => {
-                // PgBouncer's words since 1.16 ("Long transactions not allowed" before).
-                let why = "transaction blocks not allowed in statement pooling mode";
-                Step::Done(self.fail(stream, PROTOCOL_VIOLATION, why).await.into())
-            }
-            Outcome::ServerClosed(_) | Outcome::ServerProtocol(_) => {
-                let msg = "server conn crashed?";
-                self.drop_server(msg);
-                let mut out = BytesMut::new();
-                backend::error_response(&mut out, "FATAL", PROTOCOL_VIOLATION, msg);
-                let _ = Box::pin(self.relay.get().send_to_client(stream, &out)).await;
-                Step::End(msg.into())
-            }
         }
     }
 

@@ -13,6 +13,7 @@ mod differential;
 mod dirty;
 mod frozen_load;
 mod function_call;
+mod held_begin;
 mod idle_closed;
 mod killed;
 mod limits;

@@ -10,11 +10,13 @@ use std::io;
 
 use bytes::{Buf, BytesMut};
 
+mod begin;
 mod behind;
 mod copy;
 mod count;
 mod delegated;
 mod midbatch;
+mod outcome;
 mod owed;
 mod parked;
 mod prepared;
@@ -24,6 +26,8 @@ pub use timing::Timeouts;
 mod unlinked;
 mod wake;
 
+pub use begin::hold_begin_enabled;
+pub use outcome::{Outcome, ReleaseAt};
 pub use parked::{Idle, Parked, RelaySlot, FRESH_SLEEP};
 pub use prepared::ClientPrepared;
 
@@ -50,43 +54,6 @@ pub(super) const PQEXEC_DISALLOWED: &str = "PQexec disallowed";
 
 /// Bytes read per wake-up and direction.
 const READ_CHUNK: usize = bufpool::BUF_SIZE;
-
-/// Why the relay stopped.
-#[derive(Debug)]
-pub enum Outcome {
-    /// The client sent Terminate or closed its socket.
-    ClientClosed,
-    /// Transaction/statement mode: the server is idle and clean, and may go back.
-    /// The end of the server's answer may still be owed to the client
-    /// ([`Relay::owes_client`]): the server goes back first (docs/architecture.md).
-    ReleasePoint,
-    /// The server closed or failed.
-    ServerClosed(io::Error),
-    /// The client failed at the socket level.
-    ClientFailed(io::Error),
-    /// The client sent bytes that break the protocol.
-    ClientProtocol(ProtocolError),
-    /// The server sent bytes that break the protocol.
-    ServerProtocol(ProtocolError),
-    /// A timeout ran out; the text is PgBouncer's reason.
-    Timeout(&'static str),
-    /// Statement mode: the server entered a transaction block.
-    LongTransaction,
-}
-
-/// When the relay should hand the server back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReleaseAt {
-    /// Never (session mode).
-    SessionEnd,
-    /// When the server is idle outside a transaction.
-    TransactionEnd,
-    /// After every statement; a transaction block is refused.
-    StatementEnd,
-    /// Session mode with `server_fast_close`: stop at the end of each transaction so
-    /// the session can check whether its server must close.
-    SessionCheckpoints,
-}
 
 /// Relay state for one request of a client (parked between requests, see `parked.rs`):
 /// buffers (allocated on first use) and protocol tracking. `Default` is a blank one,
@@ -137,6 +104,8 @@ pub struct Relay {
     preloaded: bool,
     /// `disable_pqexec`: a Query message ends the session.
     no_simple_query: bool,
+    /// A `BEGIN` the pooler answered goes ahead of this request (begin.rs).
+    begin: begin::Begin,
     /// Timestamps for the timeouts, kept only when some timeout is set.
     timeouts: Timeouts,
     last_activity: Tick,
@@ -160,6 +129,9 @@ pub struct Relay {
     /// Server bytes a delegate read for this client but left to it (pool/delegate.rs):
     /// the first server read of its next `run`.
     server_preload: BytesMut,
+    /// The start of the server's answer to a `BEGIN` written ahead, while not whole
+    /// (begin.rs; almost never used).
+    begin_head: BytesMut,
 }
 
 impl Relay {
@@ -187,6 +159,7 @@ impl Relay {
             && self.client_framer.at_boundary()
             && self.server_framer.at_boundary()
             && self.prepared.as_ref().is_none_or(|p| p.is_idle())
+            && self.begin == begin::Begin::No
     }
 
     /// Whether the relay may be put away until the client's next request: nothing
@@ -210,6 +183,11 @@ impl Relay {
         if server.behind.is_none() {
             if let Err(e) = self.rewrite_pending(server) {
                 return e;
+            }
+            if self.begin == begin::Begin::Held {
+                let mut bytes = std::mem::take(&mut self.c2s);
+                self.put_begin_ahead(&mut bytes);
+                self.c2s = bytes;
             }
             // The request that made the client ask for a server goes out now, without
             // waiting a loop turn for writability.
@@ -425,6 +403,14 @@ impl Relay {
             return Err(ServerRead::Io(io::ErrorKind::UnexpectedEof.into()));
         }
         self.stats.counts.bytes_sent += n as u64;
+        if self.begin != begin::Begin::No {
+            // Nothing else goes on until the answer to the pooler's BEGIN is cut out.
+            match self.strip_begin(start) {
+                Ok(true) if self.s2c.len() > start => {}
+                Ok(_) => return Err(ServerRead::Io(io::ErrorKind::WouldBlock.into())),
+                Err(e) => return Err(ServerRead::Protocol(e)),
+            }
+        }
         if server.behind.is_some() && self.prepared.as_ref().is_some_and(|p| p.watches(false)) {
             self.cut_before_tracker(server);
         }

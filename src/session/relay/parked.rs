@@ -13,6 +13,8 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
+use bytes::BytesMut;
+
 use crate::timer::Sleep;
 
 use super::prepared::PreparedState;
@@ -344,6 +346,8 @@ impl Relay {
             line_request: _,
             spare_input: _,
             server_preload: _,
+            begin,
+            begin_head,
         } = self;
         // Parkable: the buffers are empty, the stats flushed, nothing owed.
         *client_framer = Framer::default();
@@ -358,6 +362,10 @@ impl Relay {
         *desync = false;
         *saw_ready = false;
         *lead_ended = false;
+        *begin = Default::default();
+        if begin_head.capacity() != 0 {
+            *begin_head = BytesMut::new();
+        }
         *request_started = None;
         *transaction_started = None;
         *readies = 0;

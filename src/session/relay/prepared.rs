@@ -95,6 +95,13 @@ impl PreparedState {
         self.watched || self.mode == Mode::Tracked
     }
 
+    /// Whether no request has begun: nothing rewritten, tracked or gathered yet.
+    pub(super) fn at_rest(&self) -> bool {
+        self.mode == Mode::Fresh
+            && self.needs.is_empty()
+            && (!self.tracker_used() || self.tracker.is_idle())
+    }
+
     /// The rewriter is used only by tracked requests.
     fn rewriter_at_boundary(&self) -> bool {
         self.mode != Mode::Tracked || self.rewriter.at_boundary()
@@ -335,7 +342,17 @@ impl Relay {
         if self.c2s.is_empty() || self.terminated || self.desync {
             return Ok(None);
         }
-        Ok(Some(std::mem::take(&mut self.c2s)))
+        let mut bytes = std::mem::take(&mut self.c2s);
+        if self.begin == super::begin::Begin::Held {
+            // Statements to prepare would go in front of the BEGIN written ahead:
+            // such a request waits to be written by the relay, which orders them.
+            if self.prepared.as_ref().is_some_and(|p| !p.needs.is_empty()) {
+                self.c2s = bytes;
+                return Ok(None);
+            }
+            self.put_begin_ahead(&mut bytes);
+        }
+        Ok(Some(bytes))
     }
 
     /// Puts back what a pool's line did not write of the request

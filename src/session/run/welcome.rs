@@ -92,6 +92,7 @@ impl Session {
             replication,
             release_at,
             fresh: true,
+            begun: false,
             slot: r.slot,
         };
         (Box::new(s), greeting)

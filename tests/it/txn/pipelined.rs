@@ -51,11 +51,22 @@ pub(super) fn counter(port: u16, name: &str) -> u64 {
 }
 
 pub(super) fn sluice(db: &str, mport: u16) -> Sluice {
-    txn_sluice(db)
+    sluice_with(db, mport, true)
+}
+
+/// As [`sluice`]; without `hold_begin`, a client's plain `BEGIN` always goes to a
+/// server (`SLUICE_HOLD_BEGIN=0`), so that it may go behind another's `COMMIT`.
+pub(super) fn sluice_with(db: &str, mport: u16, hold_begin: bool) -> Sluice {
+    let b = txn_sluice(db)
         .userlist(ADMIN, ADMIN_PW)
         .setting("default_pool_size", "1")
-        .setting("metrics_listen", &format!("127.0.0.1:{mport}"))
-        .start()
+        .setting("metrics_listen", &format!("127.0.0.1:{mport}"));
+    if hold_begin {
+        b
+    } else {
+        b.env("SLUICE_HOLD_BEGIN", "0")
+    }
+    .start()
 }
 
 /// The first column of the first row up to the next ReadyForQuery, or the error's

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio_postgres::types::Type;
 
 use super::common::*;
-use super::pipelined::{one_loop, pipelined, sluice};
+use super::pipelined::{one_loop, pipelined, sluice, sluice_with};
 use crate::support::probe::within;
 use crate::support::{free_port, pgbench, Sluice, TempDir, MD5_PASSWORD, MD5_USER};
 
@@ -33,9 +33,14 @@ pub(super) struct Bench {
 
 impl Bench {
     pub(super) fn new(prefix: &str) -> Bench {
+        Bench::with(prefix, true)
+    }
+
+    /// As [`Bench::new`], `hold_begin` as in [`super::pipelined::sluice_with`].
+    pub(super) fn with(prefix: &str, hold_begin: bool) -> Bench {
         let db = fresh_db(prefix);
         let mport = free_port();
-        let s = sluice(&db, mport);
+        let s = sluice_with(&db, mport, hold_begin);
         let dir = TempDir::new(&format!("sluice-{prefix}"));
         Bench { db, mport, s, dir }
     }

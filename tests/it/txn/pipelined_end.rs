@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use super::common::*;
-use super::pipelined::{one_loop, pipelined, sluice};
+use super::pipelined::{one_loop, pipelined, sluice_with};
 use super::pipelined_drivers::Bench;
 use crate::support::probe::within;
 use crate::support::wire::{first_column, first_error, query_msg, TAG_READY};
@@ -64,7 +64,8 @@ impl Ended {
     ) -> Ended {
         let db = fresh_db(prefix);
         let mport = free_port();
-        let s = sluice(&db, mport);
+        // (A `BEGIN` goes to a server here: held, it would go behind nothing.)
+        let s = sluice_with(&db, mport, false);
         let setup = client(&s, &db).await;
         within(
             STEP,
@@ -222,7 +223,7 @@ async fn nothing_goes_behind_a_commit_that_undoes_a_reported_parameter() {
 
 /// A pgbench transaction whose answer names its client and a random number, and that
 /// divides by zero (failing the run) when the answer is not that.
-const OWN_TRANSACTION: &str = "\\set r random(1, 1000000)
+pub(super) const OWN_TRANSACTION: &str = "\\set r random(1, 1000000)
 BEGIN;
 SELECT :client_id * 1000000 + :r AS v \\gset
 \\if :v != :client_id * 1000000 + :r
@@ -233,7 +234,7 @@ END;
 
 #[test]
 fn pgbench_transactions_begin_behind_each_others_end_and_get_their_own_answers() {
-    let b = Bench::new("txn_pipe_end_pgbench");
+    let b = Bench::with("txn_pipe_end_pgbench", false);
     for mode in ["simple", "extended"] {
         let behind = b.run("own_tx.sql", OWN_TRANSACTION, mode, 16, 200);
         // (Extended-protocol BEGINs and ENDs are not taken: simple ones only.)

@@ -8,12 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_postgres::types::Type;
+use tokio_postgres::Client;
 
 use super::common::*;
 use super::prepared_load::parse;
-use crate::support::free_port;
 use crate::support::probe::within;
 use crate::support::wire::{first_error, frame};
+use crate::support::{free_port, Sluice};
 
 /// Bind of statement `name` with one text parameter, Describe of the portal,
 /// Execute and Sync: what libpq's `PQexecPrepared` sends.
@@ -54,17 +55,24 @@ pub(super) async fn prepare(c: &mut RawClient, name: &str, sql: &str) {
     one_answer(c, name).await;
 }
 
-/// One server, whose cache holds one statement: a waiting client's statement is on
-/// it, then evicted by another client's, then prepared again.
-#[tokio::test]
-async fn a_waiting_clients_statement_runs_whether_its_server_holds_it_or_not() {
-    let db = fresh_db("txn_prep_line");
+/// A Sluice with one server whose cache holds one statement, a client to hold that
+/// server in a transaction, and two raw clients.
+pub(super) async fn one_statement_server(prefix: &str) -> (Sluice, Client, RawClient, RawClient) {
+    let db = fresh_db(prefix);
     let s = txn_sluice(&db)
         .setting("default_pool_size", "1")
         .setting("max_prepared_statements", "1")
         .start();
     let holder = client(&s, &db).await;
-    let (mut a, mut b) = (raw(&s, &db, &[]).await, raw(&s, &db, &[]).await);
+    let (a, b) = (raw(&s, &db, &[]).await, raw(&s, &db, &[]).await);
+    (s, holder, a, b)
+}
+
+/// One server, whose cache holds one statement: a waiting client's statement is on
+/// it, then evicted by another client's, then prepared again.
+#[tokio::test]
+async fn a_waiting_clients_statement_runs_whether_its_server_holds_it_or_not() {
+    let (_s, holder, mut a, mut b) = one_statement_server("txn_prep_line").await;
     prepare(&mut a, "S_a", "SELECT 'a:' || $1::text").await;
     // (The same client name for another text: each client runs its own.)
     prepare(&mut b, "S_a", "SELECT 'b:' || $1::text").await;

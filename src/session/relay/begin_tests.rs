@@ -1,0 +1,134 @@
+use super::*;
+
+/// A message of `tag` with `body`.
+fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut m = vec![tag];
+    m.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+    m.extend_from_slice(body);
+    m
+}
+
+fn answer() -> Vec<u8> {
+    [msg(b'C', b"BEGIN\0"), msg(b'Z', b"T")].concat()
+}
+
+fn owed() -> Relay {
+    let mut r = Relay::default();
+    r.begin = Begin::Owed;
+    r
+}
+
+/// Reads `bytes` as one server read would, and strips.
+fn read(r: &mut Relay, bytes: &[u8]) -> Result<bool, ProtocolError> {
+    let start = r.s2c.len();
+    r.s2c.extend_from_slice(bytes);
+    r.strip_begin(start)
+}
+
+#[test]
+fn the_answer_to_the_begin_is_cut_and_what_follows_it_stays() {
+    let rest = [msg(b'C', b"INSERT 0 1\0"), msg(b'Z', b"T")].concat();
+    let mut r = owed();
+    assert_eq!(read(&mut r, &[answer(), rest.clone()].concat()), Ok(true));
+    assert_eq!(&r.s2c[..], &rest[..]);
+    assert_eq!(r.begin, Begin::No);
+}
+
+#[test]
+fn messages_the_server_sends_on_its_own_stay_where_they_are() {
+    let param = msg(b'S', b"TimeZone\0UTC\0");
+    let notice = msg(b'N', b"SNOTICE\0Mhi\0\0");
+    let bytes = [
+        param.clone(),
+        msg(b'C', b"BEGIN\0"),
+        notice.clone(),
+        msg(b'Z', b"T"),
+        msg(b'I', b""),
+    ]
+    .concat();
+    let mut r = owed();
+    assert_eq!(read(&mut r, &bytes), Ok(true));
+    assert_eq!(&r.s2c[..], &[param, notice, msg(b'I', b"")].concat()[..]);
+}
+
+#[test]
+fn an_answer_cut_anywhere_waits_for_the_rest() {
+    let whole = [answer(), msg(b'I', b"")].concat();
+    for at in 1..answer().len() {
+        let mut r = owed();
+        assert_eq!(read(&mut r, &whole[..at]), Ok(false), "cut at {at}");
+        assert!(r.s2c.is_empty(), "nothing goes on before it: cut at {at}");
+        assert_eq!(read(&mut r, &whole[at..]), Ok(true), "cut at {at}");
+        assert_eq!(&r.s2c[..], &msg(b'I', b"")[..], "cut at {at}");
+        assert!(r.begin_head.is_empty());
+    }
+}
+
+#[test]
+fn anything_else_in_its_place_is_an_error() {
+    let bad = [
+        [msg(b'E', b"SERROR\0C25001\0Mno\0\0"), msg(b'Z', b"I")].concat(),
+        [msg(b'C', b"COMMIT\0"), msg(b'Z', b"I")].concat(),
+        [msg(b'C', b"BEGIN\0"), msg(b'Z', b"I")].concat(),
+        [msg(b'C', b"BEGIN\0"), msg(b'C', b"BEGIN\0")].concat(),
+        msg(b'Z', b"T"),
+        vec![b'C', 0, 0, 0, 3],
+    ];
+    for bytes in bad {
+        assert!(read(&mut owed(), &bytes).is_err(), "{bytes:?}");
+    }
+}
+
+/// A relay holding `bytes` as a client's request, as read and scanned.
+fn with_request(bytes: &[u8]) -> Relay {
+    let mut r = Relay::default();
+    r.status = b'I';
+    r.max_packet = 1 << 20;
+    r.c2s.extend_from_slice(bytes);
+    r.scan_client(0).expect("scan");
+    r
+}
+
+#[test]
+fn a_plain_begin_alone_is_answered_only_when_the_client_would_wait() {
+    let begin = msg(b'Q', b"begin;\0");
+    let mut r = with_request(&begin);
+    assert!(!r.take_plain_begin(|| false), "a free server takes it");
+    assert_eq!(&r.c2s[..], &begin[..]);
+    assert!(r.take_plain_begin(|| true));
+    assert!(r.c2s.is_empty() && r.pending == 0);
+    assert_eq!(&r.s2c[..], &answer()[..]);
+    assert_eq!(r.stats.counts.queries, 1);
+    // Answered: the next request carries a BEGIN ahead of it.
+    r.s2c.clear();
+    r.hold_begin();
+    let mut next = BytesMut::from(&msg(b'Q', b"SELECT 1\0")[..]);
+    r.put_begin_ahead(&mut next);
+    assert_eq!(
+        &next[..],
+        &[BEGIN_QUERY, &msg(b'Q', b"SELECT 1\0")].concat()[..]
+    );
+    assert_eq!(r.begin, Begin::Owed);
+
+    let start = msg(b'Q', b" START TRANSACTION \0");
+    let mut r = with_request(&start);
+    assert!(r.take_plain_begin(|| true));
+    let tag = [msg(b'C', b"START TRANSACTION\0"), msg(b'Z', b"T")].concat();
+    assert_eq!(&r.s2c[..], &tag[..]);
+}
+
+#[test]
+fn anything_but_a_plain_begin_alone_goes_to_a_server() {
+    let begin = msg(b'Q', b"BEGIN\0");
+    for request in [
+        msg(b'Q', b"BEGIN ISOLATION LEVEL SERIALIZABLE\0"),
+        msg(b'Q', b"BEGIN; SELECT 1\0"),
+        msg(b'Q', b"SELECT 1\0"),
+        [begin.clone(), msg(b'Q', b"SELECT 1\0")].concat(),
+        begin[..begin.len() - 1].to_vec(),
+    ] {
+        let mut r = with_request(&request);
+        assert!(!r.take_plain_begin(|| true), "{request:?}");
+        assert_eq!(&r.c2s[..], &request[..]);
+    }
+}

@@ -1,0 +1,221 @@
+//! A plain `BEGIN` from a client that would wait for a server is answered by Sluice
+//! at once, and a `BEGIN` goes to the server ahead of the client's next request
+//! (`session/relay/begin.rs`). The client's transaction is a real one, begun on the
+//! server that runs its first statement: it sees what committed before that
+//! statement, its changes are its own until it commits, and a rollback undoes them.
+
+use std::time::Duration;
+
+use tokio_postgres::Client;
+
+use super::common::*;
+use super::pipelined::{counter, sluice};
+use super::pipelined_drivers::Bench;
+use super::pipelined_end::OWN_TRANSACTION;
+use super::prepared_line::{bind_run_of, one_statement_server, prepare};
+use crate::support::free_port;
+use crate::support::probe::within;
+use crate::support::wire::{first_error, query_msg, RawMsg, TAG_READY};
+
+/// How long an answer Sluice gives itself may take: far less than the holder's
+/// transaction, which never ends before the test says.
+const AT_ONCE: Duration = Duration::from_secs(5);
+
+/// The command tags and ReadyForQuery status of an answer.
+fn tags(msgs: &[RawMsg]) -> (Vec<String>, u8) {
+    let tags = msgs
+        .iter()
+        .filter(|m| m.tag == b'C')
+        .map(|m| String::from_utf8_lossy(m.body.strip_suffix(b"\0").unwrap_or(&m.body)).into())
+        .collect();
+    (tags, status(msgs))
+}
+
+/// Sends `sql` and returns its answer's first column, failing on an error.
+async fn run(c: &mut RawClient, sql: &str, want_status: u8) -> Vec<String> {
+    c.send(&query_msg(sql)).await.expect("send");
+    let msgs = c.until_ready(STEP).await;
+    if let Some(e) = first_error(&msgs) {
+        panic!("{sql}: {:?}", e.field(b'M'));
+    }
+    assert_eq!(status(&msgs), want_status, "{sql}: {msgs:?}");
+    col(&msgs)
+}
+
+/// `holder` takes the one server into a transaction, which holds it.
+async fn hold(holder: &Client) {
+    within(STEP, "holder", holder.batch_execute("BEGIN"))
+        .await
+        .expect("BEGIN");
+    one(holder, "SELECT 1").await;
+}
+
+/// `holder` commits, and its server goes to the next in line.
+async fn release(holder: &Client) {
+    within(STEP, "commit", holder.batch_execute("COMMIT"))
+        .await
+        .expect("commit");
+}
+
+/// `c` sends a plain BEGIN and is answered at once, in a transaction.
+async fn begin_at_once(c: &mut RawClient) {
+    c.send(&query_msg("BEGIN")).await.expect("send");
+    assert_eq!(status(&c.until_ready(AT_ONCE).await), b'T');
+}
+
+/// Queries and transactions counted so far on `/metrics` at `port`.
+fn counted(port: u16) -> (u64, u64) {
+    (
+        counter(port, "pgbouncer_stats_queries_pooled_total"),
+        counter(port, "pgbouncer_stats_sql_transactions_pooled_total"),
+    )
+}
+
+#[tokio::test]
+async fn a_begin_while_the_server_is_busy_is_answered_at_once_and_the_transaction_is_real() {
+    let db = fresh_db("txn_held_begin");
+    let mport = free_port();
+    let s = sluice(&db, mport);
+    let holder = client(&s, &db).await;
+    within(
+        STEP,
+        "table",
+        holder.batch_execute("CREATE TABLE t (tag text)"),
+    )
+    .await
+    .expect("table");
+    let mut b = raw(&s, &db, &[]).await;
+    let rounds = [
+        ("BEGIN", "BEGIN"),
+        ("start transaction;", "START TRANSACTION"),
+    ];
+    for (round, (begin, tag)) in rounds.into_iter().enumerate() {
+        // The one server, in a transaction that inserts a row: nobody else gets it.
+        hold(&holder).await;
+        within(
+            STEP,
+            "insert",
+            holder.batch_execute("INSERT INTO t VALUES ('a')"),
+        )
+        .await
+        .expect("insert");
+        let (queries, xacts) = counted(mport);
+        b.send(&query_msg(begin)).await.expect("send");
+        let msgs = b.until_ready(AT_ONCE).await;
+        assert_eq!(
+            tags(&msgs),
+            (vec![tag.to_string()], b'T'),
+            "{begin}: {msgs:?}"
+        );
+        // Counted as a query, as the server's answer would have been.
+        within(STEP, "the held BEGIN counted", async {
+            while counted(mport).0 < queries + 1 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        b.send(&query_msg("SELECT count(*) FROM t"))
+            .await
+            .expect("send");
+        // It waits for the server, then runs after the holder's commit: it sees it.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        release(&holder).await;
+        let msgs = b.until_ready(STEP).await;
+        assert_eq!(status(&msgs), b'T', "{msgs:?}");
+        // (The holder's rows, one a round: b holds the one server now.)
+        let before = (round + 1).to_string();
+        assert_eq!(col(&msgs), vec![before.clone()]);
+        // Its changes are its own until it ends, and a rollback undoes them.
+        run(&mut b, "INSERT INTO t VALUES ('b')", b'T').await;
+        assert_eq!(
+            run(&mut b, "SELECT count(*) FROM t WHERE tag = 'b'", b'T').await,
+            vec!["1"]
+        );
+        run(&mut b, "ROLLBACK", b'I').await;
+        assert_eq!(one(&holder, "SELECT count(*) FROM t").await, before);
+        // One transaction and three queries of b's (and the holder's), no more.
+        let (q, x) = counted(mport);
+        assert!(
+            q >= queries + 4 && x >= xacts + 2,
+            "{queries}/{xacts} -> {q}/{x}"
+        );
+    }
+    // Nothing is held when the server is idle: a BEGIN goes to it, as in PgBouncer.
+    let free = one(&holder, "SELECT count(*) FROM t").await;
+    assert_eq!(free, "2");
+    run(&mut b, "BEGIN", b'T').await;
+    let stamp = "SELECT statement_timestamp() - now() > interval '150 ms'";
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(run(&mut b, stamp, b'T').await, vec!["t"]);
+    run(&mut b, "COMMIT", b'I').await;
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_or_commits_after_a_held_begin_costs_no_server() {
+    let db = fresh_db("txn_held_begin_leave");
+    let s = sluice(&db, free_port());
+    let holder = client(&s, &db).await;
+    hold(&holder).await;
+    let mut gone = raw(&s, &db, &[]).await;
+    begin_at_once(&mut gone).await;
+    drop(gone);
+    let mut b = raw(&s, &db, &[]).await;
+    begin_at_once(&mut b).await;
+    b.send(&query_msg("COMMIT")).await.expect("send");
+    release(&holder).await;
+    let msgs = b.until_ready(STEP).await;
+    assert_eq!(tags(&msgs), (vec!["COMMIT".to_string()], b'I'), "{msgs:?}");
+    // The one server is free again: each of them gets it.
+    assert_eq!(run(&mut b, "SELECT 'b'", b'I').await, vec!["b"]);
+    assert_eq!(one(&holder, "SELECT 'holder'").await, "holder");
+    // A second BEGIN in the held transaction gets PostgreSQL's warning, in order.
+    hold(&holder).await;
+    begin_at_once(&mut b).await;
+    b.send(&query_msg("BEGIN")).await.expect("send");
+    release(&holder).await;
+    let msgs = b.until_ready(STEP).await;
+    let warned = msgs.iter().any(|m| {
+        m.tag == b'N' && String::from_utf8_lossy(&m.body).contains("already a transaction")
+    });
+    assert!(warned, "{msgs:?}");
+    assert_eq!(tags(&msgs), (vec!["BEGIN".to_string()], b'T'), "{msgs:?}");
+    assert!(!msgs.iter().any(|m| m.tag == TAG_READY && m.body != b"T"));
+    run(&mut b, "COMMIT", b'I').await;
+}
+
+/// A held `BEGIN` ahead of a request that binds a prepared statement its server
+/// lacks: the server gets the `BEGIN`, then the statement's Parse, then the request.
+#[tokio::test]
+async fn a_held_begin_goes_ahead_of_the_parse_of_a_statement_the_server_lacks() {
+    let (_s, holder, mut a, mut b) = one_statement_server("txn_held_begin_prep").await;
+    prepare(&mut a, "S_a", "SELECT 'a:' || $1::text").await;
+    for round in 0..3 {
+        // b's statement evicts a's from the one server's cache of one.
+        prepare(&mut b, &format!("S_b{round}"), "SELECT 'b'").await;
+        hold(&holder).await;
+        begin_at_once(&mut a).await;
+        let param = round.to_string();
+        a.send(&bind_run_of("S_a", &[&param])).await.expect("send");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        release(&holder).await;
+        let msgs = a.until_ready(STEP).await;
+        assert!(first_error(&msgs).is_none(), "{msgs:?}");
+        assert_eq!(col(&msgs), vec![format!("a:{round}")]);
+        assert_eq!(status(&msgs), b'T', "still in its transaction");
+        // Still the transaction its bound statement ran in.
+        let begun = "SELECT xact_start < query_start FROM pg_stat_activity \
+                     WHERE pid = pg_backend_pid()";
+        assert_eq!(run(&mut a, begun, b'T').await, vec!["t"]);
+        run(&mut a, "COMMIT", b'I').await;
+    }
+}
+
+/// pgbench clients on one server, each transaction's `BEGIN` answered by Sluice while
+/// the server runs another's: every answer is its client's own.
+#[test]
+fn pgbench_transactions_with_held_begins_get_their_own_answers() {
+    let b = Bench::new("txn_held_begin_pgbench");
+    for mode in ["simple", "extended"] {
+        b.run("own_tx.sql", OWN_TRANSACTION, mode, 16, 200);
+    }
+}
