@@ -200,6 +200,15 @@ fn simple_begin(req: &[u8]) -> bool {
 /// If `req` is one simple Query of a plain `BEGIN` (no options), the command tag
 /// PostgreSQL answers it with.
 pub fn begin_tag(req: &[u8]) -> Option<&'static [u8]> {
+    // Told apart from other requests by the third letter of the text, `g` or `a`
+    // (a text with spaces before it is looked at whole): this runs for every request
+    // a client sends while it holds no server.
+    let &[TAG_QUERY, _, _, _, _, first, _, third, ..] = req else {
+        return None;
+    };
+    if !matches!(third | 0x20, b'g' | b'a') && !first.is_ascii_whitespace() {
+        return None;
+    }
     let text = alone_text(req)?;
     let begin = [&b"begin"[..], b"begin transaction", b"begin work"];
     if begin.iter().any(|w| text.eq_ignore_ascii_case(w)) {

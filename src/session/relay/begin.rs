@@ -59,6 +59,10 @@ impl Relay {
     /// next request ([`Relay::hold_begin`]). Not with a timeout set that watches a
     /// transaction or an idle client: those follow a server's state.
     pub fn take_plain_begin(&mut self, must_wait: impl FnOnce() -> bool) -> bool {
+        let request = self.prepared.as_ref().map_or(&self.c2s, |p| &p.input);
+        if begin_tag(request).is_none() {
+            return false;
+        }
         let t = &self.timeouts;
         let timed = !(t.query().is_zero()
             && t.transaction().is_zero()
