@@ -60,9 +60,9 @@ impl Relay {
     /// transaction or an idle client: those follow a server's state.
     pub fn take_plain_begin(&mut self, must_wait: impl FnOnce() -> bool) -> bool {
         let request = self.prepared.as_ref().map_or(&self.c2s, |p| &p.input);
-        if begin_tag(request).is_none() {
+        let Some(tag) = begin_tag(request) else {
             return false;
-        }
+        };
         let t = &self.timeouts;
         let timed = !(t.query().is_zero()
             && t.transaction().is_zero()
@@ -72,16 +72,16 @@ impl Relay {
         if timed || busy || !self.s2c.is_empty() {
             return false;
         }
-        let tag = match self.prepared.as_mut() {
-            Some(p) => match begin_tag(&p.input) {
-                Some(tag) if p.at_rest() && must_wait() => {
-                    p.input.clear();
-                    tag
+        match self.prepared.as_mut() {
+            // Not rewritten yet: the input is the client's bytes as they came.
+            Some(p) => {
+                if !p.at_rest() || !must_wait() {
+                    return false;
                 }
-                _ => return false,
-            },
+                p.input.clear();
+            }
+            // Scanned as it was read: one Query, owed one ReadyForQuery.
             None => {
-                // Scanned as it was read: one Query, owed one ReadyForQuery.
                 let at_rest = self.pending == 1
                     && self.unsynced == 0
                     && self.status == b'I'
@@ -89,16 +89,13 @@ impl Relay {
                     && !self.copy.in_copy()
                     && !self.desync
                     && self.client_framer.at_boundary();
-                match begin_tag(&self.c2s) {
-                    Some(tag) if at_rest && must_wait() => {
-                        self.c2s.clear();
-                        self.pending = 0;
-                        tag
-                    }
-                    _ => return false,
+                if !at_rest || !must_wait() {
+                    return false;
                 }
+                self.c2s.clear();
+                self.pending = 0;
             }
-        };
+        }
         self.request_started = None;
         if self.s2c.capacity() == 0 {
             self.s2c = bufpool::take();
