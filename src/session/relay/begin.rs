@@ -14,8 +14,6 @@
 //! first statement, and the client waits in line with that statement instead. With a
 //! server free, the `BEGIN` goes to it as before: nothing is gained by holding it.
 
-use bytes::BytesMut;
-
 use super::Relay;
 use crate::net::bufpool;
 use crate::pool::begin_tag;
@@ -121,16 +119,16 @@ impl Relay {
         self.begin != Begin::No
     }
 
-    /// Puts a held `BEGIN` in front of `bytes`, the request on its way to a server.
-    pub(super) fn put_begin_ahead(&mut self, bytes: &mut BytesMut) {
+    /// Puts a held `BEGIN` in front of the request on its way to a server (`c2s`).
+    pub(super) fn put_begin_ahead(&mut self) {
         if self.begin != Begin::Held {
             return;
         }
         self.begin = Begin::Owed;
         let mut ahead = bufpool::take();
         ahead.extend_from_slice(BEGIN_QUERY);
-        ahead.extend_from_slice(bytes);
-        bufpool::give(std::mem::replace(bytes, ahead));
+        ahead.extend_from_slice(&self.c2s);
+        bufpool::give(std::mem::replace(&mut self.c2s, ahead));
     }
 
     /// Cuts the answer to the `BEGIN` written ahead of the request from the server's

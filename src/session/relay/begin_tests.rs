@@ -102,12 +102,10 @@ fn a_plain_begin_alone_is_answered_only_when_the_client_would_wait() {
     // Answered: the next request carries a BEGIN ahead of it.
     r.s2c.clear();
     r.hold_begin();
-    let mut next = BytesMut::from(&msg(b'Q', b"SELECT 1\0")[..]);
-    r.put_begin_ahead(&mut next);
-    assert_eq!(
-        &next[..],
-        &[BEGIN_QUERY, &msg(b'Q', b"SELECT 1\0")].concat()[..]
-    );
+    r.c2s.extend_from_slice(&msg(b'Q', b"SELECT 1\0"));
+    r.put_begin_ahead();
+    let ahead = [BEGIN_QUERY, &msg(b'Q', b"SELECT 1\0")].concat();
+    assert_eq!(&r.c2s[..], &ahead[..]);
     assert_eq!(r.begin, Begin::Owed);
 
     let start = msg(b'Q', b" START TRANSACTION \0");

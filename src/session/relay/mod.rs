@@ -184,11 +184,7 @@ impl Relay {
             if let Err(e) = self.rewrite_pending(server) {
                 return e;
             }
-            if self.begin == begin::Begin::Held {
-                let mut bytes = std::mem::take(&mut self.c2s);
-                self.put_begin_ahead(&mut bytes);
-                self.c2s = bytes;
-            }
+            self.put_begin_ahead();
             // The request that made the client ask for a server goes out now, without
             // waiting a loop turn for writability.
             if let Err(e) = flush(&server.stream, &mut self.c2s) {

@@ -342,17 +342,13 @@ impl Relay {
         if self.c2s.is_empty() || self.terminated || self.desync {
             return Ok(None);
         }
-        let mut bytes = std::mem::take(&mut self.c2s);
-        if self.begin == super::begin::Begin::Held {
+        if self.begin_ahead() && self.prepared.as_ref().is_some_and(|p| !p.needs.is_empty()) {
             // Statements to prepare would go in front of the BEGIN written ahead:
             // such a request waits to be written by the relay, which orders them.
-            if self.prepared.as_ref().is_some_and(|p| !p.needs.is_empty()) {
-                self.c2s = bytes;
-                return Ok(None);
-            }
-            self.put_begin_ahead(&mut bytes);
+            return Ok(None);
         }
-        Ok(Some(bytes))
+        self.put_begin_ahead();
+        Ok(Some(std::mem::take(&mut self.c2s)))
     }
 
     /// Puts back what a pool's line did not write of the request
