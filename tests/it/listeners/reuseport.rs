@@ -10,13 +10,24 @@ fn logins(s: &Sluice) -> usize {
     s.log().matches("login attempt:").count()
 }
 
+/// Clients of [`two_processes_share_a_port`].
+const N: usize = 24;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_share_a_port() {
-    let a = md5_sluice().setting("so_reuseport", "1").start();
+    // Session pooling keeps a server per client: a pool as large as the clients, so
+    // that however the kernel spreads them, none waits (past the default 20, the
+    // 21st on one process waited out query_wait_timeout and failed).
+    let pool = N.to_string();
+    let a = md5_sluice()
+        .setting("so_reuseport", "1")
+        .setting("default_pool_size", &pool)
+        .start();
     let port = a.port().to_string();
     // Its own temp dir, so its own unix socket, pidfile and log.
     let b = md5_sluice()
         .setting("so_reuseport", "1")
+        .setting("default_pool_size", &pool)
         .setting("listen_port", &port)
         .start();
     // The port answered already (A): B is listening once its unix socket, bound after
@@ -30,7 +41,6 @@ async fn two_processes_share_a_port() {
 
     // Each connection comes from a new source port, so the kernel's choice is a fresh
     // draw: 24 all landing on one instance has odds of 2 in 16 million.
-    const N: usize = 24;
     let mut clients = Vec::new();
     for i in 0..N {
         let c = support::connect(&cfg_at("127.0.0.1", a.port())).await;
