@@ -29,6 +29,7 @@ mod socket;
 pub mod target;
 #[cfg(any(test, feature = "fuzzing"))]
 mod testing;
+mod txn_text;
 
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicU64;
@@ -43,13 +44,14 @@ pub use canceled::CancelAim;
 pub use delegate::Delegate;
 pub use error::PoolError;
 pub use line::Request;
-pub use pipeline::{begin_tag, ends_transaction};
+pub use pipeline::ends_transaction;
 pub use registry::{PoolKey, Pools};
 pub use server::{ScramKeys, ServerConn, ServerIdent};
 pub use server_tls::negotiate as negotiate_tls;
 pub(crate) use socket::{connect_ip, connect_to};
 use target::Reuse;
 pub use target::{PoolConfig, ServerAddr};
+pub use txn_text::{begin_of, end_tag, Modes};
 
 use crate::auth::Secret;
 use crate::clock::Tick;

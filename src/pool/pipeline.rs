@@ -46,6 +46,7 @@ use std::task::Waker;
 use bytes::BytesMut;
 
 use super::line::{Answer, Request, Waiter};
+use super::txn_text::{begin_of, end_tag, Modes};
 use super::{Grant, Pool, PoolState, ServerConn};
 use crate::clock::Tick;
 use crate::protocol::header::{
@@ -180,65 +181,22 @@ fn simple_select(req: &[u8]) -> bool {
 
 /// The text of `req` if it is one whole simple Query, bar spaces around it and one
 /// `;` after it.
-fn alone_text(req: &[u8]) -> Option<&[u8]> {
+pub(super) fn alone_text(req: &[u8]) -> Option<&[u8]> {
     let text = simple_text(req)?.trim_ascii();
     Some(text.strip_suffix(b";").unwrap_or(text).trim_ascii_end())
-}
-
-/// Whether `req` is one whole simple Query of `text` alone, bar case, spaces around
-/// it and one `;` (none inside).
-fn simple_alone(req: &[u8], words: &[&[u8]]) -> bool {
-    alone_text(req).is_some_and(|text| words.iter().any(|w| text.eq_ignore_ascii_case(w)))
 }
 
 /// Whether `req` is one simple Query of a plain `BEGIN`: it opens a transaction
 /// whatever the request before it did, so it may go behind another.
 fn simple_begin(req: &[u8]) -> bool {
-    begin_tag(req).is_some()
-}
-
-/// If `req` is one simple Query of a plain `BEGIN` (no options), the command tag
-/// PostgreSQL answers it with.
-pub fn begin_tag(req: &[u8]) -> Option<&'static [u8]> {
-    // Told apart from other requests by the third letter of the text, `g` or `a`
-    // (a text with spaces before it is looked at whole): this runs for every request
-    // a client sends while it holds no server.
-    let &[TAG_QUERY, _, _, _, _, first, _, third, ..] = req else {
-        return None;
-    };
-    if !matches!(third | 0x20, b'g' | b'a') && !first.is_ascii_whitespace() {
-        return None;
-    }
-    let text = alone_text(req)?;
-    let begin = [&b"begin"[..], b"begin transaction", b"begin work"];
-    if begin.iter().any(|w| text.eq_ignore_ascii_case(w)) {
-        Some(b"BEGIN")
-    } else if text.eq_ignore_ascii_case(b"start transaction") {
-        Some(b"START TRANSACTION")
-    } else {
-        None
-    }
+    begin_of(req).is_some_and(|(_, modes)| modes == Modes::PLAIN)
 }
 
 /// Whether `req` is one simple Query that ends the transaction its client is in,
 /// leaving the server idle whatever its outcome (a failed commit rolls back): a
 /// request of another client may be written behind it (`Pool::send_behind_end`).
 pub fn ends_transaction(req: &[u8]) -> bool {
-    simple_alone(
-        req,
-        &[
-            b"commit",
-            b"commit transaction",
-            b"commit work",
-            b"end",
-            b"end transaction",
-            b"end work",
-            b"rollback",
-            b"rollback transaction",
-            b"rollback work",
-            b"abort",
-        ],
-    )
+    end_tag(req).is_some()
 }
 
 /// Whether `req` is whole messages making one extended-protocol run of one `SELECT`

@@ -94,9 +94,9 @@ pub(crate) struct Session {
     log_pooler_errors: bool,
     /// Just logged in, no request yet (see [`super::relay::Parked::wait_idle`]).
     fresh: bool,
-    /// The client's `BEGIN` was answered by the pooler: one goes to the server ahead
-    /// of its next request (relay/begin.rs).
-    begun: bool,
+    /// The client's `BEGIN` was answered by the pooler: one with these modes goes to
+    /// the server ahead of its next request (relay/begin.rs).
+    begun: Option<crate::pool::Modes>,
     cancel_key: CancelKey,
     // The client counts out of max_client_conn once all else is gone but the relay's
     // memory (its server went back with `server`, above).

@@ -16,24 +16,32 @@
 
 use super::Relay;
 use crate::net::bufpool;
-use crate::pool::begin_tag;
+use crate::pool::{begin_of, end_tag, Modes};
 use crate::protocol::header::*;
 use crate::protocol::ProtocolError;
-
-/// The `BEGIN` written ahead of the client's next request.
-const BEGIN_QUERY: &[u8] = b"Q\0\0\0\x0aBEGIN\0";
 
 /// A held `BEGIN`'s standing in the relay.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Begin {
     #[default]
     No,
-    /// The client was answered; a `BEGIN` goes ahead of this request.
-    Held,
+    /// The client was answered; a `BEGIN` with these modes goes ahead of this
+    /// request.
+    Held(Modes),
     /// The `BEGIN` is in `c2s` (or written): its answer is cut from the server's bytes.
     Owed,
     /// Its CommandComplete was cut; its ReadyForQuery is next.
     Completed,
+}
+
+/// What [`Relay::take_plain_begin`] took and answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taken {
+    No,
+    /// A `BEGIN` with these modes: one goes ahead of the client's next request.
+    Begin(Modes),
+    /// The end of a held `BEGIN`'s transaction: nothing is owed any more.
+    End,
 }
 
 /// The most bytes held while the answer to the `BEGIN` is not whole: messages the
@@ -49,32 +57,48 @@ pub fn hold_begin_enabled() -> bool {
 }
 
 impl Relay {
-    /// If the client's pending bytes are one simple Query of a plain `BEGIN` and
-    /// nothing else, and `must_wait` (the client would wait for a server), takes them
-    /// and answers it in the server's stead: the answer waits in `s2c` for
-    /// [`Relay::try_pay_client`], and the query is counted as the server's answer
-    /// would have counted it. The caller then owes a `BEGIN` ahead of the client's
-    /// next request ([`Relay::hold_begin`]). Not with a timeout set that watches a
-    /// transaction or an idle client: those follow a server's state.
-    pub fn take_plain_begin(&mut self, must_wait: impl FnOnce() -> bool) -> bool {
+    /// If the client's pending bytes are one simple Query of a `BEGIN` the pooler may
+    /// answer ([`begin_of`]) and nothing else, and `must_wait` (the client would wait
+    /// for a server), takes them and answers it in the server's stead: the answer
+    /// waits in `s2c` for [`Relay::try_pay_client`], and the query is counted as the
+    /// server's answer would have counted it. The caller then owes a `BEGIN` ahead of
+    /// the client's next request ([`Relay::hold_begin`]). Not with a timeout set that
+    /// watches a transaction or an idle client: those follow a server's state.
+    ///
+    /// With `held` (a `BEGIN` answered so, and nothing sent since), takes instead a
+    /// `COMMIT` or `ROLLBACK` alone, at once: a transaction that ran nothing ends
+    /// the same either way, and no server need see it.
+    pub fn take_plain_begin(&mut self, held: bool, must_wait: impl FnOnce() -> bool) -> Taken {
         let request = self.prepared.as_ref().map_or(&self.c2s, |p| &p.input);
-        let Some(tag) = begin_tag(request) else {
-            return false;
+        let (tag, taken, status) = if held {
+            match end_tag(request) {
+                Some(tag) => (tag, Taken::End, b'I'),
+                None => return Taken::No,
+            }
+        } else {
+            let Some((tag, modes)) = begin_of(request) else {
+                return Taken::No;
+            };
+            let t = &self.timeouts;
+            let timed = !(t.query().is_zero()
+                && t.transaction().is_zero()
+                && t.idle_transaction().is_zero()
+                && t.client_idle().is_zero());
+            if timed {
+                return Taken::No;
+            }
+            (tag, Taken::Begin(modes), b'T')
         };
-        let t = &self.timeouts;
-        let timed = !(t.query().is_zero()
-            && t.transaction().is_zero()
-            && t.idle_transaction().is_zero()
-            && t.client_idle().is_zero());
         let busy = self.begin != Begin::No || self.terminated || self.no_simple_query;
-        if timed || busy || !self.s2c.is_empty() {
-            return false;
+        if busy || !self.s2c.is_empty() {
+            return Taken::No;
         }
         match self.prepared.as_mut() {
             // Not rewritten yet: the input is the client's bytes as they came.
             Some(p) => {
-                if !p.at_rest() || !must_wait() {
-                    return false;
+                // (A held `BEGIN`'s end is answered whether or not the client would wait.)
+                if !p.at_rest() || !(held || must_wait()) {
+                    return Taken::No;
                 }
                 p.input.clear();
             }
@@ -87,8 +111,8 @@ impl Relay {
                     && !self.copy.in_copy()
                     && !self.desync
                     && self.client_framer.at_boundary();
-                if !at_rest || !must_wait() {
-                    return false;
+                if !at_rest || !(held || must_wait()) {
+                    return Taken::No;
                 }
                 self.c2s.clear();
                 self.pending = 0;
@@ -102,15 +126,20 @@ impl Relay {
         self.s2c.extend_from_slice(&[TAG_COMMAND_COMPLETE]);
         self.s2c.extend_from_slice(&len.to_be_bytes());
         self.s2c.extend_from_slice(tag);
-        self.s2c.extend_from_slice(b"\0Z\0\0\0\x05T");
+        self.s2c
+            .extend_from_slice(&[0, TAG_READY_FOR_QUERY, 0, 0, 0, 5, status]);
         self.stats.counts.queries += 1;
-        true
+        if held {
+            // The held transaction, begun and ended: counted as a server's would be.
+            self.stats.counts.xacts += 1;
+        }
+        taken
     }
 
-    /// A `BEGIN` answered by [`Relay::take_plain_begin`] goes to the server ahead of
-    /// this request.
-    pub fn hold_begin(&mut self) {
-        self.begin = Begin::Held;
+    /// A `BEGIN` with `modes`, answered by [`Relay::take_plain_begin`], goes to the
+    /// server ahead of this request.
+    pub fn hold_begin(&mut self, modes: Modes) {
+        self.begin = Begin::Held(modes);
     }
 
     /// Whether a held `BEGIN` goes with this request: its answer must not reach the
@@ -121,12 +150,12 @@ impl Relay {
 
     /// Puts a held `BEGIN` in front of the request on its way to a server (`c2s`).
     pub(super) fn put_begin_ahead(&mut self) {
-        if self.begin != Begin::Held {
+        let Begin::Held(modes) = self.begin else {
             return;
-        }
+        };
         self.begin = Begin::Owed;
         let mut ahead = bufpool::take();
-        ahead.extend_from_slice(BEGIN_QUERY);
+        modes.write_query(&mut ahead);
         ahead.extend_from_slice(&self.c2s);
         bufpool::give(std::mem::replace(&mut self.c2s, ahead));
     }

@@ -90,43 +90,82 @@ fn with_request(bytes: &[u8]) -> Relay {
 }
 
 #[test]
-fn a_plain_begin_alone_is_answered_only_when_the_client_would_wait() {
+fn a_begin_alone_is_answered_only_when_the_client_would_wait() {
     let begin = msg(b'Q', b"begin;\0");
     let mut r = with_request(&begin);
-    assert!(!r.take_plain_begin(|| false), "a free server takes it");
+    assert_eq!(
+        r.take_plain_begin(false, || false),
+        Taken::No,
+        "a free server takes it"
+    );
     assert_eq!(&r.c2s[..], &begin[..]);
-    assert!(r.take_plain_begin(|| true));
+    assert_eq!(
+        r.take_plain_begin(false, || true),
+        Taken::Begin(Modes::PLAIN)
+    );
     assert!(r.c2s.is_empty() && r.pending == 0);
     assert_eq!(&r.s2c[..], &answer()[..]);
     assert_eq!(r.stats.counts.queries, 1);
     // Answered: the next request carries a BEGIN ahead of it.
     r.s2c.clear();
-    r.hold_begin();
+    r.hold_begin(Modes::PLAIN);
     r.c2s.extend_from_slice(&msg(b'Q', b"SELECT 1\0"));
     r.put_begin_ahead();
-    let ahead = [BEGIN_QUERY, &msg(b'Q', b"SELECT 1\0")].concat();
+    let ahead = [msg(b'Q', b"BEGIN\0"), msg(b'Q', b"SELECT 1\0")].concat();
     assert_eq!(&r.c2s[..], &ahead[..]);
     assert_eq!(r.begin, Begin::Owed);
 
-    let start = msg(b'Q', b" START TRANSACTION \0");
+    let start = msg(b'Q', b" START TRANSACTION READ ONLY \0");
     let mut r = with_request(&start);
-    assert!(r.take_plain_begin(|| true));
+    let Taken::Begin(modes) = r.take_plain_begin(false, || true) else {
+        panic!("not taken");
+    };
     let tag = [msg(b'C', b"START TRANSACTION\0"), msg(b'Z', b"T")].concat();
     assert_eq!(&r.s2c[..], &tag[..]);
+    // Its modes go with the BEGIN ahead of the next request.
+    r.s2c.clear();
+    r.hold_begin(modes);
+    r.c2s.extend_from_slice(&msg(b'Q', b"SELECT 1\0"));
+    r.put_begin_ahead();
+    let ahead = [msg(b'Q', b"BEGIN READ ONLY\0"), msg(b'Q', b"SELECT 1\0")].concat();
+    assert_eq!(&r.c2s[..], &ahead[..]);
 }
 
 #[test]
-fn anything_but_a_plain_begin_alone_goes_to_a_server() {
+fn the_end_of_a_held_transaction_is_answered_at_once() {
+    for (text, tag) in [
+        (&b"COMMIT\0"[..], &b"COMMIT\0"[..]),
+        (b"abort;\0", b"ROLLBACK\0"),
+    ] {
+        let mut r = with_request(&msg(b'Q', text));
+        // Only once a BEGIN was held; then whether a server is free does not matter.
+        assert_eq!(r.take_plain_begin(false, || true), Taken::No);
+        let free = || panic!("not asked");
+        assert_eq!(r.take_plain_begin(true, free), Taken::End);
+        assert!(r.c2s.is_empty() && r.pending == 0);
+        assert_eq!(&r.s2c[..], &[msg(b'C', tag), msg(b'Z', b"I")].concat()[..]);
+        assert_eq!((r.stats.counts.queries, r.stats.counts.xacts), (1, 1));
+    }
+    // Anything else goes to a server, the BEGIN ahead of it (a second BEGIN too).
+    for text in [&b"BEGIN\0"[..], b"SELECT 1\0", b"COMMIT; SELECT 1\0"] {
+        let mut r = with_request(&msg(b'Q', text));
+        assert_eq!(r.take_plain_begin(true, || true), Taken::No, "{text:?}");
+    }
+}
+
+#[test]
+fn anything_but_a_begin_alone_goes_to_a_server() {
     let begin = msg(b'Q', b"BEGIN\0");
     for request in [
         msg(b'Q', b"BEGIN ISOLATION LEVEL SERIALIZABLE\0"),
+        msg(b'Q', b"BEGIN READ WRITE\0"),
         msg(b'Q', b"BEGIN; SELECT 1\0"),
         msg(b'Q', b"SELECT 1\0"),
         [begin.clone(), msg(b'Q', b"SELECT 1\0")].concat(),
         begin[..begin.len() - 1].to_vec(),
     ] {
         let mut r = with_request(&request);
-        assert!(!r.take_plain_begin(|| true), "{request:?}");
+        assert_eq!(r.take_plain_begin(false, || true), Taken::No, "{request:?}");
         assert_eq!(&r.c2s[..], &request[..]);
     }
 }

@@ -26,7 +26,7 @@ pub use timing::Timeouts;
 mod unlinked;
 mod wake;
 
-pub use begin::hold_begin_enabled;
+pub use begin::{hold_begin_enabled, Taken};
 pub use outcome::{Outcome, ReleaseAt};
 pub use parked::{Idle, Parked, RelaySlot, FRESH_SLEEP};
 pub use prepared::ClientPrepared;

@@ -92,7 +92,7 @@ impl Session {
             replication,
             release_at,
             fresh: true,
-            begun: false,
+            begun: None,
             slot: r.slot,
         };
         (Box::new(s), greeting)

@@ -13,9 +13,9 @@ use super::pipelined::{counter, sluice};
 use super::pipelined_drivers::Bench;
 use super::pipelined_end::OWN_TRANSACTION;
 use super::prepared_line::{bind_run_of, one_statement_server, prepare};
-use crate::support::free_port;
 use crate::support::probe::within;
 use crate::support::wire::{first_error, query_msg, RawMsg, TAG_READY};
+use crate::support::{free_port, Sluice};
 
 /// How long an answer Sluice gives itself may take: far less than the holder's
 /// transaction, which never ends before the test says.
@@ -57,10 +57,31 @@ async fn release(holder: &Client) {
         .expect("commit");
 }
 
+/// One server for a fresh database holding a table `t (column)`: Sluice (its
+/// metrics on `mport`), a client to hold the server with, and a raw client.
+async fn with_table(prefix: &str, mport: u16, column: &str) -> (Sluice, Client, RawClient) {
+    let db = fresh_db(prefix);
+    let s = sluice(&db, mport);
+    let holder = client(&s, &db).await;
+    let sql = format!("CREATE TABLE t ({column})");
+    within(STEP, "table", holder.batch_execute(&sql))
+        .await
+        .expect("table");
+    let b = raw(&s, &db, &[]).await;
+    (s, holder, b)
+}
+
+/// `c` sends `begin` and is answered at once with `tag`, in a transaction.
+async fn answered_at_once(c: &mut RawClient, begin: &str, tag: &str) {
+    c.send(&query_msg(begin)).await.expect("send");
+    let msgs = c.until_ready(AT_ONCE).await;
+    let want = (vec![tag.to_string()], b'T');
+    assert_eq!(tags(&msgs), want, "{begin}: {msgs:?}");
+}
+
 /// `c` sends a plain BEGIN and is answered at once, in a transaction.
 async fn begin_at_once(c: &mut RawClient) {
-    c.send(&query_msg("BEGIN")).await.expect("send");
-    assert_eq!(status(&c.until_ready(AT_ONCE).await), b'T');
+    answered_at_once(c, "BEGIN", "BEGIN").await;
 }
 
 /// Queries and transactions counted so far on `/metrics` at `port`.
@@ -73,18 +94,8 @@ fn counted(port: u16) -> (u64, u64) {
 
 #[tokio::test]
 async fn a_begin_while_the_server_is_busy_is_answered_at_once_and_the_transaction_is_real() {
-    let db = fresh_db("txn_held_begin");
     let mport = free_port();
-    let s = sluice(&db, mport);
-    let holder = client(&s, &db).await;
-    within(
-        STEP,
-        "table",
-        holder.batch_execute("CREATE TABLE t (tag text)"),
-    )
-    .await
-    .expect("table");
-    let mut b = raw(&s, &db, &[]).await;
+    let (_s, holder, mut b) = with_table("txn_held_begin", mport, "tag text").await;
     let rounds = [
         ("BEGIN", "BEGIN"),
         ("start transaction;", "START TRANSACTION"),
@@ -100,13 +111,7 @@ async fn a_begin_while_the_server_is_busy_is_answered_at_once_and_the_transactio
         .await
         .expect("insert");
         let (queries, xacts) = counted(mport);
-        b.send(&query_msg(begin)).await.expect("send");
-        let msgs = b.until_ready(AT_ONCE).await;
-        assert_eq!(
-            tags(&msgs),
-            (vec![tag.to_string()], b'T'),
-            "{begin}: {msgs:?}"
-        );
+        answered_at_once(&mut b, begin, tag).await;
         // Counted as a query, as the server's answer would have been.
         within(STEP, "the held BEGIN counted", async {
             while counted(mport).0 < queries + 1 {
@@ -153,18 +158,34 @@ async fn a_begin_while_the_server_is_busy_is_answered_at_once_and_the_transactio
 #[tokio::test]
 async fn a_client_that_leaves_or_commits_after_a_held_begin_costs_no_server() {
     let db = fresh_db("txn_held_begin_leave");
-    let s = sluice(&db, free_port());
+    let mport = free_port();
+    let s = sluice(&db, mport);
     let holder = client(&s, &db).await;
     hold(&holder).await;
     let mut gone = raw(&s, &db, &[]).await;
     begin_at_once(&mut gone).await;
     drop(gone);
     let mut b = raw(&s, &db, &[]).await;
-    begin_at_once(&mut b).await;
-    b.send(&query_msg("COMMIT")).await.expect("send");
+    // A transaction that ran nothing ends at once too: no server need see it.
+    let (queries, xacts) = counted(mport);
+    for (end, tag) in [("COMMIT", "COMMIT"), ("abort;", "ROLLBACK")] {
+        begin_at_once(&mut b).await;
+        b.send(&query_msg(end)).await.expect("send");
+        let msgs = b.until_ready(AT_ONCE).await;
+        assert_eq!(tags(&msgs), (vec![tag.to_string()], b'I'), "{msgs:?}");
+    }
+    // Counted as a server's answers would be: two transactions of two queries.
+    within(STEP, "the held transactions counted", async {
+        loop {
+            let (q, x) = counted(mport);
+            if q >= queries + 4 && x >= xacts + 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
     release(&holder).await;
-    let msgs = b.until_ready(STEP).await;
-    assert_eq!(tags(&msgs), (vec!["COMMIT".to_string()], b'I'), "{msgs:?}");
     // The one server is free again: each of them gets it.
     assert_eq!(run(&mut b, "SELECT 'b'", b'I').await, vec!["b"]);
     assert_eq!(one(&holder, "SELECT 'holder'").await, "holder");
@@ -180,6 +201,57 @@ async fn a_client_that_leaves_or_commits_after_a_held_begin_costs_no_server() {
     assert!(warned, "{msgs:?}");
     assert_eq!(tags(&msgs), (vec!["BEGIN".to_string()], b'T'), "{msgs:?}");
     assert!(!msgs.iter().any(|m| m.tag == TAG_READY && m.body != b"T"));
+    run(&mut b, "COMMIT", b'I').await;
+}
+
+/// A `BEGIN` with modes no server refuses is held too, and its transaction has
+/// them; one a standby would refuse (`SERIALIZABLE`) waits for a server as before.
+#[tokio::test]
+async fn a_begin_with_modes_is_held_with_them_and_a_serializable_one_waits() {
+    let (_s, holder, mut b) = with_table("txn_held_begin_modes", free_port(), "n int").await;
+    let settings = "SELECT current_setting('transaction_isolation') || ' ' || \
+                    current_setting('transaction_read_only') || ' ' || \
+                    current_setting('transaction_deferrable')";
+    for (begin, tag, want) in [
+        (
+            "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY",
+            "BEGIN",
+            "repeatable read on off",
+        ),
+        (
+            "start transaction read only deferrable isolation level read committed;",
+            "START TRANSACTION",
+            "read committed on on",
+        ),
+    ] {
+        hold(&holder).await;
+        answered_at_once(&mut b, begin, tag).await;
+        b.send(&query_msg(settings)).await.expect("send");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        release(&holder).await;
+        let msgs = b.until_ready(STEP).await;
+        assert_eq!(col(&msgs), vec![want.to_string()], "{begin}: {msgs:?}");
+        // Read only: a write fails, as in the transaction the client asked for.
+        b.send(&query_msg("INSERT INTO t VALUES (1)"))
+            .await
+            .expect("send");
+        let msgs = b.until_ready(STEP).await;
+        let code = first_error(&msgs).and_then(|e| e.field(b'C'));
+        assert_eq!(code.as_deref(), Some("25006"), "{begin}: {msgs:?}");
+        run(&mut b, "ROLLBACK", b'I').await;
+    }
+    // SERIALIZABLE, which a hot standby refuses, waits for the server that runs it.
+    hold(&holder).await;
+    b.send(&query_msg("BEGIN ISOLATION LEVEL SERIALIZABLE"))
+        .await
+        .expect("send");
+    let early = b.try_recv(Duration::from_millis(300)).await;
+    assert!(early.is_err(), "answered without a server: {early:?}");
+    release(&holder).await;
+    let msgs = b.until_ready(STEP).await;
+    assert_eq!(tags(&msgs), (vec!["BEGIN".to_string()], b'T'), "{msgs:?}");
+    let level = "SELECT current_setting('transaction_isolation')";
+    assert_eq!(run(&mut b, level, b'T').await, vec!["serializable"]);
     run(&mut b, "COMMIT", b'I').await;
 }
 
