@@ -291,3 +291,43 @@ fn pgbench_transactions_with_held_begins_get_their_own_answers() {
         b.run("own_tx.sql", OWN_TRANSACTION, mode, 16, 200);
     }
 }
+
+/// Clients asleep (session/keeper.rs), by SHOW MEM.
+fn asleep(s: &Sluice) -> u64 {
+    crate::admin::psql_ok(s, "SHOW MEM")
+        .cell("name", "asleep_client_cache", "used")
+        .and_then(|v| v.parse().ok())
+        .expect("SHOW MEM lists asleep_client_cache")
+}
+
+/// A client that sleeps after its held `BEGIN`, giving up its task, keeps it: its
+/// next statement runs in the transaction, and a `COMMIT` is still answered at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_begin_outlives_its_client_sleeping() {
+    let (s, holder, mut b) = with_table("txn_held_begin_sleep", free_port(), "n int").await;
+    let slept = |s: &Sluice| {
+        let ok = crate::support::wait_until(Duration::from_secs(15), || asleep(s) == 1);
+        assert!(ok, "the client with a held BEGIN did not sleep");
+    };
+    hold(&holder).await;
+    begin_at_once(&mut b).await;
+    slept(&s);
+    b.send(&query_msg("INSERT INTO t VALUES (1)"))
+        .await
+        .expect("send");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    release(&holder).await;
+    let msgs = b.until_ready(STEP).await;
+    assert!(first_error(&msgs).is_none(), "{msgs:?}");
+    assert_eq!(status(&msgs), b'T', "not in the held transaction: {msgs:?}");
+    run(&mut b, "ROLLBACK", b'I').await;
+    assert_eq!(one(&holder, "SELECT count(*) FROM t").await, "0");
+    hold(&holder).await;
+    begin_at_once(&mut b).await;
+    slept(&s);
+    b.send(&query_msg("COMMIT")).await.expect("send");
+    let msgs = b.until_ready(AT_ONCE).await;
+    assert_eq!(tags(&msgs), (vec!["COMMIT".to_string()], b'I'), "{msgs:?}");
+    release(&holder).await;
+    assert_eq!(run(&mut b, "SELECT 'b'", b'I').await, vec!["b"]);
+}
