@@ -1,18 +1,21 @@
-//! A plain `BEGIN` from a client that holds no server and would wait for one
-//! (transaction pooling), answered by the pooler and written to a server ahead of the
-//! client's next request.
+//! A `BEGIN` from a client that holds no server and would wait for one (transaction
+//! pooling), answered by the pooler and written to a server ahead of the client's
+//! next request.
 //!
 //! Through a transaction pooler a `BEGIN` costs a round trip through the client
 //! while a server is held: the server answers it, the answer goes to the client, and
-//! the server waits idle until the client's first statement comes back. A plain
-//! `BEGIN` on an idle server always succeeds and takes no snapshot, so when every
-//! server is busy the pooler answers it itself (CommandComplete, ReadyForQuery `T`:
-//! what PostgreSQL sends), and writes a `BEGIN` of its own in front of the client's
-//! next request, once a server is linked or handed over; the server's answer to that
+//! the server waits idle until the client's first statement comes back. A `BEGIN` on
+//! an idle server takes no snapshot and, plain or with modes no server refuses
+//! (`pool/txn_text.rs`), always succeeds, so when every server is busy the pooler
+//! answers it itself (CommandComplete, ReadyForQuery `T`: what PostgreSQL sends), and
+//! writes a `BEGIN` of its own with the same modes in front of the client's next
+//! request, once a server is linked or handed over; the server's answer to that
 //! `BEGIN` is cut from the front of the server's bytes before anything else follows
 //! them ([`Relay::strip_begin`]). The transaction then holds its server from its
 //! first statement, and the client waits in line with that statement instead. With a
-//! server free, the `BEGIN` goes to it as before: nothing is gained by holding it.
+//! server free, the `BEGIN` goes to it as before: nothing is gained by holding it. A
+//! `COMMIT` or `ROLLBACK` right after a held `BEGIN` is answered too: the transaction
+//! ran nothing, and no server need see it.
 
 use super::Relay;
 use crate::net::bufpool;
@@ -165,7 +168,7 @@ impl Relay {
     /// may come after messages the server sends on its own (ParameterStatus, a notice
     /// or a notification, left where they are). `Ok(false)`: the answer is not
     /// whole yet, and the bytes wait in `begin_head` for the next read. Anything
-    /// else in its place is an error: a plain `BEGIN` on an idle server does not
+    /// else in its place is an error: such a `BEGIN` on an idle server does not
     /// fail, and the client was told it succeeded.
     pub(super) fn strip_begin(&mut self, start: usize) -> Result<bool, ProtocolError> {
         const BAD: ProtocolError = ProtocolError::Malformed("answer to the pooler's BEGIN");
