@@ -7,6 +7,8 @@
 //! any other shape is left for the server to read, as is a mode a server may refuse:
 //! `ISOLATION LEVEL SERIALIZABLE` and `READ WRITE` fail on a hot standby.
 
+use std::num::NonZeroU8;
+
 use bytes::BytesMut;
 
 use super::pipeline::alone_text;
@@ -14,9 +16,10 @@ use crate::protocol::header::TAG_QUERY;
 
 /// The transaction modes of a `BEGIN` that no server refuses: an isolation level
 /// other than `SERIALIZABLE`, `READ ONLY`, `DEFERRABLE` or `NOT DEFERRABLE`, each at
-/// most once. One byte, kept by a client whose `BEGIN` was answered.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Modes(u8);
+/// most once. Kept by a client whose `BEGIN` was answered: never zero, so that an
+/// `Option<Modes>` is one byte too, and an idle client no larger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Modes(NonZeroU8);
 
 impl Modes {
     /// The isolation level: 0 none given, then READ COMMITTED, REPEATABLE READ and
@@ -25,28 +28,41 @@ impl Modes {
     const READ_ONLY: u8 = 0b100;
     const DEFERRABLE: u8 = 0b1000;
     const NOT_DEFERRABLE: u8 = 0b1_0000;
+    /// Set in every value.
+    const SET: u8 = 0b1000_0000;
 
     /// A plain `BEGIN`, with no modes.
-    pub const PLAIN: Modes = Modes(0);
+    pub const PLAIN: Modes = Modes::new(0);
+
+    const fn new(bits: u8) -> Modes {
+        match NonZeroU8::new(bits | Self::SET) {
+            Some(v) => Modes(v),
+            None => unreachable!(),
+        }
+    }
+
+    fn bits(self) -> u8 {
+        self.0.get()
+    }
 
     /// Appends the simple Query of a `BEGIN` with these modes to `out`: its answer is
     /// CommandComplete `BEGIN`, then ReadyForQuery `T`.
     pub fn write_query(self, out: &mut BytesMut) {
         let at = out.len();
         out.extend_from_slice(b"Q\0\0\0\0BEGIN");
-        out.extend_from_slice(match self.0 & Self::ISOLATION {
+        out.extend_from_slice(match self.bits() & Self::ISOLATION {
             1 => b" ISOLATION LEVEL READ COMMITTED",
             2 => b" ISOLATION LEVEL REPEATABLE READ",
             3 => &b" ISOLATION LEVEL READ UNCOMMITTED"[..],
             _ => b"",
         });
-        if self.0 & Self::READ_ONLY != 0 {
+        if self.bits() & Self::READ_ONLY != 0 {
             out.extend_from_slice(b" READ ONLY");
         }
-        if self.0 & Self::DEFERRABLE != 0 {
+        if self.bits() & Self::DEFERRABLE != 0 {
             out.extend_from_slice(b" DEFERRABLE");
         }
-        if self.0 & Self::NOT_DEFERRABLE != 0 {
+        if self.bits() & Self::NOT_DEFERRABLE != 0 {
             out.extend_from_slice(b" NOT DEFERRABLE");
         }
         out.extend_from_slice(&[0]);
@@ -128,7 +144,7 @@ pub fn begin_of(req: &[u8]) -> Option<(&'static [u8], Modes)> {
         modes |= mode;
         i += used;
     }
-    Some((tag, Modes(modes)))
+    Some((tag, Modes::new(modes)))
 }
 
 /// Splits `text` into words of ASCII letters and commas, into `out`; `None` if it

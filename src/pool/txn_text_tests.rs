@@ -125,3 +125,9 @@ fn the_end_of_a_transaction_is_answered_with_its_tag() {
         assert_eq!(end_tag(&q(no)), None, "{no:?}");
     }
 }
+
+#[test]
+fn a_clients_held_modes_take_one_byte() {
+    // Every idle client keeps an `Option<Modes>` (session/run.rs).
+    assert_eq!(std::mem::size_of::<Option<Modes>>(), 1);
+}
