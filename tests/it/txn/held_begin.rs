@@ -331,3 +331,39 @@ async fn a_held_begin_outlives_its_client_sleeping() {
     release(&holder).await;
     assert_eq!(run(&mut b, "SELECT 'b'", b'I').await, vec!["b"]);
 }
+
+/// tokio-postgres's transaction builder (`START TRANSACTION ISOLATION LEVEL
+/// REPEATABLE READ, READ ONLY, DEFERRABLE`): begun at once while the one server is
+/// busy, and its statements run in a transaction with those modes.
+#[tokio::test]
+async fn a_drivers_transaction_with_modes_begins_at_once() {
+    use tokio_postgres::IsolationLevel;
+    let db = fresh_db("txn_held_begin_driver");
+    let s = sluice(&db, free_port());
+    let holder = client(&s, &db).await;
+    let mut c = client(&s, &db).await;
+    hold(&holder).await;
+    let builder = c
+        .build_transaction()
+        .isolation_level(IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .deferrable(true);
+    let tx = within(AT_ONCE, "start", builder.start())
+        .await
+        .expect("start");
+    let settings = tx.query_one(
+        "SELECT current_setting('transaction_isolation'), \
+         current_setting('transaction_read_only'), \
+         current_setting('transaction_deferrable')",
+        &[],
+    );
+    let (row, ()) = tokio::join!(settings, async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        release(&holder).await;
+    });
+    let row = row.expect("settings");
+    let got: (String, String, String) = (row.get(0), row.get(1), row.get(2));
+    let want = ("repeatable read", "on", "on");
+    assert_eq!((got.0.as_str(), got.1.as_str(), got.2.as_str()), want);
+    within(STEP, "commit", tx.commit()).await.expect("commit");
+}
