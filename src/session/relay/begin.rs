@@ -37,7 +37,7 @@ pub(super) enum Begin {
     Completed,
 }
 
-/// What [`Relay::take_plain_begin`] took and answered.
+/// What [`Relay::take_begin`] took and answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Taken {
     No,
@@ -71,7 +71,7 @@ impl Relay {
     /// With `held` (a `BEGIN` answered so, and nothing sent since), takes instead a
     /// `COMMIT` or `ROLLBACK` alone, at once: a transaction that ran nothing ends
     /// the same either way, and no server need see it.
-    pub fn take_plain_begin(&mut self, held: bool, must_wait: impl FnOnce() -> bool) -> Taken {
+    pub fn take_begin(&mut self, held: bool, must_wait: impl FnOnce() -> bool) -> Taken {
         let request = self.prepared.as_ref().map_or(&self.c2s, |p| &p.input);
         let (tag, taken, status) = if held {
             match end_tag(request) {
@@ -139,7 +139,7 @@ impl Relay {
         taken
     }
 
-    /// A `BEGIN` with `modes`, answered by [`Relay::take_plain_begin`], goes to the
+    /// A `BEGIN` with `modes`, answered by [`Relay::take_begin`], goes to the
     /// server ahead of this request.
     pub fn hold_begin(&mut self, modes: Modes) {
         self.begin = Begin::Held(modes);

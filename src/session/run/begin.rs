@@ -16,11 +16,7 @@ impl Session {
             return false;
         }
         let pool = &self.pool;
-        match self
-            .relay
-            .get()
-            .take_plain_begin(held, || pool.would_wait())
-        {
+        match self.relay.get().take_begin(held, || pool.would_wait()) {
             Taken::No => return false,
             Taken::Begin(modes) => self.begun = Some(modes),
             Taken::End => self.begun = None,
