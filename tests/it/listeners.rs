@@ -7,6 +7,7 @@ mod open_files;
 mod reuseport;
 mod tcp_options;
 
+use crate::support::wire::{first_error, RawClient};
 use crate::support::{self, run_bounded, wait_until, Sluice, SluiceBuilder};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -356,9 +357,11 @@ fn live_socket_of_another_instance_is_not_stolen() {
 }
 
 /// The `tr` (timer) field of Sluice's side of each established TCP connection on
-/// `port`, from /proc/net/tcp{,6}: `02` means a keepalive timer runs.
-fn server_side_timers(port: u16) -> Vec<String> {
-    let needle = format!(":{port:04X}");
+/// `port` from the client's `peer_port`, from /proc/net/tcp{,6}: `02` means a
+/// keepalive timer runs. (By both ports: other tests' sockets may show the same
+/// local port, as an outgoing connection's, and once did.)
+fn server_side_timers(port: u16, peer_port: u16) -> Vec<String> {
+    let (local, remote) = (format!(":{port:04X}"), format!(":{peer_port:04X}"));
     let mut out = Vec::new();
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
         for line in support::read_lossy(std::path::Path::new(table))
@@ -366,7 +369,7 @@ fn server_side_timers(port: u16) -> Vec<String> {
             .skip(1)
         {
             let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() > 5 && f[1].ends_with(&needle) && f[3] == "01" {
+            if f.len() > 5 && f[1].ends_with(&local) && f[2].ends_with(&remote) && f[3] == "01" {
                 out.push(f[5].split(':').next().unwrap_or_default().to_string());
             }
         }
@@ -379,21 +382,36 @@ async fn keepalive_timers(setting: &str) -> Vec<String> {
     client_keepalive_timers(&s).await
 }
 
+/// A raw client of `s` as the md5 test user, logged in to the test database.
+async fn raw_login(s: &Sluice) -> RawClient {
+    RawClient::login(
+        s.port(),
+        support::MD5_USER,
+        support::MD5_PASSWORD,
+        support::TEST_DB,
+        &[],
+    )
+    .await
+    .unwrap_or_else(|e| panic!("login: {e}\n{}", s.diagnostics()))
+}
+
 /// The timers of Sluice's side of one new client connection (closed after).
 async fn client_keepalive_timers(s: &support::Sluice) -> Vec<String> {
-    let c = support::connect(&cfg_at("127.0.0.1", s.port())).await;
-    select(&c, 1).await;
+    let mut c = raw_login(s).await;
+    let msgs = c.simple("SELECT 1", Duration::from_secs(10)).await;
+    assert!(first_error(&msgs).is_none(), "{msgs:?}");
+    let peer = c.local_port;
     // Right after a reply the retransmit timer (01) runs until the client's delayed
     // ACK arrives; only then does the idle socket show its keepalive state.
     let mut timers = Vec::new();
     wait_until(Duration::from_secs(3), || {
-        timers = server_side_timers(s.port());
+        timers = server_side_timers(s.port(), peer);
         !timers.is_empty() && timers.iter().all(|t| t != "01")
     });
     drop(c);
     // Gone from the table before the next client comes.
     wait_until(Duration::from_secs(3), || {
-        server_side_timers(s.port()).is_empty()
+        server_side_timers(s.port(), peer).is_empty()
     });
     timers
 }

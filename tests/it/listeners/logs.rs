@@ -1,7 +1,7 @@
 //! PgBouncer's log lines for client and server connections (`log_connections`,
 //! `log_disconnections`).
 
-use super::{connect_when_room, md5_sluice, select};
+use super::{connect_when_room, md5_sluice, raw_login, select};
 use crate::support::{self, wait_until, Sluice};
 use std::time::Duration;
 
@@ -11,19 +11,6 @@ fn log_lines(s: &Sluice, needle: &str) -> Vec<String> {
         .filter(|l| l.contains(needle))
         .map(str::to_string)
         .collect()
-}
-
-/// A raw client of `s` as the md5 test user, logged in to the test database.
-async fn raw_login(s: &Sluice) -> crate::support::wire::RawClient {
-    crate::support::wire::RawClient::login(
-        s.port(),
-        support::MD5_USER,
-        support::MD5_PASSWORD,
-        support::TEST_DB,
-        &[],
-    )
-    .await
-    .unwrap_or_else(|e| panic!("login: {e}\n{}", s.diagnostics()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
