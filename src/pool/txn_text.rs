@@ -37,7 +37,8 @@ impl Modes {
     const fn new(bits: u8) -> Modes {
         match NonZeroU8::new(bits | Self::SET) {
             Some(v) => Modes(v),
-            None => unreachable!(),
+            // (Never: `SET` is in every value.)
+            None => Modes(NonZeroU8::MIN),
         }
     }
 
