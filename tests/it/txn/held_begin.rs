@@ -57,6 +57,15 @@ async fn release(holder: &Client) {
         .expect("commit");
 }
 
+/// `c` sends `request`, which waits in line for the server `holder` holds; then
+/// `holder` releases it, and `c`'s answer is read.
+async fn answered_after_release(c: &mut RawClient, request: &[u8], holder: &Client) -> Vec<RawMsg> {
+    c.send(request).await.expect("send");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    release(holder).await;
+    c.until_ready(STEP).await
+}
+
 /// One server for a fresh database holding a table `t (column)`: Sluice (its
 /// metrics on `mport`), a client to hold the server with, and a raw client.
 async fn with_table(prefix: &str, mport: u16, column: &str) -> (Sluice, Client, RawClient) {
@@ -119,13 +128,9 @@ async fn a_begin_while_the_server_is_busy_is_answered_at_once_and_the_transactio
             }
         })
         .await;
-        b.send(&query_msg("SELECT count(*) FROM t"))
-            .await
-            .expect("send");
         // It waits for the server, then runs after the holder's commit: it sees it.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        release(&holder).await;
-        let msgs = b.until_ready(STEP).await;
+        let count = query_msg("SELECT count(*) FROM t");
+        let msgs = answered_after_release(&mut b, &count, &holder).await;
         assert_eq!(status(&msgs), b'T', "{msgs:?}");
         // (The holder's rows, one a round: b holds the one server now.)
         let before = (round + 1).to_string();
@@ -226,10 +231,7 @@ async fn a_begin_with_modes_is_held_with_them_and_a_serializable_one_waits() {
     ] {
         hold(&holder).await;
         answered_at_once(&mut b, begin, tag).await;
-        b.send(&query_msg(settings)).await.expect("send");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        release(&holder).await;
-        let msgs = b.until_ready(STEP).await;
+        let msgs = answered_after_release(&mut b, &query_msg(settings), &holder).await;
         assert_eq!(col(&msgs), vec![want.to_string()], "{begin}: {msgs:?}");
         // Read only: a write fails, as in the transaction the client asked for.
         b.send(&query_msg("INSERT INTO t VALUES (1)"))
@@ -267,10 +269,7 @@ async fn a_held_begin_goes_ahead_of_the_parse_of_a_statement_the_server_lacks() 
         hold(&holder).await;
         begin_at_once(&mut a).await;
         let param = round.to_string();
-        a.send(&bind_run_of("S_a", &[&param])).await.expect("send");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        release(&holder).await;
-        let msgs = a.until_ready(STEP).await;
+        let msgs = answered_after_release(&mut a, &bind_run_of("S_a", &[&param]), &holder).await;
         assert!(first_error(&msgs).is_none(), "{msgs:?}");
         assert_eq!(col(&msgs), vec![format!("a:{round}")]);
         assert_eq!(status(&msgs), b'T', "still in its transaction");
@@ -312,12 +311,8 @@ async fn a_held_begin_outlives_its_client_sleeping() {
     hold(&holder).await;
     begin_at_once(&mut b).await;
     slept(&s);
-    b.send(&query_msg("INSERT INTO t VALUES (1)"))
-        .await
-        .expect("send");
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    release(&holder).await;
-    let msgs = b.until_ready(STEP).await;
+    let insert = query_msg("INSERT INTO t VALUES (1)");
+    let msgs = answered_after_release(&mut b, &insert, &holder).await;
     assert!(first_error(&msgs).is_none(), "{msgs:?}");
     assert_eq!(status(&msgs), b'T', "not in the held transaction: {msgs:?}");
     run(&mut b, "ROLLBACK", b'I').await;
