@@ -51,7 +51,7 @@ pub use server_tls::negotiate as negotiate_tls;
 pub(crate) use socket::{connect_ip, connect_to};
 use target::Reuse;
 pub use target::{PoolConfig, ServerAddr};
-pub use txn_text::{begin_of, end_tag, Modes};
+pub use txn_text::{begin_of, end_tag, set_transaction_of, Modes};
 
 use crate::auth::Secret;
 use crate::clock::Tick;

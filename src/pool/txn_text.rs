@@ -46,6 +46,20 @@ impl Modes {
         self.0.get()
     }
 
+    /// These modes with the kinds named in `set` (bits from `modes_of`) replaced by
+    /// its own: a later `SET TRANSACTION` wins, kind by kind.
+    fn with(self, set: u8) -> Modes {
+        let deferrable = Self::DEFERRABLE | Self::NOT_DEFERRABLE;
+        let mut bits = self.bits();
+        if set & Self::ISOLATION != 0 {
+            bits &= !Self::ISOLATION;
+        }
+        if set & deferrable != 0 {
+            bits &= !deferrable;
+        }
+        Modes::new(bits | set)
+    }
+
     /// Appends the simple Query of a `BEGIN` with these modes to `out`: its answer is
     /// CommandComplete `BEGIN`, then ReadyForQuery `T`.
     pub fn write_query(self, out: &mut BytesMut) {
@@ -89,7 +103,7 @@ pub fn begin_of(req: &[u8]) -> Option<(&'static [u8], Modes)> {
     let n = split_words(alone_text(req)?, &mut words)?;
     let words = &words[..n];
     let is = |i: usize, w: &[u8]| words.get(i).is_some_and(|x| x.eq_ignore_ascii_case(w));
-    let (tag, mut i): (&'static [u8], usize) = if is(0, b"begin") {
+    let (tag, i): (&'static [u8], usize) = if is(0, b"begin") {
         (
             b"BEGIN",
             if is(1, b"transaction") || is(1, b"work") {
@@ -103,7 +117,29 @@ pub fn begin_of(req: &[u8]) -> Option<(&'static [u8], Modes)> {
     } else {
         return None;
     };
-    let start = i;
+    Some((tag, Modes::new(modes_of(words, i)?)))
+}
+
+/// If `req` is one simple Query of `SET TRANSACTION` alone, with modes no server
+/// refuses: `modes` with those it names in their place, as PostgreSQL leaves a
+/// transaction that has run nothing yet. Answered `SET`.
+pub fn set_transaction_of(req: &[u8], modes: Modes) -> Option<Modes> {
+    let mut words = [&b""[..]; 16];
+    let n = split_words(alone_text(req)?, &mut words)?;
+    let words = &words[..n];
+    let is = |i: usize, w: &[u8]| words.get(i).is_some_and(|x| x.eq_ignore_ascii_case(w));
+    // Not `SET TRANSACTION` alone, which PostgreSQL refuses.
+    if !(is(0, b"set") && is(1, b"transaction")) || n == 2 {
+        return None;
+    }
+    Some(modes.with(modes_of(words, 2)?))
+}
+
+/// The modes in `words[i..]` ([`Modes`] bits), each at most once, separated by
+/// spaces or commas; `None` if anything else is there.
+fn modes_of(words: &[&[u8]], mut i: usize) -> Option<u8> {
+    let is = |i: usize, w: &[u8]| words.get(i).is_some_and(|x| x.eq_ignore_ascii_case(w));
+    let (start, n) = (i, words.len());
     let mut modes = 0u8;
     while i < n {
         // Modes may be separated by commas, not led or ended by one.
@@ -145,7 +181,7 @@ pub fn begin_of(req: &[u8]) -> Option<(&'static [u8], Modes)> {
         modes |= mode;
         i += used;
     }
-    Some((tag, Modes::new(modes)))
+    Some(modes)
 }
 
 /// Splits `text` into words of ASCII letters and commas, into `out`; `None` if it

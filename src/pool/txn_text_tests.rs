@@ -1,7 +1,7 @@
 //! Unit tests of txn_text.rs: which `BEGIN`s the pooler may answer, with which tag
 //! and modes, and the query it sends for them.
 
-use super::{begin_of, end_tag, Modes};
+use super::{begin_of, end_tag, set_transaction_of, Modes};
 use crate::hostile::msg;
 
 fn q(text: &str) -> Vec<u8> {
@@ -130,4 +130,51 @@ fn the_end_of_a_transaction_is_answered_with_its_tag() {
 fn a_clients_held_modes_take_one_byte() {
     // Every idle client keeps an `Option<Modes>` (session/run.rs).
     assert_eq!(std::mem::size_of::<Option<Modes>>(), 1);
+}
+
+#[test]
+fn a_set_transaction_replaces_the_modes_it_names() {
+    let begun = |text: &str| begin_of(&q(text)).map(|(_, m)| m).expect("a BEGIN");
+    for (begin, set, query) in [
+        (
+            "START TRANSACTION",
+            "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ;",
+            "BEGIN ISOLATION LEVEL REPEATABLE READ",
+        ),
+        (
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY DEFERRABLE",
+            "set transaction isolation level read committed, not deferrable",
+            "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY NOT DEFERRABLE",
+        ),
+        (
+            "BEGIN ISOLATION LEVEL READ UNCOMMITTED",
+            "SET TRANSACTION READ ONLY",
+            "BEGIN ISOLATION LEVEL READ UNCOMMITTED READ ONLY",
+        ),
+        (
+            "BEGIN NOT DEFERRABLE",
+            "SET  TRANSACTION  DEFERRABLE",
+            "BEGIN DEFERRABLE",
+        ),
+    ] {
+        let modes = set_transaction_of(&q(set), begun(begin));
+        assert_eq!(modes.map(sent).as_deref(), Some(query), "{begin}; {set}");
+    }
+    // What a server may refuse, and any other shape, is left to it.
+    for text in [
+        "SET TRANSACTION",
+        "SET TRANSACTION;",
+        "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+        "SET TRANSACTION READ WRITE",
+        "SET TRANSACTION READ ONLY, READ ONLY",
+        "SET TRANSACTION SNAPSHOT '00000003-0000001B-1'",
+        "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
+        "SET LOCAL TRANSACTION READ ONLY",
+        "SET TRANSACTION READ ONLY; SELECT 1",
+        "SET TRANSACTION , READ ONLY",
+        "SET TRANSACTION READ ONLY,",
+        "SET transaction_read_only = on",
+    ] {
+        assert_eq!(set_transaction_of(&q(text), Modes::PLAIN), None, "{text}");
+    }
 }

@@ -15,11 +15,13 @@
 //! first statement, and the client waits in line with that statement instead. With a
 //! server free, the `BEGIN` goes to it as before: nothing is gained by holding it. A
 //! `COMMIT` or `ROLLBACK` right after a held `BEGIN` is answered too: the transaction
-//! ran nothing, and no server need see it.
+//! ran nothing, and no server need see it. So is a `SET TRANSACTION` of such modes
+//! (`START TRANSACTION`, then the isolation level, as some ORMs send them): the
+//! `BEGIN` written ahead carries them.
 
 use super::Relay;
 use crate::net::bufpool;
-use crate::pool::{begin_of, end_tag, Modes};
+use crate::pool::{begin_of, end_tag, set_transaction_of, Modes};
 use crate::protocol::header::*;
 use crate::protocol::ProtocolError;
 
@@ -43,6 +45,8 @@ pub enum Taken {
     No,
     /// A `BEGIN` with these modes: one goes ahead of the client's next request.
     Begin(Modes),
+    /// A `SET TRANSACTION` after a held `BEGIN`: one with these modes goes ahead.
+    Set(Modes),
     /// The end of a held `BEGIN`'s transaction: nothing is owed any more.
     End,
 }
@@ -68,15 +72,19 @@ impl Relay {
     /// the client's next request ([`Relay::hold_begin`]). Not with a timeout set that
     /// watches a transaction or an idle client: those follow a server's state.
     ///
-    /// With `held` (a `BEGIN` answered so, and nothing sent since), takes instead a
-    /// `COMMIT` or `ROLLBACK` alone, at once: a transaction that ran nothing ends
-    /// the same either way, and no server need see it.
-    pub fn take_begin(&mut self, held: bool, must_wait: impl FnOnce() -> bool) -> Taken {
+    /// With `held` (the modes of a `BEGIN` answered so, and nothing sent since),
+    /// takes instead, at once, a `COMMIT` or `ROLLBACK` alone (a transaction that
+    /// ran nothing ends the same either way, and no server need see it), or a `SET
+    /// TRANSACTION` of modes no server refuses, which the `BEGIN` then carries.
+    pub fn take_begin(&mut self, held: Option<Modes>, must_wait: impl FnOnce() -> bool) -> Taken {
         let request = self.prepared.as_ref().map_or(&self.c2s, |p| &p.input);
-        let (tag, taken, status) = if held {
-            match end_tag(request) {
-                Some(tag) => (tag, Taken::End, b'I'),
-                None => return Taken::No,
+        let (tag, taken, status): (&[u8], _, _) = if let Some(modes) = held {
+            if let Some(tag) = end_tag(request) {
+                (tag, Taken::End, b'I')
+            } else if let Some(modes) = set_transaction_of(request, modes) {
+                (b"SET", Taken::Set(modes), b'T')
+            } else {
+                return Taken::No;
             }
         } else {
             let Some((tag, modes)) = begin_of(request) else {
@@ -99,8 +107,9 @@ impl Relay {
         match self.prepared.as_mut() {
             // Not rewritten yet: the input is the client's bytes as they came.
             Some(p) => {
-                // (A held `BEGIN`'s end is answered whether or not the client would wait.)
-                if !p.at_rest() || !(held || must_wait()) {
+                // (What follows a held `BEGIN` is answered whether or not the client would
+                // wait.)
+                if !p.at_rest() || !(held.is_some() || must_wait()) {
                     return Taken::No;
                 }
                 p.input.clear();
@@ -114,7 +123,7 @@ impl Relay {
                     && !self.copy.in_copy()
                     && !self.desync
                     && self.client_framer.at_boundary();
-                if !at_rest || !(held || must_wait()) {
+                if !at_rest || !(held.is_some() || must_wait()) {
                     return Taken::No;
                 }
                 self.c2s.clear();
@@ -132,7 +141,7 @@ impl Relay {
         self.s2c
             .extend_from_slice(&[0, TAG_READY_FOR_QUERY, 0, 0, 0, 5, status]);
         self.stats.counts.queries += 1;
-        if held {
+        if taken == Taken::End {
             // The held transaction, begun and ended: counted as a server's would be.
             self.stats.counts.xacts += 1;
         }

@@ -94,12 +94,12 @@ fn a_begin_alone_is_answered_only_when_the_client_would_wait() {
     let begin = msg(b'Q', b"begin;\0");
     let mut r = with_request(&begin);
     assert_eq!(
-        r.take_begin(false, || false),
+        r.take_begin(None, || false),
         Taken::No,
         "a free server takes it"
     );
     assert_eq!(&r.c2s[..], &begin[..]);
-    assert_eq!(r.take_begin(false, || true), Taken::Begin(Modes::PLAIN));
+    assert_eq!(r.take_begin(None, || true), Taken::Begin(Modes::PLAIN));
     assert!(r.c2s.is_empty() && r.pending == 0);
     assert_eq!(&r.s2c[..], &answer()[..]);
     assert_eq!(r.stats.counts.queries, 1);
@@ -114,7 +114,7 @@ fn a_begin_alone_is_answered_only_when_the_client_would_wait() {
 
     let start = msg(b'Q', b" START TRANSACTION READ ONLY \0");
     let mut r = with_request(&start);
-    let Taken::Begin(modes) = r.take_begin(false, || true) else {
+    let Taken::Begin(modes) = r.take_begin(None, || true) else {
         panic!("not taken");
     };
     let tag = [msg(b'C', b"START TRANSACTION\0"), msg(b'Z', b"T")].concat();
@@ -136,17 +136,29 @@ fn the_end_of_a_held_transaction_is_answered_at_once() {
     ] {
         let mut r = with_request(&msg(b'Q', text));
         // Only once a BEGIN was held; then whether a server is free does not matter.
-        assert_eq!(r.take_begin(false, || true), Taken::No);
+        assert_eq!(r.take_begin(None, || true), Taken::No);
         let free = || panic!("not asked");
-        assert_eq!(r.take_begin(true, free), Taken::End);
+        assert_eq!(r.take_begin(Some(Modes::PLAIN), free), Taken::End);
         assert!(r.c2s.is_empty() && r.pending == 0);
         assert_eq!(&r.s2c[..], &[msg(b'C', tag), msg(b'Z', b"I")].concat()[..]);
         assert_eq!((r.stats.counts.queries, r.stats.counts.xacts), (1, 1));
     }
     // Anything else goes to a server, the BEGIN ahead of it (a second BEGIN too).
-    for text in [&b"BEGIN\0"[..], b"SELECT 1\0", b"COMMIT; SELECT 1\0"] {
+    for text in [
+        &b"BEGIN\0"[..],
+        b"SELECT 1\0",
+        b"COMMIT; SELECT 1\0",
+        b"SET TRANSACTION ISOLATION LEVEL SERIALIZABLE\0",
+        b"SET TRANSACTION READ WRITE\0",
+        b"SET TRANSACTION\0",
+        b"SET LOCAL TRANSACTION READ ONLY\0",
+    ] {
         let mut r = with_request(&msg(b'Q', text));
-        assert_eq!(r.take_begin(true, || true), Taken::No, "{text:?}");
+        assert_eq!(
+            r.take_begin(Some(Modes::PLAIN), || true),
+            Taken::No,
+            "{text:?}"
+        );
     }
 }
 
@@ -162,7 +174,35 @@ fn anything_but_a_begin_alone_goes_to_a_server() {
         begin[..begin.len() - 1].to_vec(),
     ] {
         let mut r = with_request(&request);
-        assert_eq!(r.take_begin(false, || true), Taken::No, "{request:?}");
+        assert_eq!(r.take_begin(None, || true), Taken::No, "{request:?}");
         assert_eq!(&r.c2s[..], &request[..]);
     }
+}
+
+#[test]
+fn a_set_transaction_after_a_held_begin_is_answered_and_carried() {
+    let set = msg(b'Q', b"set transaction isolation level repeatable read;\0");
+    let mut r = with_request(&set);
+    // Not without a held BEGIN: outside a transaction the server warns.
+    assert_eq!(r.take_begin(None, || true), Taken::No);
+    let free = || panic!("not asked");
+    let held = Modes::PLAIN;
+    let Taken::Set(modes) = r.take_begin(Some(held), free) else {
+        panic!("not taken");
+    };
+    assert!(r.c2s.is_empty() && r.pending == 0);
+    assert_eq!(
+        &r.s2c[..],
+        &[msg(b'C', b"SET\0"), msg(b'Z', b"T")].concat()[..]
+    );
+    assert_eq!((r.stats.counts.queries, r.stats.counts.xacts), (1, 0));
+    r.s2c.clear();
+    r.hold_begin(modes);
+    r.c2s.extend_from_slice(&msg(b'Q', b"SELECT 1\0"));
+    r.put_begin_ahead();
+    let ahead = [
+        msg(b'Q', b"BEGIN ISOLATION LEVEL REPEATABLE READ\0"),
+        msg(b'Q', b"SELECT 1\0"),
+    ];
+    assert_eq!(&r.c2s[..], &ahead.concat()[..]);
 }

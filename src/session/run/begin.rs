@@ -11,14 +11,14 @@ impl Session {
     /// end of a transaction whose `BEGIN` it answered: if so, the relay took it and
     /// holds the answer ([`Session::answer_begin`]).
     pub(super) fn took_begin(&mut self) -> bool {
-        let held = self.begun.is_some();
-        if self.server.is_some() || !(held || self.may_hold_begin()) {
+        let held = self.begun;
+        if self.server.is_some() || !(held.is_some() || self.may_hold_begin()) {
             return false;
         }
         let pool = &self.pool;
         match self.relay.get().take_begin(held, || pool.would_wait()) {
             Taken::No => return false,
-            Taken::Begin(modes) => self.begun = Some(modes),
+            Taken::Begin(modes) | Taken::Set(modes) => self.begun = Some(modes),
             Taken::End => self.begun = None,
         }
         true

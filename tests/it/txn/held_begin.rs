@@ -362,3 +362,30 @@ async fn a_drivers_transaction_with_modes_begins_at_once() {
     assert_eq!((got.0.as_str(), got.1.as_str(), got.2.as_str()), want);
     within(STEP, "commit", tx.commit()).await.expect("commit");
 }
+
+/// `START TRANSACTION`, then `SET TRANSACTION` with the isolation level, as
+/// TypeORM and Sequelize send them: both answered at once while the one server is
+/// busy, and the transaction runs with the modes set; a `SET TRANSACTION` a server
+/// may refuse (`SERIALIZABLE`) waits for the server that runs it.
+#[tokio::test]
+async fn a_set_transaction_after_a_held_begin_is_answered_and_its_modes_kept() {
+    let (_s, holder, mut b) = with_table("txn_held_begin_set", free_port(), "n int").await;
+    let level = "SELECT current_setting('transaction_isolation') || ' ' || \
+                 current_setting('transaction_read_only')";
+    hold(&holder).await;
+    answered_at_once(&mut b, "START TRANSACTION", "START TRANSACTION").await;
+    let set = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ;";
+    answered_at_once(&mut b, set, "SET").await;
+    answered_at_once(&mut b, "set transaction read only", "SET").await;
+    let msgs = answered_after_release(&mut b, &query_msg(level), &holder).await;
+    assert_eq!(col(&msgs), vec!["repeatable read on"], "{msgs:?}");
+    run(&mut b, "COMMIT", b'I').await;
+
+    hold(&holder).await;
+    answered_at_once(&mut b, "BEGIN READ ONLY", "BEGIN").await;
+    let serializable = query_msg("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE");
+    let msgs = answered_after_release(&mut b, &serializable, &holder).await;
+    assert_eq!(tags(&msgs), (vec!["SET".to_string()], b'T'), "{msgs:?}");
+    assert_eq!(run(&mut b, level, b'T').await, vec!["serializable on"]);
+    run(&mut b, "ROLLBACK", b'I').await;
+}
