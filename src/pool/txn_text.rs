@@ -1,6 +1,7 @@
 //! The transaction-control statements the pooler reads in a client's simple Query:
 //! a `BEGIN` it may answer itself (session/relay/begin.rs) with the transaction modes
-//! it carries, and the statements that end a transaction.
+//! it carries, a `SET TRANSACTION` that changes them before the first statement, and
+//! the statements that end a transaction.
 //!
 //! Only a text PostgreSQL certainly accepts is taken: keywords of ASCII letters,
 //! spaces and commas between them, and one `;` at the end. A comment, a quoted word or
