@@ -90,9 +90,12 @@ impl Relay {
             let Some((tag, modes)) = begin_of(request) else {
                 return Taken::No;
             };
+            // `query_timeout` times requests, and the `BEGIN` is answered before any
+            // could fire; the statement after it is timed from its arrival, its wait
+            // in line included, as any other. These time a transaction or an idle
+            // client, whose state a server would keep.
             let t = &self.timeouts;
-            let timed = !(t.query().is_zero()
-                && t.transaction().is_zero()
+            let timed = !(t.transaction().is_zero()
                 && t.idle_transaction().is_zero()
                 && t.client_idle().is_zero());
             if timed {

@@ -389,3 +389,38 @@ async fn a_set_transaction_after_a_held_begin_is_answered_and_its_modes_kept() {
     assert_eq!(run(&mut b, level, b'T').await, vec!["serializable on"]);
     run(&mut b, "ROLLBACK", b'I').await;
 }
+
+/// With `query_timeout` set a `BEGIN` is held too: answered at once, it is no query,
+/// so a client that thinks for longer than the timeout before its first statement is
+/// not cut; that statement is timed from its arrival, and cut when it runs too long,
+/// as through PgBouncer.
+#[tokio::test]
+async fn with_query_timeout_a_begin_is_held_and_the_statement_after_it_timed() {
+    let db = fresh_db("txn_held_begin_qt");
+    let s = txn_sluice(&db)
+        .setting("default_pool_size", "1")
+        .setting("query_timeout", "1")
+        .start();
+    let holder = client(&s, &db).await;
+    let mut b = raw(&s, &db, &[]).await;
+    hold(&holder).await;
+    begin_at_once(&mut b).await;
+    release(&holder).await;
+    // Longer than query_timeout with nothing sent (a bound wait, not a timing test).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let now = "SELECT statement_timestamp() - now() < interval '500 ms'";
+    assert_eq!(
+        run(&mut b, now, b'T').await,
+        vec!["t"],
+        "begun with this statement"
+    );
+    b.send(&query_msg("SELECT pg_sleep(5)"))
+        .await
+        .expect("send");
+    let msgs = b.until_closed(Duration::from_secs(10)).await;
+    let text = first_error(&msgs).and_then(|e| e.field(b'M'));
+    assert!(
+        text.as_deref().is_some_and(|t| t.contains("query_timeout")),
+        "{msgs:?}"
+    );
+}
