@@ -62,6 +62,10 @@ pub struct Request {
     /// `transaction_timeout`): its task must be woken at the hand-over to keep it,
     /// not left asleep until an answer that may be late.
     pub timed: bool,
+    /// When the request reaches `query_timeout`: with a delegate relaying the answer,
+    /// a timed task may sleep through the hand-over until then, its timer set for it
+    /// (session/run/watch.rs).
+    pub deadline: Option<Tick>,
     /// Relays the answer for the waiter (delegate.rs), kept for the client's next
     /// requests; used for this one when `delegate_ok`.
     pub delegate: Option<Arc<Delegate>>,
@@ -94,6 +98,7 @@ impl Request {
             granted: None,
             more: false,
             timed: false,
+            deadline: None,
             delegate: None,
             delegate_ok: false,
             task: None,
@@ -232,7 +237,12 @@ impl Waiter {
         let Some(r) = self.request.as_mut() else {
             return false;
         };
-        if !r.sent || !r.bytes.is_empty() || r.more || r.timed {
+        if !r.sent || !r.bytes.is_empty() || r.more {
+            return false;
+        }
+        // A clock runs: the task keeps it, awake, unless a delegate relays the answer
+        // and the task's timer wakes it at the deadline, not yet reached.
+        if r.timed && !(r.delegate_ok && r.deadline.is_some_and(|d| now < d)) {
             return false;
         }
         let waker = match (&r.delegate, r.delegate_ok) {

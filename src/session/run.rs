@@ -353,6 +353,7 @@ impl Session {
         async move {
             let asked = Tick::now();
             let mut left = false;
+            let mut wake_at = None;
             if self.slot.0.hand_over_requests {
                 match self.relay.get().take_request() {
                     Ok(Some(bytes)) => {
@@ -365,9 +366,15 @@ impl Session {
                             && relay.delegable()
                             && !relay.begin_ahead();
                         delegated::offer(&mut request, may, &self.pool, stream);
+                        if request.timed && request.delegate_ok {
+                            wake_at = request.deadline;
+                        }
                         match ticket.leave_request(request) {
                             Ok(()) => left = true,
-                            Err(r) => relay.restore_line_request(r),
+                            Err(r) => {
+                                wake_at = None;
+                                relay.restore_line_request(r);
+                            }
                         }
                     }
                     Ok(None) => {}
@@ -394,6 +401,7 @@ impl Session {
                 relay,
                 more,
                 &notice,
+                wake_at,
                 std::pin::pin!(async move {
                     let mut s = pool.redeem(place, note).await?;
                     if params.differs(&mut s) {
@@ -444,6 +452,7 @@ impl Session {
             relay,
             || {},
             &notice,
+            None,
             std::pin::pin!(acquire_linked(pool, &mut self.params, fast, note, own)),
         )
         .await;

@@ -75,7 +75,7 @@ impl Relay {
             && !self.desync
             && !self.terminated
             && !self.copy.in_copy()
-            && self.delegable()
+            && self.untimed()
             // (The tracker must not follow the other client's answer: behind.rs.)
             && self.prepared.as_ref().is_none_or(|p| !p.watches(false))
             && crate::pool::ends_transaction(&self.c2s);

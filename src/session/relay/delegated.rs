@@ -22,10 +22,27 @@ impl Relay {
         self.note_server_activity_at(stats, at);
     }
 
-    /// Whether a delegate may relay an answer: no timeout needs the relay's timer
-    /// while the server answers.
+    /// Whether a delegate may relay an answer: no timeout but `query_timeout` needs
+    /// the relay's clock while the server answers, and that one the waiting task
+    /// keeps with a timer at [`Relay::query_deadline`], taking the server back if it
+    /// fires first (run/watch.rs).
     pub fn delegable(&self) -> bool {
+        self.timeouts.transaction().is_zero()
+    }
+
+    /// Whether no timeout runs while the server answers: a request may then go
+    /// behind another's (a place behind cannot be taken back before the server gets
+    /// to it), and its task may sleep through the hand-over.
+    pub fn untimed(&self) -> bool {
         self.timeouts.query().is_zero() && self.timeouts.transaction().is_zero()
+    }
+
+    /// When the pending request reaches `query_timeout`, if it is set.
+    pub fn query_deadline(&self) -> Option<Tick> {
+        let t = self.timeouts.query();
+        (!t.is_zero())
+            .then_some(self.request_started?)
+            .map(|at| at + t)
     }
 
     /// Bytes the client is owed (what its socket did not take of a delegate's write).

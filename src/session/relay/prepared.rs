@@ -380,8 +380,10 @@ impl Relay {
             }
             None => Request::new(bytes, params.clone(), client.clone()),
         };
-        // The timeouts a delegate could not keep are those the task must stay awake for.
-        r.timed = !self.delegable();
+        // A clock runs while the server answers: the task must stay awake for it, or
+        // sleep with a timer if a delegate relays the answer (`deadline`).
+        r.timed = !self.untimed();
+        r.deadline = self.query_deadline();
         r.set_tracked(self.prepared.as_ref().is_some_and(|p| p.watches(false)));
         if let Some(p) = self.prepared.as_mut() {
             std::mem::swap(&mut r.needs, &mut p.needs);

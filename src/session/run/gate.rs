@@ -76,7 +76,7 @@ async fn wait(
 ) -> Opened {
     let notice = AtomicBool::new(false);
     let changed = std::pin::pin!(changed(gate, suspended, deadline, pool));
-    watch_client(stream, relay, || {}, &notice, changed)
+    watch_client(stream, relay, || {}, &notice, None, changed)
         .await
         .unwrap_or(Opened::Left)
 }

@@ -25,6 +25,42 @@ async fn query_timeout_ends_a_long_query() {
     assert_eq!(one(&c, "SELECT 1").await, "1");
 }
 
+/// With `query_timeout` set, a waiting client's answer may be relayed by a delegate
+/// (pool/delegate.rs) while its task sleeps with a timer at the request's deadline. A
+/// query written at the hand-over that runs too long is still cut: the timer wakes
+/// the task, which takes the server back from the delegate and ends the query (the
+/// delegate alone would relay `pg_sleep(5)`'s answer, with no error).
+#[tokio::test]
+async fn query_timeout_cuts_a_query_whose_answer_a_delegate_awaits() {
+    let db = fresh_db("txn_qtimeout_delegate");
+    let s = txn_sluice(&db)
+        .setting("default_pool_size", "1")
+        .setting("query_timeout", "1")
+        .start();
+    let holder = client(&s, &db).await;
+    within(STEP, "begin", holder.batch_execute("BEGIN; SELECT 1"))
+        .await
+        .expect("begin");
+    // Waits in line; written to the server when the holder commits.
+    let mut b = raw(&s, &db, &[]).await;
+    b.send(&crate::support::wire::query_msg("SELECT pg_sleep(5)"))
+        .await
+        .expect("send");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    within(STEP, "commit", holder.batch_execute("COMMIT"))
+        .await
+        .expect("commit");
+    let msgs = b.until_closed(Duration::from_secs(10)).await;
+    let text = crate::support::wire::first_error(&msgs).and_then(|e| e.field(b'M'));
+    assert!(
+        text.as_deref().is_some_and(|t| t.contains("query_timeout")),
+        "{msgs:?}"
+    );
+    // The pool serves the next client.
+    let c = client(&s, &db).await;
+    assert_eq!(one(&c, "SELECT 1").await, "1");
+}
+
 #[tokio::test]
 async fn query_wait_timeout_when_the_pool_is_full() {
     let db = fresh_db("txn_qwait");
